@@ -1,0 +1,88 @@
+#include "cache/backend/pread_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "cache/block.h"
+
+namespace accelfs {
+
+Result<size_t> PreadBlock(const ReadRequest& request) {
+  size_t done = 0;
+  bool direct = request.file->direct();
+  while (done < request.expected) {
+    const int fd = direct ? request.file->direct_fd() : request.file->buffered_fd();
+    // O_DIRECT wants aligned lengths; the buffer has room for the rounded-up size.
+    const size_t want = direct ? RoundUp(request.expected, 4096) - done : request.expected - done;
+    const ssize_t n = pread(fd, request.buffer + done, want, static_cast<off_t>(request.offset + done));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINVAL && direct) {
+        request.file->DisableDirect();
+        direct = false;
+        continue;
+      }
+      return Error(errno);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+    // An O_DIRECT read that stopped at an unaligned offset cannot be continued with O_DIRECT.
+    if (direct && done % 4096 != 0) direct = false;
+  }
+  if (!direct) DropBackingPageCache(request, done);
+  return std::min(done, request.expected);
+}
+
+void DropBackingPageCache(const ReadRequest& request, size_t bytes) {
+  if (bytes > 0) {
+    posix_fadvise(request.file->buffered_fd(), static_cast<off_t>(request.offset),
+                  static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
+  }
+}
+
+PreadReader::PreadReader(unsigned threads) {
+  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+PreadReader::~PreadReader() { Stop(); }
+
+void PreadReader::Submit(ReadRequest request) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(request));
+      cv_.notify_one();
+      return;
+    }
+  }
+  request.done(Error(ECANCELED));
+}
+
+void PreadReader::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+void PreadReader::Run() {
+  for (;;) {
+    ReadRequest request;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything submitted has been served
+      request = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    request.done(PreadBlock(request));
+  }
+}
+
+}  // namespace accelfs

@@ -1,0 +1,32 @@
+// A thread pool of pread() calls: the reference reader, and the fallback where io_uring is not
+// available (kernel.io_uring_disabled, old kernels, seccomp).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache/backend/reader.h"
+
+namespace accelfs {
+
+class PreadReader final : public BackendReader {
+ public:
+  explicit PreadReader(unsigned threads);
+  ~PreadReader() override;
+  void Submit(ReadRequest request) override;
+  void Stop() override;
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ReadRequest> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;          // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace accelfs

@@ -1,0 +1,68 @@
+// The backend: reads of backing files into cache buffers. A request is a plain value; its
+// completion is a callback run once, on the reader's own thread.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "cache/result.h"
+
+namespace accelfs {
+
+// An open backing file. `direct_fd` (O_DIRECT) is preferred while `direct` holds; a reader that
+// sees the backing filesystem refuse O_DIRECT clears `direct` and uses `buffered_fd` from then on.
+class BackingFile {
+ public:
+  BackingFile(int direct_fd, int buffered_fd)
+      : direct_fd_(direct_fd), buffered_fd_(buffered_fd), direct_(direct_fd >= 0) {}
+  ~BackingFile() {
+    if (direct_fd_ >= 0) close(direct_fd_);
+    if (buffered_fd_ >= 0) close(buffered_fd_);
+  }
+  BackingFile(const BackingFile&) = delete;
+  BackingFile& operator=(const BackingFile&) = delete;
+
+  int direct_fd() const { return direct_fd_; }
+  int buffered_fd() const { return buffered_fd_; }
+  bool direct() const { return direct_.load(std::memory_order_relaxed); }
+  void DisableDirect() { direct_.store(false, std::memory_order_relaxed); }
+
+ private:
+  const int direct_fd_;
+  const int buffered_fd_;
+  std::atomic<bool> direct_;
+};
+
+struct ReadRequest {
+  std::shared_ptr<BackingFile> file;
+  uint64_t offset = 0;    // REQUIRES: a multiple of 4096
+  std::byte* buffer = nullptr;
+  size_t capacity = 0;    // bytes writable at buffer; REQUIRES: a multiple of 4096, >= expected
+  size_t expected = 0;    // bytes the caller needs; fewer means the file ended early
+  // Called exactly once with the bytes read (< expected only at end of file) or the error.
+  std::function<void(Result<size_t>)> done;
+};
+
+// Thread safety: Submit may be called from any thread. Callbacks run on the reader's threads and
+// must not block on other reads.
+class BackendReader {
+ public:
+  virtual ~BackendReader() = default;
+  virtual void Submit(ReadRequest request) = 0;
+  // Finishes every submitted request (callbacks run), then refuses new ones with ECANCELED.
+  virtual void Stop() = 0;
+};
+
+// Shared by the readers: read into request.buffer with pread until `expected` bytes or EOF.
+// Handles O_DIRECT refusal (EINVAL) by falling back to the buffered descriptor.
+Result<size_t> PreadBlock(const ReadRequest& request);
+
+// After a buffered read, the backing filesystem's page cache copy is not needed: we hold the data.
+void DropBackingPageCache(const ReadRequest& request, size_t bytes);
+
+}  // namespace accelfs

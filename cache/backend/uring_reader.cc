@@ -1,0 +1,197 @@
+#include "cache/backend/uring_reader.h"
+
+#include <liburing.h>
+#include <sys/eventfd.h>
+
+#include <cerrno>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache/block.h"
+
+namespace accelfs {
+namespace {
+
+// One read in flight. Its address travels in the SQE's user_data; a short read is resubmitted from
+// where it stopped, so one Op may pass through the ring several times.
+struct Op {
+  ReadRequest request;
+  size_t done = 0;
+  bool direct = false;
+};
+
+class UringReader final : public BackendReader {
+ public:
+  UringReader(unsigned depth, int event_fd) : depth_(depth), event_fd_(event_fd) {}
+
+  Status Start() {
+    // One slot more than the depth for the wake-up read on the eventfd.
+    const int rc = io_uring_queue_init(depth_ + 1, &ring_, 0);
+    if (rc < 0) return Error(-rc);
+    ring_ready_ = true;
+    thread_ = std::thread([this] { Run(); });
+    return Status::Ok();
+  }
+
+  ~UringReader() override {
+    Stop();
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+    close(event_fd_);
+  }
+
+  void Submit(ReadRequest request) override {
+    {
+      std::lock_guard lock(mu_);
+      if (!stopping_) {
+        pending_.push_back(std::move(request));
+        Wake();
+        return;
+      }
+    }
+    request.done(Error(ECANCELED));
+  }
+
+  void Stop() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      Wake();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Wake() {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(event_fd_, &one, sizeof(one));
+  }
+
+  void PostWakeRead() {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    io_uring_prep_read(sqe, event_fd_, &wake_value_, sizeof(wake_value_), 0);
+    io_uring_sqe_set_data(sqe, nullptr);
+  }
+
+  void Prep(Op* op) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: at most depth_ ops + 1 wake read
+    const ReadRequest& r = op->request;
+    const int fd = op->direct ? r.file->direct_fd() : r.file->buffered_fd();
+    const size_t want = op->direct ? RoundUp(r.expected, 4096) - op->done : r.expected - op->done;
+    io_uring_prep_read(sqe, fd, r.buffer + op->done, static_cast<unsigned>(want),
+                       r.offset + op->done);
+    io_uring_sqe_set_data(sqe, op);
+  }
+
+  // Returns true when the op is finished (its callback ran).
+  bool OnCompletion(Op* op, int res) {
+    if (res == -EINTR || res == -EAGAIN) {
+      Prep(op);
+      return false;
+    }
+    if (res == -EINVAL && op->direct) {  // the backing filesystem refuses O_DIRECT
+      op->request.file->DisableDirect();
+      op->direct = false;
+      Prep(op);
+      return false;
+    }
+    if (res < 0) {
+      Finish(op, Error(-res));
+      return true;
+    }
+    op->done += static_cast<size_t>(res);
+    if (res == 0 || op->done >= op->request.expected) {
+      Finish(op, std::min(op->done, op->request.expected));
+      return true;
+    }
+    if (op->direct && op->done % 4096 != 0) op->direct = false;  // cannot continue unaligned
+    Prep(op);
+    return false;
+  }
+
+  void Finish(Op* op, Result<size_t> result) {
+    if (!op->direct && result.ok()) DropBackingPageCache(op->request, result.value());
+    op->request.done(std::move(result));
+    delete op;
+  }
+
+  void Run() {
+    unsigned in_flight = 0;
+    PostWakeRead();
+    for (;;) {
+      std::vector<ReadRequest> batch;
+      bool stopping;
+      {
+        std::lock_guard lock(mu_);
+        while (in_flight + batch.size() < depth_ && !pending_.empty()) {
+          batch.push_back(std::move(pending_.front()));
+          pending_.pop_front();
+        }
+        stopping = stopping_ && pending_.empty();
+      }
+      for (auto& request : batch) {
+        auto* op = new Op{std::move(request), 0, false};
+        op->direct = op->request.file->direct();
+        Prep(op);
+        ++in_flight;
+      }
+      if (stopping && in_flight == 0) return;
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
+        FailAll(-rc, &in_flight);
+        continue;
+      }
+      io_uring_cqe* cqe;
+      unsigned head;
+      unsigned seen = 0;
+      std::vector<std::pair<Op*, int>> completions;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        completions.emplace_back(static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res);
+        ++seen;
+      }
+      io_uring_cq_advance(&ring_, seen);
+      for (auto [op, res] : completions) {
+        if (op == nullptr) {
+          PostWakeRead();
+        } else if (OnCompletion(op, res)) {
+          --in_flight;
+        }
+      }
+    }
+  }
+
+  // The ring itself failed: nothing in flight will complete; answer what is queued.
+  void FailAll(int err, unsigned* in_flight) {
+    std::deque<ReadRequest> queued;
+    {
+      std::lock_guard lock(mu_);
+      queued.swap(pending_);
+    }
+    for (auto& r : queued) r.done(Error(err));
+    (void)in_flight;
+  }
+
+  const unsigned depth_;
+  const int event_fd_;
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  uint64_t wake_value_ = 0;
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::deque<ReadRequest> pending_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;            // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BackendReader>> MakeUringReader(unsigned depth) {
+  const int event_fd = eventfd(0, EFD_CLOEXEC);
+  if (event_fd < 0) return Error(errno);
+  auto reader = std::make_unique<UringReader>(depth, event_fd);
+  if (Status s = reader->Start(); !s.ok()) return s.error();
+  return std::unique_ptr<BackendReader>(std::move(reader));
+}
+
+}  // namespace accelfs

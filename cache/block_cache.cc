@@ -1,0 +1,269 @@
+#include "cache/block_cache.h"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace accelfs {
+
+using Freed = std::vector<std::pair<BlockKey, BlockBuffer>>;
+
+BlockCache::BlockCache(BlockStore& store, BackendReader& reader, Options options)
+    : store_(store), reader_(reader), options_(options) {
+  stats_.budget_bytes = options.budget_bytes;
+}
+
+BlockCache::~BlockCache() {
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, entry] : map_) {
+      if (entry->buffer.data != nullptr) freed.emplace_back(key, entry->buffer);
+    }
+    for (auto& entry : zombies_) freed.emplace_back(entry->key, entry->buffer);
+    map_.clear();
+    zombies_.clear();
+  }
+  ReleaseAll(freed);
+}
+
+BlockCache::Ref& BlockCache::Ref::operator=(Ref&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    cache_ = other.cache_;
+    entry_ = other.entry_;
+    other.entry_ = nullptr;
+  }
+  return *this;
+}
+
+const std::byte* BlockCache::Ref::data() const { return entry_->buffer.data; }
+uint32_t BlockCache::Ref::size() const { return entry_->expected; }
+
+void BlockCache::Ref::Reset() {
+  if (entry_ != nullptr) {
+    cache_->Unpin(entry_);
+    entry_ = nullptr;
+  }
+}
+
+void BlockCache::Get(const BlockKey& key, uint32_t expected,
+                     const std::shared_ptr<BackingFile>& file, Waiter waiter) {
+  std::vector<Fetch> fetches;
+  Freed freed;
+  Entry* hit = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      Entry* e = it->second.get();
+      if (e->state == State::kReady) {
+        ++stats_.hits;
+        ++e->pins;
+        lru_.splice(lru_.begin(), lru_, e->lru_pos);
+        hit = e;
+      } else {
+        ++stats_.misses;
+        e->waiters.push_back(std::move(waiter));
+      }
+    } else {
+      ++stats_.misses;
+      auto entry = std::make_unique<Entry>();
+      entry->key = key;
+      entry->expected = expected;
+      entry->file = file;
+      entry->waiters.push_back(std::move(waiter));
+      queued_.push_back(entry.get());
+      map_.emplace(key, std::move(entry));
+      AdmitQueued(&fetches, &freed);
+    }
+  }
+  ReleaseAll(freed);
+  StartFetches(fetches);
+  if (hit != nullptr) waiter(Ref(this, hit));
+}
+
+bool BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
+                          const std::shared_ptr<BackingFile>& file) {
+  std::vector<Fetch> fetches;
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    // Prefetch never takes room that a demand read is waiting for.
+    if (map_.count(key) == 0 && queued_.empty() &&
+        MakeRoom(store_.CapacityFor(expected), &freed)) {
+      auto entry = std::make_unique<Entry>();
+      entry->key = key;
+      entry->expected = expected;
+      entry->file = file;
+      BeginFetch(entry.get(), &fetches);
+      map_.emplace(key, std::move(entry));
+    }
+  }
+  ReleaseAll(freed);
+  StartFetches(fetches);
+  return !fetches.empty();
+}
+
+void BlockCache::DropFile(const FileKey& file) {
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      auto it = map_.find(BlockKey{file, i});
+      if (it == map_.end() || it->second->state != State::kReady) continue;
+      Entry* e = it->second.get();
+      lru_.erase(e->lru_pos);
+      if (e->pins == 0) {
+        freed.emplace_back(e->key, e->buffer);
+        used_ -= e->charged;
+      } else {
+        e->zombie = true;
+        zombies_.push_back(std::move(it->second));
+      }
+      map_.erase(it);
+    }
+  }
+  ReleaseAll(freed);
+}
+
+void BlockCache::Shutdown() {
+  std::vector<Waiter> cancelled;
+  {
+    std::lock_guard lock(mu_);
+    for (Entry* e : queued_) {
+      for (auto& w : e->waiters) cancelled.push_back(std::move(w));
+      map_.erase(e->key);
+    }
+    queued_.clear();
+  }
+  for (auto& w : cancelled) w(Error(ECANCELED));
+}
+
+CacheStats BlockCache::Stats() const {
+  std::lock_guard lock(mu_);
+  CacheStats s = stats_;
+  s.used_bytes = used_;
+  s.ready_blocks = lru_.size();
+  s.fetching_blocks = fetching_;
+  s.queued_blocks = queued_.size();
+  return s;
+}
+
+bool BlockCache::MakeRoom(size_t capacity, Freed* freed) {
+  auto it = lru_.end();
+  while (used_ + capacity > options_.budget_bytes) {
+    // Oldest unpinned ready block; pinned ones are being replied from and stay.
+    while (it != lru_.begin() && (*std::prev(it))->pins > 0) --it;
+    if (it == lru_.begin()) return false;
+    Entry* victim = *std::prev(it);
+    it = lru_.erase(std::prev(it));
+    freed->emplace_back(victim->key, victim->buffer);
+    used_ -= victim->charged;
+    ++stats_.evicted_blocks;
+    map_.erase(victim->key);
+  }
+  return true;
+}
+
+void BlockCache::AdmitQueued(std::vector<Fetch>* fetches, Freed* freed) {
+  while (!queued_.empty()) {
+    Entry* e = queued_.front();
+    if (!MakeRoom(store_.CapacityFor(e->expected), freed) && fetching_ > 0) return;
+    queued_.pop_front();
+    BeginFetch(e, fetches);
+  }
+}
+
+void BlockCache::BeginFetch(Entry* entry, std::vector<Fetch>* fetches) {
+  entry->state = State::kFetching;
+  entry->charged = store_.CapacityFor(entry->expected);
+  used_ += entry->charged;
+  ++fetching_;
+  fetches->push_back({entry, entry->file});
+}
+
+void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
+  for (Fetch& f : fetches) {
+    Entry* e = f.entry;
+    Result<BlockBuffer> buffer = store_.Allocate(e->key, e->expected);
+    if (!buffer.ok()) {
+      Complete(e, buffer.error());
+      continue;
+    }
+    // Only this fetch touches the buffer until Complete publishes it under the lock.
+    e->buffer = buffer.value();
+    ReadRequest request;
+    request.file = std::move(f.file);
+    request.offset = e->key.index * options_.block_size;
+    request.buffer = e->buffer.data;
+    request.capacity = e->buffer.capacity;
+    request.expected = e->expected;
+    request.done = [this, e](Result<size_t> read) { Complete(e, std::move(read)); };
+    reader_.Submit(std::move(request));
+  }
+}
+
+void BlockCache::Complete(Entry* entry, Result<size_t> read) {
+  const bool ok = read.ok() && read.value() >= entry->expected;
+  // A short read means the file shrank under us: answer EIO and cache nothing.
+  const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
+  if (ok) store_.Commit(entry->key, entry->buffer, entry->expected);
+  std::vector<Waiter> waiters;
+  std::vector<Fetch> fetches;
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    --fetching_;
+    entry->file.reset();
+    waiters.swap(entry->waiters);
+    if (ok) {
+      entry->state = State::kReady;
+      entry->pins += static_cast<int>(waiters.size());
+      lru_.push_front(entry);
+      entry->lru_pos = lru_.begin();
+      stats_.fetched_bytes += entry->expected;
+    } else {
+      ++stats_.failed_fetches;
+      if (entry->buffer.data != nullptr) freed.emplace_back(entry->key, entry->buffer);
+      used_ -= entry->charged;
+      map_.erase(BlockKey(entry->key));  // destroys entry
+      entry = nullptr;
+    }
+    AdmitQueued(&fetches, &freed);
+  }
+  ReleaseAll(freed);
+  for (auto& w : waiters) {
+    if (ok) {
+      w(Ref(this, entry));
+    } else {
+      w(error);
+    }
+  }
+  StartFetches(fetches);
+}
+
+void BlockCache::Unpin(Entry* entry) {
+  std::vector<Fetch> fetches;
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    if (--entry->pins == 0 && entry->zombie) {
+      freed.emplace_back(entry->key, entry->buffer);
+      used_ -= entry->charged;
+      auto it = std::find_if(zombies_.begin(), zombies_.end(),
+                             [entry](const auto& z) { return z.get() == entry; });
+      zombies_.erase(it);
+    }
+    if (!queued_.empty()) AdmitQueued(&fetches, &freed);
+  }
+  ReleaseAll(freed);
+  StartFetches(fetches);
+}
+
+void BlockCache::ReleaseAll(Freed& freed) {
+  for (auto& [key, buffer] : freed) store_.Release(key, buffer);
+  freed.clear();
+}
+
+}  // namespace accelfs

@@ -1,0 +1,149 @@
+// The block cache: a byte budget of cached blocks, one in-flight fetch per block shared by every
+// reader that wants it, and LRU eviction that never frees a block someone is reading from.
+//
+// Block lifecycle (one Entry per BlockKey in the map):
+//
+//   absent --Get, room--> kFetching --read ok--> kReady --evicted (unpinned)--> absent
+//      |                     |                     '--DropFile while pinned--> zombie --> freed
+//      |                     '--read fails/short--> absent (waiters get the error; nothing cached)
+//      '--Get, no room--> kQueued --room frees--> kFetching
+//
+// A Ref pins a kReady block: pinned blocks are never evicted or freed, so a reply can be written
+// from the block's memory with no lock held.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/backend/reader.h"
+#include "cache/block_store.h"
+#include "cache/file_key.h"
+
+namespace accelfs {
+
+struct CacheStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;       // buffers held: ready, in flight and pinned-but-dropped blocks
+  uint64_t ready_blocks = 0;
+  uint64_t fetching_blocks = 0;
+  uint64_t queued_blocks = 0;
+  uint64_t hits = 0;             // Get calls answered from a ready block
+  uint64_t misses = 0;           // Get calls that started or joined a fetch
+  uint64_t fetched_bytes = 0;    // bytes read from the backend into the cache
+  uint64_t evicted_blocks = 0;
+  uint64_t failed_fetches = 0;
+};
+
+class BlockCache {
+ public:
+  struct Options {
+    uint64_t budget_bytes = 0;  // every buffer the cache holds counts, in flight or ready
+    uint32_t block_size = 0;    // block i starts at byte i * block_size of its file
+  };
+
+  class Ref;
+  // Receives the block or the error. Runs on the Get caller's thread (hit) or the backend's.
+  using Waiter = std::function<void(Result<Ref>)>;
+
+  // REQUIRES: store and reader outlive the cache.
+  BlockCache(BlockStore& store, BackendReader& reader, Options options);
+  ~BlockCache();
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+
+  // Delivers block `key` (of `expected` bytes, read from `file`) to `waiter`: at once when cached,
+  // else after the one fetch for that block completes. When the budget is full of pinned or
+  // in-flight blocks, the fetch waits for room instead of exceeding the budget.
+  void Get(const BlockKey& key, uint32_t expected, const std::shared_ptr<BackingFile>& file,
+           Waiter waiter);
+
+  // Starts fetching `key` when it is absent and room can be made now (evicting only unpinned ready
+  // blocks). Returns true when it started a fetch. Never waits, never queues.
+  bool Prefetch(const BlockKey& key, uint32_t expected, const std::shared_ptr<BackingFile>& file);
+
+  // Forgets every ready block of `file` (a changed file's old identity). Pinned blocks are freed
+  // when their last Ref goes.
+  void DropFile(const FileKey& file);
+
+  // Answers every queued Get with ECANCELED. Call after the reader has stopped.
+  void Shutdown();
+
+  CacheStats Stats() const;
+
+ private:
+  struct Entry;
+
+ public:
+  // A pinned, ready block. Movable; unpins on destruction. Valid while the cache lives.
+  class Ref {
+   public:
+    Ref() = default;
+    Ref(Ref&& other) noexcept : cache_(other.cache_), entry_(other.entry_) { other.entry_ = nullptr; }
+    Ref& operator=(Ref&& other) noexcept;
+    ~Ref() { Reset(); }
+    const std::byte* data() const;
+    uint32_t size() const;  // bytes of file data in the block
+    void Reset();
+
+   private:
+    friend class BlockCache;
+    Ref(BlockCache* cache, Entry* entry) : cache_(cache), entry_(entry) {}
+    BlockCache* cache_ = nullptr;
+    Entry* entry_ = nullptr;
+  };
+
+ private:
+  enum class State { kQueued, kFetching, kReady };
+  struct Entry {
+    BlockKey key;
+    State state = State::kQueued;
+    BlockBuffer buffer;
+    uint32_t expected = 0;
+    size_t charged = 0;                     // budget bytes reserved for the buffer
+    int pins = 0;                           // Refs alive
+    bool zombie = false;                    // dropped from the map while pinned
+    std::shared_ptr<BackingFile> file;      // while queued or fetching
+    std::vector<Waiter> waiters;
+    std::list<Entry*>::iterator lru_pos{};  // valid while kReady and in the map
+  };
+  struct Fetch {
+    Entry* entry;
+    std::shared_ptr<BackingFile> file;
+  };
+
+  // Evicts unpinned ready blocks (oldest first) until `capacity` more bytes fit in the budget.
+  // Victims' buffers are appended to `freed` for release after the lock. REQUIRES: mu_ held.
+  bool MakeRoom(size_t capacity, std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
+  // Moves queued entries to kFetching, oldest first, while room can be made. When nothing is in
+  // flight the head is admitted even over budget: the budget is then full of blocks pinned by reads
+  // that wait for it, and only admitting it lets them finish and unpin. REQUIRES: mu_ held.
+  void AdmitQueued(std::vector<Fetch>* fetches, std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
+  // Reserves budget for `entry` and marks it kFetching. REQUIRES: mu_ held.
+  void BeginFetch(Entry* entry, std::vector<Fetch>* fetches);
+  // Allocates the buffers (outside the lock) and submits the reads.
+  void StartFetches(std::vector<Fetch>& fetches);
+  void Complete(Entry* entry, Result<size_t> read);
+  void Unpin(Entry* entry);
+  void ReleaseAll(std::vector<std::pair<BlockKey, BlockBuffer>>& freed);
+
+  BlockStore& store_;
+  BackendReader& reader_;
+  const Options options_;
+
+  // Lock order: mu_ is a leaf; no callback, no I/O and no Release runs while it is held.
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, std::unique_ptr<Entry>, BlockKeyHash> map_;  // GUARDED_BY(mu_)
+  std::list<Entry*> lru_;                       // GUARDED_BY(mu_) ready blocks, newest first
+  std::list<Entry*> queued_;                    // GUARDED_BY(mu_) waiting for room, oldest first
+  std::vector<std::unique_ptr<Entry>> zombies_;  // GUARDED_BY(mu_)
+  uint64_t used_ = 0;                            // GUARDED_BY(mu_)
+  uint64_t fetching_ = 0;                        // GUARDED_BY(mu_)
+  CacheStats stats_;                             // GUARDED_BY(mu_) counters only
+};
+
+}  // namespace accelfs

@@ -1,0 +1,37 @@
+// Where cached block bytes live. The read path and the cache only see this interface, so the
+// warm-path work can move blocks into files on a RAM-backed tmpfs without touching either.
+#pragma once
+
+#include <cstddef>
+
+#include "cache/file_key.h"
+#include "cache/result.h"
+
+namespace accelfs {
+
+struct BlockBuffer {
+  std::byte* data = nullptr;
+  size_t capacity = 0;  // bytes usable at data; what the cache charges to its budget
+};
+
+// Thread safety: every method may be called from any thread, concurrently.
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+
+  // A buffer of at least `bytes` (rounded up to the store's granularity), aligned to 4096 bytes so a
+  // backend may read into it with O_DIRECT. Error(ENOMEM) when the memory cannot be had.
+  virtual Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) = 0;
+
+  // The first `valid` bytes of `buffer` now hold the block's data. Called once, after a successful
+  // read and before any reader sees the block; a store that persists blocks records presence here.
+  virtual void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) = 0;
+
+  // Gives the buffer back. REQUIRES: nobody reads from it any more.
+  virtual void Release(const BlockKey& key, BlockBuffer buffer) = 0;
+
+  // The capacity Allocate(bytes) would return, so the cache can make room before allocating.
+  virtual size_t CapacityFor(size_t bytes) const = 0;
+};
+
+}  // namespace accelfs

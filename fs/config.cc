@@ -1,0 +1,297 @@
+#include "fs/config.h"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "accelfs_version.h"
+
+namespace accelfs {
+namespace {
+
+constexpr uint32_t kMinBlock = 64u << 10;
+constexpr uint32_t kMaxBlock = 256u << 20;
+// The cache must hold many blocks at once: every in-flight READ pins up to two of them.
+constexpr uint64_t kMinCacheBlocks = 16;
+
+// Options libfuse and the kernel accept that make sense for a read-only mount (what mount.fuse3 and
+// fstab pass along). Anything else is refused by name rather than failing inside libfuse.
+bool IsFuseOption(std::string_view key) {
+  static constexpr std::string_view kFlags[] = {
+      "allow_other", "allow_root", "default_permissions", "auto_unmount", "ro",       "rw",
+      "nosuid",      "suid",       "nodev",               "dev",          "noexec",   "exec",
+      "atime",       "noatime",    "relatime",            "norelatime",   "nodiratime", "diratime",
+      "strictatime", "async",      "sync",                "dirsync",      "lazytime",  "nolazytime"};
+  static constexpr std::string_view kValued[] = {"fsname", "subtype", "max_read"};
+  for (auto f : kFlags) {
+    if (key == f) return true;
+  }
+  for (auto v : kValued) {
+    if (key.substr(0, key.find('=')) == v && key.find('=') != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+// Options of fstab/mount.fuse3 that concern mount(8), not the filesystem.
+bool IsIgnoredMountOption(std::string_view key) {
+  return key == "defaults" || key == "auto" || key == "noauto" || key == "user" ||
+         key == "nouser" || key == "users" || key == "_netdev" || key == "nofail" ||
+         key.substr(0, 2) == "x-" || key.substr(0, 8) == "comment=";
+}
+
+std::vector<std::string> SplitOptions(const std::string& list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == '\\' && i + 1 < list.size()) {
+      current += list[++i];
+    } else if (list[i] == ',') {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    } else {
+      current += list[i];
+    }
+  }
+  if (!current.empty()) out.push_back(current);
+  return out;
+}
+
+std::optional<double> ParseSeconds(const std::string& text) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size() || !std::isfinite(v) || v < 0) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<uint64_t> ParseCount(const std::string& text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || text.size() > 9) {
+    return std::nullopt;
+  }
+  return std::stoull(text);
+}
+
+}  // namespace
+
+std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, std::string* error) {
+  const std::string input(text);
+  size_t used = 0;
+  double number = 0;
+  try {
+    if (input.empty() || !(std::isdigit(static_cast<unsigned char>(input[0])) || input[0] == '.')) {
+      throw std::invalid_argument("no number");
+    }
+    number = std::stod(input, &used);
+  } catch (const std::exception&) {
+    *error = "'" + input + "' is not a size (expected e.g. 512M, 64G, 1T or 25%)";
+    return std::nullopt;
+  }
+  std::string unit = input.substr(used);
+  if (unit == "%") {
+    if (percent_of == 0) {
+      *error = "'" + input + "': a percentage is not allowed here";
+      return std::nullopt;
+    }
+    if (number <= 0 || number > 100) {
+      *error = "'" + input + "': a percentage must be in (0, 100]";
+      return std::nullopt;
+    }
+    return static_cast<uint64_t>(static_cast<double>(percent_of) * number / 100.0);
+  }
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() == 3 && unit.substr(1) == "IB") unit.resize(1);
+  if (unit.size() == 2 && unit[1] == 'B') unit.resize(1);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K") shift = 10;
+  if (unit == "M") shift = 20;
+  if (unit == "G") shift = 30;
+  if (unit == "T") shift = 40;
+  if (shift < 0) {
+    *error = "'" + input + "': unknown unit (use K, M, G or T)";
+    return std::nullopt;
+  }
+  const double bytes = number * std::ldexp(1.0, shift);
+  if (bytes >= 0x1p63 || bytes < 0) {
+    *error = "'" + input + "' is too large";
+    return std::nullopt;
+  }
+  if (bytes != std::floor(bytes)) {
+    *error = "'" + input + "' is not a whole number of bytes";
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+void ReadMemInfo(uint64_t* available, uint64_t* total) {
+  *available = *total = 0;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") *available = kb << 10;
+    if (key == "MemTotal:") *total = kb << 10;
+  }
+}
+
+ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
+                              uint64_t mem_total) {
+  Config config;
+  CLI::App app{
+      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at MOUNTPOINT;\n"
+      "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
+      "accelfs"};
+  std::string cache_size, block_size, readahead, log_level = config.log_level;
+  std::string backend_depth, attr_timeout, entry_timeout;
+  std::vector<std::string> option_lists;
+  bool version = false;
+  app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
+  app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
+  app.add_flag("-f,--foreground", config.foreground,
+               "Stay in the foreground (otherwise detach once the mount is ready)");
+  app.add_option("--cache-size", cache_size,
+                 "Cache budget: bytes with K/M/G/T, or a % of RAM (default: half of MemAvailable)");
+  app.add_option("--block-size", block_size, "Cache block size, a power of two (default 4M)");
+  app.add_option("--backend-depth", backend_depth, "Most backend reads in flight (default 64)");
+  app.add_option("--readahead", readahead,
+                 "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (default 8M; 0 keeps "
+                 "the kernel's)");
+  app.add_option("--attr-timeout", attr_timeout, "Seconds attributes are cached (default 3600)");
+  app.add_option("--entry-timeout", entry_timeout, "Seconds names are cached (default 3600)");
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error, critical or off (default info)");
+  app.add_option("-o", option_lists,
+                 "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
+                 "fsname=...) and the options above as key=value (cache_size=64G, ...)");
+  app.add_flag("-V,--version", version, "Print the version and exit");
+
+  auto usage_error = [](const std::string& what) {
+    ParseOutcome out;
+    out.exit_code = 2;
+    out.output = "accelfs: " + what + " (see accelfs --help)\n";
+    return out;
+  };
+  // --version must work without SOURCE and MOUNTPOINT.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--version" || arg == "-V") return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return {std::nullopt, 0, app.help()};
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    return usage_error(what);
+  }
+
+  // -o key=value: our own options first, then FUSE options; anything else is an error.
+  for (const auto& list : option_lists) {
+    for (const auto& opt : SplitOptions(list)) {
+      const size_t eq = opt.find('=');
+      const std::string key = opt.substr(0, eq);
+      const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+      std::string* target = nullptr;
+      if (key == "cache_size") target = &cache_size;
+      if (key == "block_size") target = &block_size;
+      if (key == "backend_depth") target = &backend_depth;
+      if (key == "readahead") target = &readahead;
+      if (key == "attr_timeout") target = &attr_timeout;
+      if (key == "entry_timeout") target = &entry_timeout;
+      if (key == "log_level") target = &log_level;
+      if (target != nullptr) {
+        if (eq == std::string::npos || value.empty()) return usage_error("option -o " + key + " needs a value");
+        *target = value;
+      } else if (key == "foreground") {
+        config.foreground = true;
+      } else if (IsFuseOption(opt)) {
+        config.fuse_options.push_back(opt);
+      } else if (!IsIgnoredMountOption(opt)) {
+        return usage_error("unknown mount option '" + opt + "'");
+      }
+    }
+  }
+
+  std::string error;
+  if (!block_size.empty()) {
+    auto v = ParseSize(block_size, 0, &error);
+    if (!v) return usage_error("--block-size " + error);
+    if (*v < kMinBlock || *v > kMaxBlock || (*v & (*v - 1)) != 0) {
+      return usage_error("--block-size " + block_size +
+                         ": must be a power of two from 64K to 256M");
+    }
+    config.block_size = static_cast<uint32_t>(*v);
+  }
+  if (!cache_size.empty()) {
+    auto v = ParseSize(cache_size, mem_total, &error);
+    if (!v) return usage_error("--cache-size " + error);
+    config.cache_size = *v;
+    config.cache_size_origin = cache_size;
+  } else {
+    config.cache_size = mem_available / 2;
+    config.cache_size_origin = "half of MemAvailable";
+  }
+  if (config.cache_size < kMinCacheBlocks * config.block_size) {
+    return usage_error("--cache-size " + FormatBytes(config.cache_size) + " is too small: it must hold at least " +
+                       std::to_string(kMinCacheBlocks) + " blocks of " + FormatBytes(config.block_size) +
+                       " (" + FormatBytes(kMinCacheBlocks * config.block_size) + ")");
+  }
+  if (mem_total != 0 && config.cache_size > mem_total) {
+    return usage_error("--cache-size " + FormatBytes(config.cache_size) + " is more than this machine's RAM (" +
+                       FormatBytes(mem_total) + ")");
+  }
+  if (!backend_depth.empty()) {
+    auto v = ParseCount(backend_depth);
+    if (!v || *v < 1 || *v > 4096) {
+      return usage_error("--backend-depth '" + backend_depth + "': must be a whole number from 1 to 4096");
+    }
+    config.backend_depth = static_cast<uint32_t>(*v);
+  }
+  if (!readahead.empty()) {
+    const bool bare = readahead.find_first_not_of("0123456789") == std::string::npos;
+    auto v = ParseSize(readahead, 0, &error);
+    if (!v) return usage_error("--readahead " + error);
+    const uint64_t kb = bare ? *v : *v / 1024;
+    if (kb > (1u << 20)) return usage_error("--readahead " + readahead + ": at most 1G");
+    config.readahead_kb = static_cast<uint32_t>(kb);
+  }
+  for (auto [text, field, name] :
+       {std::tuple{&attr_timeout, &config.attr_timeout, "--attr-timeout"},
+        std::tuple{&entry_timeout, &config.entry_timeout, "--entry-timeout"}}) {
+    if (text->empty()) continue;
+    auto v = ParseSeconds(*text);
+    if (!v) return usage_error(std::string(name) + " '" + *text + "': must be a number of seconds >= 0");
+    *field = *v;
+  }
+  static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn",
+                                                 "error", "critical", "off"};
+  if (std::find(std::begin(kLevels), std::end(kLevels), log_level) == std::end(kLevels)) {
+    return usage_error("--log-level '" + log_level +
+                       "': must be trace, debug, info, warn, error, critical or off");
+  }
+  config.log_level = log_level;
+  ParseOutcome out;
+  out.config = std::move(config);
+  return out;
+}
+
+}  // namespace accelfs

@@ -1,0 +1,69 @@
+// argv -> a validated Config. Every field says its unit and why its default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace accelfs {
+
+struct Config {
+  std::string source;      // SOURCE: the slow directory to serve
+  std::string mountpoint;  // MOUNTPOINT
+  bool foreground = false;
+
+  // Cache budget in bytes. Default: half of MemAvailable at start, leaving the other half to the
+  // kernel page cache of the mount (which also holds what readers touched) and to the servers.
+  uint64_t cache_size = 0;
+  std::string cache_size_origin;  // how cache_size was chosen, for the start-up report
+
+  // 4 MiB: large enough that one backend request amortises network latency, small enough that a
+  // 1 MiB kernel READ rarely waits on much more than itself. Power of two, 64 KiB .. 256 MiB.
+  uint32_t block_size = 4u << 20;
+
+  // Most backend reads in flight. 64: a local disk saturates at 4-32; a network store needs many
+  // large requests in flight (DESIGN.md section 3).
+  uint32_t backend_depth = 64;
+
+  // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
+  // 128 KiB to 3.1 GB/s at 4 MiB (DESIGN.md section 2). 0 leaves the kernel's value.
+  uint32_t readahead_kb = 8192;
+
+  // Daemon read-ahead of a sequential handle, in blocks (16 MiB with 4 MiB blocks): keeps the next
+  // blocks in flight while the kernel's own readahead consumes the current one.
+  uint32_t readahead_blocks = 4;
+
+  // Seconds the kernel may trust attributes and names. Model files are immutable in practice, and
+  // each expiry costs a GETATTR or LOOKUP round trip; a changed file is still caught at open.
+  double attr_timeout = 3600;
+  double entry_timeout = 3600;
+
+  std::string log_level = "info";
+
+  // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
+  std::vector<std::string> fuse_options;
+};
+
+struct ParseOutcome {
+  std::optional<Config> config;  // set when the daemon should run
+  int exit_code = 0;             // otherwise: exit with this code...
+  std::string output;            // ...after printing this (stdout for 0, stderr otherwise)
+};
+
+// mem_available and mem_total are in bytes (from /proc/meminfo), for the size defaults and "%".
+ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
+                              uint64_t mem_total);
+
+// "4M", "4MiB", "4096", "1.5G"; binary units. With percent_of != 0, also "25%" of it. nullopt and
+// a message on bad input.
+std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, std::string* error);
+
+// "4.0 MiB", for reports.
+std::string FormatBytes(uint64_t bytes);
+
+// MemAvailable and MemTotal in bytes; 0 when /proc/meminfo cannot be read.
+void ReadMemInfo(uint64_t* available, uint64_t* total);
+
+}  // namespace accelfs

@@ -1,0 +1,20 @@
+// The one place that decides which errno a failed request answers.
+#pragma once
+
+#include <cerrno>
+
+#include "cache/result.h"
+
+namespace accelfs {
+
+inline int ToErrno(Error error) {
+  switch (error.code()) {
+    case 0:
+    case ECANCELED:  // the daemon is shutting down; to the reader it is an I/O error
+      return EIO;
+    default:
+      return error.code();
+  }
+}
+
+}  // namespace accelfs

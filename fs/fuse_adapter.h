@@ -1,0 +1,44 @@
+// The FUSE session. fuse_adapter.cc is the only file that includes fuse_lowlevel.h: its callbacks
+// convert arguments, call ReadThroughFs, and reply.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/result.h"
+#include "fs/read_through_fs.h"
+
+namespace accelfs {
+
+struct SessionOptions {
+  std::string source;                     // shown as the mount's fsname
+  std::string mountpoint;
+  std::vector<std::string> fuse_options;  // passed to libfuse as -o
+  double attr_timeout = 3600;
+  double entry_timeout = 3600;
+  // Readahead READs are background requests; the kernel's default of 12 caps a cold read's
+  // parallelism (DESIGN.md section 2).
+  unsigned max_background = 64;
+  unsigned max_threads = 16;
+};
+
+class FuseSession {
+ public:
+  // Creates the session and installs SIGINT/SIGTERM/SIGHUP handlers that end the loop.
+  static Result<std::unique_ptr<FuseSession>> Create(ReadThroughFs& fs, SessionOptions options);
+  ~FuseSession();  // unmounts if mounted
+
+  Status Mount();
+  // Serves requests on a thread pool until unmounted or signalled. Returns 0 or an errno.
+  int Loop();
+  void Unmount();
+
+  struct Impl;
+
+ private:
+  explicit FuseSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace accelfs

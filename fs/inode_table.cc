@@ -1,0 +1,58 @@
+#include "fs/inode_table.h"
+
+#include <unistd.h>
+
+namespace accelfs {
+
+Inode::~Inode() { close(fd); }
+
+InodeTable::InodeTable(int root_fd, const struct stat& root_st) {
+  by_id_[kRootId] = Slot{std::make_shared<Inode>(root_fd, root_st), 1};
+  by_backing_[{root_st.st_dev, root_st.st_ino}] = kRootId;
+}
+
+std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const struct stat& st) {
+  std::unique_lock lock(mu_);
+  auto it = by_backing_.find({st.st_dev, st.st_ino});
+  if (it != by_backing_.end()) {
+    Slot& slot = by_id_.at(it->second);
+    ++slot.lookups;
+    auto result = std::make_pair(it->second, slot.inode);
+    lock.unlock();
+    close(fd);
+    return result;
+  }
+  const uint64_t id = next_id_++;
+  auto inode = std::make_shared<Inode>(fd, st);
+  by_id_[id] = Slot{inode, 1};
+  by_backing_[{st.st_dev, st.st_ino}] = id;
+  return {id, inode};
+}
+
+std::shared_ptr<Inode> InodeTable::Get(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second.inode;
+}
+
+void InodeTable::Forget(uint64_t id, uint64_t n) {
+  std::shared_ptr<Inode> last;  // closed after the lock
+  std::lock_guard lock(mu_);
+  if (id == kRootId) return;
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return;
+  Slot& slot = it->second;
+  slot.lookups -= std::min(n, slot.lookups);
+  if (slot.lookups == 0) {
+    by_backing_.erase({slot.inode->dev, slot.inode->ino});
+    last = std::move(slot.inode);
+    by_id_.erase(it);
+  }
+}
+
+size_t InodeTable::size() const {
+  std::lock_guard lock(mu_);
+  return by_id_.size();
+}
+
+}  // namespace accelfs

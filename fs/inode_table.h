@@ -1,0 +1,67 @@
+// FUSE inode numbers <-> backing inodes. Each backing inode (dev, ino) gets one FUSE inode, so hard
+// links share it; each holds an O_PATH descriptor that every operation starts from (no path
+// strings are ever re-joined). Inode numbers are never reused during a mount.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+#include "cache/file_key.h"
+
+namespace accelfs {
+
+struct Inode {
+  Inode(int fd, const struct stat& st) : fd(fd), dev(st.st_dev), ino(st.st_ino), mode(st.st_mode) {}
+  ~Inode();
+  Inode(const Inode&) = delete;
+  Inode& operator=(const Inode&) = delete;
+
+  const int fd;  // O_PATH | O_NOFOLLOW, owned
+  const dev_t dev;
+  const ino_t ino;
+  const mode_t mode;  // S_IFMT bits never change for a backing inode
+
+  // The content identity seen at the last open, to decide keep_cache and to notice changes.
+  std::mutex mu;
+  FileKey opened_identity;     // GUARDED_BY(mu)
+  bool opened_before = false;  // GUARDED_BY(mu)
+};
+
+class InodeTable {
+ public:
+  static constexpr uint64_t kRootId = 1;  // FUSE_ROOT_ID
+
+  // Takes ownership of root_fd (O_PATH of the SOURCE directory).
+  InodeTable(int root_fd, const struct stat& root_st);
+
+  // The inode for the backing file `fd` describes, counting one kernel lookup. Takes ownership of
+  // fd (closed when the inode already exists).
+  std::pair<uint64_t, std::shared_ptr<Inode>> Lookup(int fd, const struct stat& st);
+
+  // nullptr for an id the kernel should not have (forgotten or never given).
+  std::shared_ptr<Inode> Get(uint64_t id) const;
+
+  // Drops n kernel lookups; the inode goes when none remain. The root is never dropped.
+  void Forget(uint64_t id, uint64_t n);
+
+  size_t size() const;
+
+ private:
+  struct Slot {
+    std::shared_ptr<Inode> inode;
+    uint64_t lookups = 0;
+  };
+  // Lock order: mu_ is a leaf.
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Slot> by_id_;                  // GUARDED_BY(mu_)
+  std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_;    // GUARDED_BY(mu_)
+  uint64_t next_id_ = kRootId + 1;                            // GUARDED_BY(mu_)
+};
+
+}  // namespace accelfs

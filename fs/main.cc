@@ -1,0 +1,171 @@
+// accelfs: config -> objects -> mount -> loop -> clean unmount.
+#include <fcntl.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <sys/statvfs.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <memory>
+
+#include "cache/backend/pread_reader.h"
+#include "cache/backend/uring_reader.h"
+#include "cache/block_cache.h"
+#include "cache/ram_block_store.h"
+#include "fs/config.h"
+#include "fs/fuse_adapter.h"
+#include "fs/mount_checks.h"
+#include "fs/read_through_fs.h"
+
+namespace accelfs {
+namespace {
+
+constexpr char kFuseDevice[] = "/dev/fuse";
+
+int Fail(const std::string& line) {
+  std::fprintf(stderr, "accelfs: %s\n", line.c_str());
+  return 1;
+}
+
+// Detaches before any thread exists. The parent waits until the child says the mount is ready
+// (exit 0) or the child exits having printed why it failed (exit 1), so a script can use the
+// mount as soon as the command returns. Returns the write end of the ready pipe in the child.
+int Detach() {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid > 0) {
+    close(pipefd[1]);
+    char ready = 0;
+    const ssize_t n = read(pipefd[0], &ready, 1);
+    if (n == 1 && ready == 'R') _exit(0);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    _exit(WIFEXITED(status) && WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : 1);
+  }
+  close(pipefd[0]);
+  setsid();
+  return pipefd[1];
+}
+
+void ReportReady(int ready_fd) {
+  if (ready_fd < 0) return;
+  const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd >= 0) {
+    dup2(null_fd, STDIN_FILENO);
+    dup2(null_fd, STDOUT_FILENO);
+    dup2(null_fd, STDERR_FILENO);
+    close(null_fd);
+  }
+  [[maybe_unused]] ssize_t n = write(ready_fd, "R", 1);
+  close(ready_fd);
+  [[maybe_unused]] int rc = chdir("/");
+}
+
+int Run(const Config& config) {
+  std::string error;
+  const std::optional<CheckedPaths> paths = CheckPaths(config.source, config.mountpoint, &error);
+  if (!paths) return Fail(error);
+  if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
+
+  const int ready_fd = config.foreground ? -1 : Detach();
+  if (!config.foreground && ready_fd < 0) return Fail(std::string("cannot detach: ") + std::strerror(errno));
+
+  RamBlockStore store;
+  std::unique_ptr<BackendReader> reader;
+  std::string backend = "io_uring";
+  if (auto uring = MakeUringReader(config.backend_depth); uring.ok()) {
+    reader = std::move(uring.value());
+  } else {
+    spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",
+                 uring.error().Message(), config.backend_depth);
+    reader = std::make_unique<PreadReader>(config.backend_depth);
+    backend = "pread";
+  }
+  BlockCache cache(store, *reader, {config.cache_size, config.block_size});
+  auto fs = ReadThroughFs::Create(paths->source, cache, {config.block_size, config.readahead_blocks});
+  if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
+
+  SessionOptions session_options;
+  session_options.source = paths->source;
+  session_options.mountpoint = paths->mountpoint;
+  session_options.fuse_options = config.fuse_options;
+  session_options.attr_timeout = config.attr_timeout;
+  session_options.entry_timeout = config.entry_timeout;
+  auto session = FuseSession::Create(**fs, session_options);
+  if (!session.ok()) return Fail("cannot create the FUSE session (bad -o option?)");
+  if (!(*session)->Mount().ok()) {
+    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
+  }
+
+  // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
+  // (INIT lowers it to the max_readahead it offered). A statfs of the mount returns only after
+  // INIT, so the starter waits on one, then tunes, reports and tells the parent we are ready.
+  std::thread starter([&] {
+    struct statvfs st {};
+    if (statvfs(paths->mountpoint.c_str(), &st) != 0) {
+      spdlog::warn("mount check failed: {}", std::strerror(errno));
+    }
+    std::string readahead = "kernel default";
+    if (config.readahead_kb > 0) {
+      auto mount = FindMount(paths->mountpoint, "fuse.accelfs");
+      Status s = mount ? SetReadAheadKb(*mount, config.readahead_kb) : Status(Error(ENOENT));
+      if (s.ok()) {
+        readahead = std::to_string(config.readahead_kb) + " KiB";
+      } else {
+        spdlog::warn("cannot raise the mount's read_ahead_kb to {} ({}; needs root): mmap reads "
+                     "will be slower", config.readahead_kb, s.error().Message());
+      }
+    }
+    spdlog::info("mounted {} at {}: cache {} ({}), block {}, backend {} depth {}, read_ahead {}",
+                 paths->source, paths->mountpoint, FormatBytes(config.cache_size),
+                 config.cache_size_origin, FormatBytes(config.block_size), backend,
+                 config.backend_depth, readahead);
+    spdlog::debug("daemon read-ahead {} blocks, attr_timeout {} s, entry_timeout {} s, "
+                  "max_background {}", config.readahead_blocks, config.attr_timeout,
+                  config.entry_timeout, session_options.max_background);
+    ReportReady(ready_fd);
+  });
+
+  const int rc = (*session)->Loop();
+  spdlog::info("unmounting {}", paths->mountpoint);
+  // Finish what the backend has in flight (those READs get their replies), cancel what waits
+  // for room, then unmount while the session can still answer.
+  reader->Stop();
+  cache.Shutdown();
+  (*session)->Unmount();  // also ends a starter still waiting in statfs
+  starter.join();
+  session->reset();
+  return rc == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace accelfs
+
+int main(int argc, char** argv) {
+  uint64_t available = 0;
+  uint64_t total = 0;
+  accelfs::ReadMemInfo(&available, &total);
+  accelfs::ParseOutcome parsed = accelfs::ParseCommandLine(argc, argv, available, total);
+  if (!parsed.config) {
+    std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);
+    return parsed.exit_code;
+  }
+  // A detached daemon logs to syslog too: its stderr goes to /dev/null once the mount is ready.
+  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_sink_mt>()};
+  sinks[0]->set_pattern("accelfs: %l: %v");
+  if (!parsed.config->foreground) {
+    sinks.push_back(std::make_shared<spdlog::sinks::syslog_sink_mt>("accelfs", LOG_PID, LOG_DAEMON,
+                                                                    /*enable_formatting=*/false));
+  }
+  auto logger = std::make_shared<spdlog::logger>("accelfs", sinks.begin(), sinks.end());
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(parsed.config->log_level));
+  return accelfs::Run(*parsed.config);
+}

@@ -1,0 +1,165 @@
+#include "fs/mount_checks.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace accelfs {
+namespace {
+
+std::string Quote(const std::string& path) { return "'" + path + "'"; }
+
+std::optional<std::string> Canonical(const std::string& path) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) return std::nullopt;
+  return std::string(buf);
+}
+
+bool IsSameOrInside(const std::string& inner, const std::string& outer) {
+  if (inner == outer) return true;
+  const std::string prefix = outer == "/" ? "/" : outer + "/";
+  return inner.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+std::string UnescapeMountField(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() && std::isdigit(static_cast<unsigned char>(field[i + 1]))) {
+      out += static_cast<char>(std::stoi(field.substr(i + 1, 3), nullptr, 8));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
+std::vector<MountInfo> ReadMountInfo(const std::string& path) {
+  std::vector<MountInfo> mounts;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    // id parent major:minor root mountpoint options [optional...] - fstype source superoptions
+    std::istringstream fields(line);
+    std::string id, parent, devno, root, mountpoint, options, word;
+    if (!(fields >> id >> parent >> devno >> root >> mountpoint >> options)) continue;
+    while (fields >> word && word != "-") {
+    }
+    MountInfo m;
+    fields >> m.fstype >> m.source;
+    if (std::sscanf(devno.c_str(), "%u:%u", &m.major, &m.minor) != 2) continue;
+    m.mountpoint = UnescapeMountField(mountpoint);
+    m.source = UnescapeMountField(m.source);
+    mounts.push_back(std::move(m));
+  }
+  return mounts;
+}
+
+std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
+                                       std::string* error) {
+  struct stat st {};
+  if (stat(source.c_str(), &st) != 0) {
+    *error = "source " + Quote(source) + (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
+    return std::nullopt;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *error = "source " + Quote(source) + " is not a directory";
+    return std::nullopt;
+  }
+  if (access(source.c_str(), R_OK | X_OK) != 0) {
+    *error = "source " + Quote(source) + " cannot be read: " + std::strerror(errno);
+    return std::nullopt;
+  }
+  if (stat(mountpoint.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOTCONN) {
+      *error = "mountpoint " + Quote(mountpoint) +
+               " is a stale FUSE mount (Transport endpoint is not connected): its daemon died "
+               "without unmounting; clear it with 'fusermount3 -u " + mountpoint +
+               "' (or 'umount -l " + mountpoint + "') and retry";
+    } else if (err == ENOENT) {
+      *error = "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)";
+    } else {
+      *error = "mountpoint " + Quote(mountpoint) + ": " + std::strerror(err);
+    }
+    return std::nullopt;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *error = "mountpoint " + Quote(mountpoint) + " is not a directory";
+    return std::nullopt;
+  }
+  CheckedPaths paths;
+  paths.source = Canonical(source).value_or(source);
+  paths.mountpoint = Canonical(mountpoint).value_or(mountpoint);
+  if (paths.mountpoint == paths.source) {
+    *error = "mountpoint " + Quote(mountpoint) + " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
+    return std::nullopt;
+  }
+  if (IsSameOrInside(paths.mountpoint, paths.source)) {
+    *error = "mountpoint " + Quote(mountpoint) + " is inside the source " + Quote(source) +
+             ": the mount would hide part of what it serves";
+    return std::nullopt;
+  }
+  for (const MountInfo& m : ReadMountInfo()) {
+    if (m.mountpoint == paths.mountpoint) {
+      *error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype + " from " +
+               m.source + "); unmount it first or choose another directory";
+      return std::nullopt;
+    }
+  }
+  if (geteuid() != 0 && access(paths.mountpoint.c_str(), W_OK) != 0) {
+    *error = "no permission to mount on " + Quote(mountpoint) + ": it is not writable by uid " +
+             std::to_string(geteuid()) + " (run as root, or use a directory you own)";
+    return std::nullopt;
+  }
+  return paths;
+}
+
+bool CheckFuseDevice(const std::string& device, std::string* error) {
+  struct stat st {};
+  if (stat(device.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) {
+    *error = device + " is missing: load the fuse module (modprobe fuse), or in a container pass "
+             "the device in (e.g. --device /dev/fuse)";
+    return false;
+  }
+  const int fd = open(device.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    *error = "no permission to open " + device + " (" + std::strerror(errno) +
+             "): run as root or grant access to the device";
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
+std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::string& fstype) {
+  std::optional<MountInfo> found;
+  for (MountInfo& m : ReadMountInfo()) {
+    if (m.mountpoint == mountpoint && m.fstype == fstype) found = std::move(m);
+  }
+  return found;
+}
+
+Status SetReadAheadKb(const MountInfo& mount, unsigned kb) {
+  const std::string path = "/sys/class/bdi/" + std::to_string(mount.major) + ":" +
+                           std::to_string(mount.minor) + "/read_ahead_kb";
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Error(errno);
+  const std::string value = std::to_string(kb);
+  const ssize_t n = write(fd, value.data(), value.size());
+  const int err = errno;
+  close(fd);
+  if (n != static_cast<ssize_t>(value.size())) return Error(n < 0 ? err : EIO);
+  return Status::Ok();
+}
+
+}  // namespace accelfs

@@ -1,0 +1,292 @@
+#include "fs/read_through_fs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <mutex>
+
+#include "cache/block.h"
+#include "cache/readahead.h"
+
+namespace accelfs {
+
+struct ReadThroughFs::Handle {
+  std::shared_ptr<BackingFile> file;
+  FileKey identity;
+  std::mutex mu;
+  ReadaheadState readahead;  // GUARDED_BY(mu)
+};
+
+struct ReadThroughFs::DirHandle {
+  std::vector<DirEntry> entries;  // snapshot taken at opendir; offsets index into it
+  uint64_t ino = 0;
+};
+
+namespace {
+
+// One READ that spans one or more blocks; replies once every block has answered.
+struct PendingRead {
+  std::mutex mu;
+  std::vector<ReadPiece> pieces;  // GUARDED_BY(mu)
+  size_t remaining = 0;           // GUARDED_BY(mu)
+  int error = 0;                  // GUARDED_BY(mu) first failure
+  ReadDone done;
+};
+
+}  // namespace
+
+std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options)
+    : cache_(cache), options_(options), inodes_(root_fd, [root_fd] {
+        struct stat st {};
+        fstat(root_fd, &st);
+        return st;
+      }()) {}
+
+ReadThroughFs::~ReadThroughFs() = default;
+
+Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& source,
+                                                             BlockCache& cache, FsOptions options) {
+  const int fd = open(source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Error(errno);
+  return std::make_unique<ReadThroughFs>(fd, cache, options);
+}
+
+Result<std::shared_ptr<Inode>> ReadThroughFs::Find(uint64_t ino) const {
+  auto inode = inodes_.Get(ino);
+  if (!inode) return Error(ESTALE);
+  return inode;
+}
+
+Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
+  auto dir = Find(parent);
+  if (!dir.ok()) return dir.error();
+  if (name.find('/') != std::string_view::npos) return Error(EINVAL);
+  const std::string child(name);
+  const int fd = openat((*dir)->fd, child.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Error(errno);
+  EntryOut out;
+  if (fstatat(fd, "", &out.attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    const int err = errno;
+    close(fd);
+    return Error(err);
+  }
+  out.ino = inodes_.Lookup(fd, out.attr).first;
+  return out;
+}
+
+void ReadThroughFs::Forget(uint64_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
+
+Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  struct stat st {};
+  if (fstatat((*inode)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Error(errno);
+  return st;
+}
+
+Result<std::string> ReadThroughFs::ReadLink(uint64_t ino) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  if (!S_ISLNK((*inode)->mode)) return Error(EINVAL);
+  std::string target(PATH_MAX, '\0');
+  const ssize_t n = readlinkat((*inode)->fd, "", target.data(), target.size());
+  if (n < 0) return Error(errno);
+  if (static_cast<size_t>(n) >= target.size()) return Error(ENAMETOOLONG);
+  target.resize(static_cast<size_t>(n));
+  return target;
+}
+
+Result<struct statvfs> ReadThroughFs::StatFs(uint64_t ino) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  struct statvfs st {};
+  if (fstatvfs((*inode)->fd, &st) != 0) return Error(errno);
+  return st;
+}
+
+Status ReadThroughFs::Access(uint64_t ino, int mask) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  if (mask & W_OK) return Error(EROFS);
+  if (S_ISLNK((*inode)->mode)) return Status::Ok();
+  if (faccessat(AT_FDCWD, FdPath((*inode)->fd).c_str(), mask, 0) != 0) return Error(errno);
+  return Status::Ok();
+}
+
+namespace {
+
+// Calls fn(buffer, size) -> ssize_t until the value fits (xattrs may grow between the calls).
+template <typename Fn>
+Result<std::string> ReadSized(Fn fn) {
+  for (;;) {
+    const ssize_t size = fn(nullptr, 0);
+    if (size < 0) return Error(errno);
+    std::string value(static_cast<size_t>(size), '\0');
+    const ssize_t n = fn(value.data(), value.size());
+    if (n >= 0) {
+      value.resize(static_cast<size_t>(n));
+      return value;
+    }
+    if (errno != ERANGE) return Error(errno);
+  }
+}
+
+}  // namespace
+
+Result<std::string> ReadThroughFs::GetXattr(uint64_t ino, const std::string& name) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  // An O_PATH descriptor of a symlink cannot reach the link's own xattrs (user.* are not allowed
+  // on symlinks anyway).
+  if (S_ISLNK((*inode)->mode)) return Error(ENODATA);
+  const std::string path = FdPath((*inode)->fd);
+  return ReadSized([&](char* buf, size_t size) { return getxattr(path.c_str(), name.c_str(), buf, size); });
+}
+
+Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  if (S_ISLNK((*inode)->mode)) return std::string();
+  const std::string path = FdPath((*inode)->fd);
+  return ReadSized([&](char* buf, size_t size) { return listxattr(path.c_str(), buf, size); });
+}
+
+Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0) return Error(EROFS);
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  if (S_ISDIR((*inode)->mode)) return Error(EISDIR);
+  const std::string path = FdPath((*inode)->fd);
+  const int buffered = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (buffered < 0) return Error(errno);
+  // O_DIRECT keeps a third copy of the data out of the backing filesystem's page cache; where it
+  // is refused the buffered descriptor serves, followed by POSIX_FADV_DONTNEED.
+  const int direct = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  auto handle = std::make_unique<Handle>();
+  handle->file = std::make_shared<BackingFile>(direct, buffered);
+  struct stat st {};
+  if (fstat(buffered, &st) != 0) return Error(errno);
+  handle->identity = FileKeyFromStat(st);
+
+  OpenOut out;
+  {
+    Inode& node = **inode;
+    std::lock_guard lock(node.mu);
+    out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
+    out.changed = node.opened_before && !out.keep_cache;
+    if (out.changed) cache_.DropFile(node.opened_identity);
+    node.opened_identity = handle->identity;
+    node.opened_before = true;
+  }
+  out.fh = reinterpret_cast<uint64_t>(handle.release());
+  open_files_.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done) {
+  auto* handle = reinterpret_cast<Handle*>(fh);
+  const FileKey& identity = handle->identity;
+  const uint32_t block_size = options_.block_size;
+  const std::vector<BlockSlice> slices = SliceRange(offset, size, identity.size, block_size);
+  if (slices.empty()) {
+    done(std::vector<ReadPiece>());  // at or past the end of the file
+    return;
+  }
+  auto pending = std::make_shared<PendingRead>();
+  pending->pieces.resize(slices.size());
+  pending->remaining = slices.size();
+  pending->done = std::move(done);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const BlockSlice slice = slices[i];
+    cache_.Get(BlockKey{identity, slice.index}, BlockBytes(slice.index, identity.size, block_size),
+               handle->file, [pending, i, slice](Result<BlockCache::Ref> block) {
+                 std::unique_lock lock(pending->mu);
+                 if (block.ok()) {
+                   pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length};
+                 } else if (pending->error == 0) {
+                   pending->error = block.error().code();
+                 }
+                 if (--pending->remaining > 0) return;
+                 lock.unlock();
+                 if (pending->error != 0) {
+                   pending->pieces.clear();  // unpin before replying
+                   pending->done(Error(pending->error));
+                 } else {
+                   pending->done(std::move(pending->pieces));
+                 }
+               });
+  }
+  BlockRange ahead;
+  {
+    std::lock_guard lock(handle->mu);
+    ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
+                          options_.readahead_blocks);
+  }
+  for (uint64_t b = ahead.first; b < ahead.end; ++b) {
+    // Skipped when cached, in flight, or without room: read-ahead never waits.
+    cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), handle->file);
+  }
+}
+
+void ReadThroughFs::Release(uint64_t fh) {
+  delete reinterpret_cast<Handle*>(fh);
+  open_files_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
+  auto inode = Find(ino);
+  if (!inode.ok()) return inode.error();
+  const int fd = openat((*inode)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Error(errno);
+  DIR* dir = fdopendir(fd);
+  if (dir == nullptr) {
+    const int err = errno;
+    close(fd);
+    return Error(err);
+  }
+  auto handle = std::make_unique<DirHandle>();
+  handle->ino = ino;
+  errno = 0;
+  while (dirent* d = readdir(dir)) {
+    DirEntry e;
+    e.name = d->d_name;
+    e.ino = d->d_ino;
+    e.type = d->d_type == DT_UNKNOWN ? 0 : DTTOIF(d->d_type);
+    e.next = handle->entries.size() + 1;
+    handle->entries.push_back(std::move(e));
+  }
+  const int err = errno;
+  closedir(dir);
+  if (err != 0) return Error(err);
+  return reinterpret_cast<uint64_t>(handle.release());
+}
+
+Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit) {
+  auto* handle = reinterpret_cast<DirHandle*>(dh);
+  for (uint64_t i = offset; i < handle->entries.size(); ++i) {
+    const DirEntry& e = handle->entries[i];
+    const bool dot = e.name == "." || e.name == "..";
+    if (!plus || dot) {
+      if (!emit(e, nullptr)) break;
+      continue;
+    }
+    Result<EntryOut> entry = Lookup(handle->ino, e.name);
+    // An entry that vanished since opendir is still listed, without attributes.
+    const EntryOut* out = entry.ok() ? &entry.value() : nullptr;
+    if (!emit(e, out)) {
+      if (out != nullptr) Forget(out->ino, 1);
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+void ReadThroughFs::ReleaseDir(uint64_t dh) { delete reinterpret_cast<DirHandle*>(dh); }
+
+}  // namespace accelfs

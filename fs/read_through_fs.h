@@ -1,0 +1,105 @@
+// The FUSE-free core of the filesystem: every operation the adapter forwards, on FUSE inode
+// numbers and handles, with results as values. Tests drive it directly, without a mount.
+//
+// Thread safety: every method may be called concurrently from any thread.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/block_cache.h"
+#include "cache/result.h"
+#include "fs/inode_table.h"
+
+namespace accelfs {
+
+struct FsOptions {
+  uint32_t block_size = 4 << 20;
+  uint32_t readahead_blocks = 4;  // daemon read-ahead window of a sequential handle, in blocks
+};
+
+struct EntryOut {
+  uint64_t ino = 0;
+  struct stat attr {};
+};
+
+struct OpenOut {
+  uint64_t fh = 0;
+  bool keep_cache = false;  // the file is unchanged since its last open: keep the kernel's pages
+  bool changed = false;     // the file changed since its last open: drop the kernel's attributes
+};
+
+// One reply piece: `length` bytes at `offset` inside a pinned cache block.
+struct ReadPiece {
+  BlockCache::Ref block;
+  uint32_t offset = 0;
+  uint32_t length = 0;
+};
+// Pieces in file order; empty at end of file. Called exactly once, on any thread.
+using ReadDone = std::function<void(Result<std::vector<ReadPiece>>)>;
+
+struct DirEntry {
+  std::string name;
+  ino_t ino = 0;       // the backing inode number (for d_ino)
+  mode_t type = 0;     // S_IFMT bits, 0 when unknown
+  uint64_t next = 0;   // offset to resume after this entry
+};
+// Returns false when the entry did not fit (it is then not consumed).
+using DirEmit = std::function<bool(const DirEntry&, const EntryOut* plus)>;
+
+class ReadThroughFs {
+ public:
+  // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache outlives this.
+  ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options);
+  ~ReadThroughFs();
+
+  static Result<std::unique_ptr<ReadThroughFs>> Create(const std::string& source, BlockCache& cache,
+                                                        FsOptions options);
+
+  Result<EntryOut> Lookup(uint64_t parent, std::string_view name);
+  void Forget(uint64_t ino, uint64_t nlookup);
+  Result<struct stat> GetAttr(uint64_t ino);
+  Result<std::string> ReadLink(uint64_t ino);
+  Result<struct statvfs> StatFs(uint64_t ino);
+  Status Access(uint64_t ino, int mask);
+  Result<std::string> GetXattr(uint64_t ino, const std::string& name);
+  Result<std::string> ListXattr(uint64_t ino);  // NUL-separated names
+
+  Result<OpenOut> Open(uint64_t ino, int flags);
+  // Answers through `done`; never blocks on the backend.
+  void Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done);
+  void Release(uint64_t fh);
+
+  Result<uint64_t> OpenDir(uint64_t ino);
+  // Emits entries from `offset` on until one does not fit. With `plus`, each emitted entry other
+  // than "." and ".." counts one lookup.
+  Status ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit);
+  void ReleaseDir(uint64_t dh);
+
+  size_t inode_count() const { return inodes_.size(); }
+  size_t open_files() const { return open_files_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Handle;
+  struct DirHandle;
+
+  Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
+
+  BlockCache& cache_;
+  const FsOptions options_;
+  InodeTable inodes_;
+  std::atomic<size_t> open_files_{0};
+};
+
+// "/proc/self/fd/N": how a path-based call (open, getxattr) reaches an O_PATH descriptor.
+std::string FdPath(int fd);
+
+}  // namespace accelfs

@@ -1,0 +1,123 @@
+#include "tests/support/fake_backend.h"
+
+#include <chrono>
+
+namespace accelfs::testing {
+
+FakeBackend::FakeBackend() : thread_([this] { Run(); }) {}
+
+FakeBackend::~FakeBackend() { Stop(); }
+
+void FakeBackend::Submit(ReadRequest request) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      ++submitted_;
+      queue_.push_back(std::move(request));
+      cv_.notify_all();
+      return;
+    }
+  }
+  request.done(Error(ECANCELED));
+}
+
+void FakeBackend::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    held_ = false;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void FakeBackend::Hold() {
+  std::lock_guard lock(mu_);
+  held_ = true;
+  released_ = 0;
+}
+
+void FakeBackend::Release(size_t n) {
+  std::lock_guard lock(mu_);
+  released_ += n;
+  cv_.notify_all();
+}
+
+void FakeBackend::ReleaseAll() {
+  std::lock_guard lock(mu_);
+  held_ = false;
+  cv_.notify_all();
+}
+
+void FakeBackend::FailNth(uint64_t n, int err) {
+  std::lock_guard lock(mu_);
+  fail_at_ = submitted_ + n;
+  fail_errno_ = err;
+}
+
+void FakeBackend::ShortNth(uint64_t n, size_t missing) {
+  std::lock_guard lock(mu_);
+  short_at_ = submitted_ + n;
+  short_by_ = missing;
+}
+
+uint64_t FakeBackend::submitted() const {
+  std::lock_guard lock(mu_);
+  return submitted_;
+}
+
+uint64_t FakeBackend::completed() const {
+  std::lock_guard lock(mu_);
+  return completed_;
+}
+
+size_t FakeBackend::waiting() const {
+  std::lock_guard lock(mu_);
+  return queue_.size();
+}
+
+uint64_t FakeBackend::bytes_read() const {
+  std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+bool FakeBackend::WaitCompleted(uint64_t n) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return completed_ >= n; });
+}
+
+void FakeBackend::Run() {
+  uint64_t sequence = 0;  // position of the request being served among all submitted
+  for (;;) {
+    ReadRequest request;
+    bool fail = false;
+    bool cut = false;
+    int err = 0;
+    size_t missing = 0;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return (!queue_.empty() && (!held_ || released_ > 0)) || (stopping_ && queue_.empty());
+      });
+      if (queue_.empty()) return;
+      if (held_) --released_;
+      request = std::move(queue_.front());
+      queue_.pop_front();
+      ++sequence;
+      fail = sequence == fail_at_;
+      err = fail_errno_;
+      cut = sequence == short_at_;
+      missing = short_by_;
+    }
+    Result<size_t> result = fail ? Result<size_t>(Error(err)) : PreadBlock(request);
+    if (cut && result.ok()) result = result.value() - std::min(missing, result.value());
+    const uint64_t delivered = result.ok() ? result.value() : 0;
+    request.done(std::move(result));
+    std::lock_guard lock(mu_);
+    ++completed_;
+    bytes_ += delivered;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace accelfs::testing

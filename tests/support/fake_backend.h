@@ -1,0 +1,59 @@
+// A BackendReader for tests: serves reads with PreadBlock on one thread (so completions are
+// ordered), and can hold requests until released, fail the Nth read with an errno, or return the
+// Nth read short. Counts what it was asked.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "cache/backend/reader.h"
+
+namespace accelfs::testing {
+
+class FakeBackend final : public BackendReader {
+ public:
+  FakeBackend();
+  ~FakeBackend() override;
+
+  void Submit(ReadRequest request) override;
+  void Stop() override;
+
+  // While held, requests wait; Release(n) lets n of them through (oldest first).
+  void Hold();
+  void Release(size_t n);
+  void ReleaseAll();  // and stop holding
+
+  // The nth request from now on (1 = the next) fails with `err` (no bytes read).
+  void FailNth(uint64_t n, int err);
+  // The nth request from now on returns `bytes` fewer bytes than expected.
+  void ShortNth(uint64_t n, size_t missing);
+
+  uint64_t submitted() const;    // requests received
+  uint64_t completed() const;    // callbacks run
+  size_t waiting() const;        // requests held
+  uint64_t bytes_read() const;   // bytes delivered by successful reads
+  // Blocks until `n` requests have completed (or 10 s pass; returns false then).
+  bool WaitCompleted(uint64_t n);
+
+ private:
+  void Run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ReadRequest> queue_;  // GUARDED_BY(mu_)
+  bool held_ = false;              // GUARDED_BY(mu_)
+  size_t released_ = 0;            // GUARDED_BY(mu_) held requests allowed through
+  bool stopping_ = false;          // GUARDED_BY(mu_)
+  uint64_t submitted_ = 0;         // GUARDED_BY(mu_)
+  uint64_t completed_ = 0;         // GUARDED_BY(mu_)
+  uint64_t bytes_ = 0;             // GUARDED_BY(mu_)
+  uint64_t fail_at_ = 0;           // GUARDED_BY(mu_) submitted_ count that fails; 0 = none
+  int fail_errno_ = 0;             // GUARDED_BY(mu_)
+  uint64_t short_at_ = 0;          // GUARDED_BY(mu_)
+  size_t short_by_ = 0;            // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace accelfs::testing

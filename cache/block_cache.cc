@@ -104,6 +104,26 @@ bool BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
   return !fetches.empty();
 }
 
+bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
+  const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
+  std::vector<Entry*> pinned;
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t i = 0; i < blocks; ++i) {
+      auto it = map_.find(BlockKey{file, i});
+      if (it == map_.end() || it->second->state != State::kReady) return false;
+      pinned.push_back(it->second.get());
+    }
+    for (Entry* e : pinned) {
+      ++e->pins;
+      lru_.splice(lru_.begin(), lru_, e->lru_pos);
+    }
+  }
+  refs->clear();
+  for (Entry* e : pinned) refs->push_back(Ref(this, e));
+  return !pinned.empty();
+}
+
 void BlockCache::DropFile(const FileKey& file) {
   Freed freed;
   {

@@ -66,6 +66,11 @@ class BlockCache {
   // blocks). Returns true when it started a fetch. Never waits, never queues.
   bool Prefetch(const BlockKey& key, uint32_t expected, const std::shared_ptr<BackingFile>& file);
 
+  // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
+  // true; otherwise changes nothing. A file passed through to the store's file stays whole while
+  // these Refs live. False for an empty file.
+  bool PinFile(const FileKey& file, std::vector<Ref>* refs);
+
   // Forgets every ready block of `file` (a changed file's old identity). Pinned blocks are freed
   // when their last Ref goes.
   void DropFile(const FileKey& file);
@@ -74,6 +79,7 @@ class BlockCache {
   void Shutdown();
 
   CacheStats Stats() const;
+  BlockStore& store() const { return store_; }
 
  private:
   struct Entry;

@@ -30,8 +30,17 @@ class BlockStore {
   // Gives the buffer back. REQUIRES: nobody reads from it any more.
   virtual void Release(const BlockKey& key, BlockBuffer buffer) = 0;
 
-  // The capacity Allocate(bytes) would return, so the cache can make room before allocating.
+  // The budget bytes a buffer of `bytes` costs, so the cache can make room before allocating.
   virtual size_t CapacityFor(size_t bytes) const = 0;
+
+  // A descriptor of a file holding `file`'s blocks at their offsets, which the kernel may read
+  // directly (FUSE passthrough) while every block is present and pinned; -1 when this store keeps
+  // no such file. Owned by the store; valid while any block of `file` is allocated.
+  virtual int FileDescriptor(const FileKey& file) const = 0;
 };
+
+// Budget charge for `bytes` of block memory: whole 2 MiB huge pages for big buffers (a partly used
+// huge page costs a whole one), whole 4 KiB pages for small ones.
+size_t ChargeFor(size_t bytes);
 
 }  // namespace accelfs

@@ -12,7 +12,12 @@ class RamBlockStore final : public BlockStore {
   Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override;
   void Commit(const BlockKey&, const BlockBuffer&, size_t) override {}
   void Release(const BlockKey& key, BlockBuffer buffer) override;
-  size_t CapacityFor(size_t bytes) const override;
+  size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
+  int FileDescriptor(const FileKey&) const override { return -1; }
 };
+
+// Maps `bytes` (a multiple of 4096) at a 2 MiB-aligned address, so that huge pages can back it:
+// mmap(fd, offset) of a file when fd >= 0, anonymous memory otherwise. nullptr on failure.
+std::byte* MapAligned(size_t bytes, int fd, uint64_t offset);
 
 }  // namespace accelfs

@@ -182,6 +182,9 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_option("-o", option_lists,
                  "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
                  "fsname=...) and the options above as key=value (cache_size=64G, ...)");
+  bool no_passthrough = false;
+  app.add_flag("--no-passthrough", no_passthrough,
+               "Serve fully cached files through the daemon too (no FUSE passthrough)");
   app.add_flag("-V,--version", version, "Print the version and exit");
 
   auto usage_error = [](const std::string& what) {
@@ -223,6 +226,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
         *target = value;
       } else if (key == "foreground") {
         config.foreground = true;
+      } else if (key == "no_passthrough") {
+        no_passthrough = true;
       } else if (IsFuseOption(opt)) {
         config.fuse_options.push_back(opt);
       } else if (!IsIgnoredMountOption(opt)) {
@@ -270,6 +275,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     const bool bare = readahead.find_first_not_of("0123456789") == std::string::npos;
     auto v = ParseSize(readahead, 0, &error);
     if (!v) return usage_error("--readahead " + error);
+    // read_ahead_kb is in KiB: rounding a size down would turn e.g. 512B into 0 ("keep the
+    // kernel's value").
+    if (!bare && *v % 1024 != 0) {
+      return usage_error("--readahead " + readahead + ": must be a whole number of KiB");
+    }
     const uint64_t kb = bare ? *v : *v / 1024;
     if (kb > (1u << 20)) return usage_error("--readahead " + readahead + ": at most 1G");
     config.readahead_kb = static_cast<uint32_t>(kb);
@@ -289,6 +299,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                        "': must be trace, debug, info, warn, error, critical or off");
   }
   config.log_level = log_level;
+  config.passthrough = !no_passthrough;
   ParseOutcome out;
   out.config = std::move(config);
   return out;

@@ -42,6 +42,10 @@ struct Config {
 
   std::string log_level = "info";
 
+  // Pass fully cached files through to the cache's tmpfs file (FUSE passthrough: the kernel reads
+  // them without the daemon, at tmpfs speed). Needs root and kernel >= 6.9; off falls back cleanly.
+  bool passthrough = true;
+
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };

@@ -5,25 +5,105 @@
 #include <spdlog/spdlog.h>
 #include <sys/uio.h>
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include "fs/errno_map.h"
+#include "fs/fuse_passthrough_abi.h"
 
 namespace accelfs {
 
-struct FuseSession::Impl {
+struct FuseSession::Impl final : BackingRegistry {
   Impl(ReadThroughFs& fs, SessionOptions options) : fs(fs), options(std::move(options)) {}
+
+  bool Enabled() const override { return passthrough.load(std::memory_order_relaxed); }
+  Result<int> Open(int fd) override {
+    fuse_abi::BackingMap map{fd, 0, 0};
+    const int id = ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingOpen, &map);
+    if (id > 0) return id;
+    const int err = id < 0 ? errno : EIO;
+    spdlog::debug("backing open of fd {} failed: {}", fd, std::strerror(err));
+    if (err == EPERM || err == ENOTTY || err == EINVAL) {
+      // The kernel will not take backing files from us (no CAP_SYS_ADMIN, or no support): stop
+      // asking, once, loudly.
+      if (passthrough.exchange(false)) {
+        spdlog::warn("passthrough off: the kernel refused a backing file ({}); fully cached files "
+                     "are served by the daemon", std::strerror(err));
+      }
+    }
+    return Error(err);
+  }
+  void Close(int backing_id) override {
+    const uint32_t id = static_cast<uint32_t>(backing_id);
+    ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingClose, &id);
+  }
+
   ReadThroughFs& fs;
   SessionOptions options;
   fuse_session* session = nullptr;
   bool mounted = false;
   bool signals = false;
+  std::atomic<bool> kernel_offers_passthrough{false};  // seen in the INIT request
+  std::atomic<bool> passthrough{false};                // agreed in our INIT reply
   std::atomic<uint64_t> read_errors{0};
 };
 
 namespace {
+
+// libfuse 3.14 cannot speak FUSE passthrough, so the session's I/O goes through these two hooks
+// (fuse_session_custom_io): reading notes whether the kernel's INIT offers passthrough; writing
+// patches our INIT reply to accept it and an OPEN reply to name the backing file. The reply of a
+// request is written by the thread that handles it, inside the callback, so thread-locals carry
+// what the callback wants patched.
+thread_local bool tls_init_reply = false;  // the next reply of this thread answers INIT
+thread_local int tls_backing_id = 0;       // the next reply of this thread answers this OPEN
+
+ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
+  const ssize_t n = read(fd, buf, len);
+  if (n >= static_cast<ssize_t>(sizeof(fuse_abi::InHeader) + sizeof(fuse_abi::InitIn))) {
+    fuse_abi::InHeader in;
+    std::memcpy(&in, buf, sizeof(in));
+    if (in.opcode == fuse_abi::kOpcodeInit) {
+      fuse_abi::InitIn init;
+      std::memcpy(&init, static_cast<char*>(buf) + sizeof(in), sizeof(init));
+      const bool offered = init.major == 7 && init.minor >= 40 && (init.flags & fuse_abi::kInitExt) &&
+                           (init.flags2 & fuse_abi::kPassthroughFlags2);
+      static_cast<FuseSession::Impl*>(userdata)->kernel_offers_passthrough = offered;
+    }
+  }
+  return n;
+}
+
+ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
+  auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
+  if (tls_init_reply && count == 2 && iov[1].iov_len == sizeof(fuse_abi::InitOut)) {
+    tls_init_reply = false;
+    fuse_abi::InitOut out;
+    std::memcpy(&out, iov[1].iov_base, sizeof(out));
+    if (ctx.options.passthrough && ctx.kernel_offers_passthrough) {
+      out.flags |= fuse_abi::kInitExt;
+      out.flags2 |= fuse_abi::kPassthroughFlags2;
+      out.max_stack_depth = 1;  // our backing files live on tmpfs, which stacks on nothing
+      ctx.passthrough = true;
+    }
+    iovec patched[2] = {iov[0], {&out, sizeof(out)}};
+    return writev(fd, patched, 2);
+  }
+  if (tls_backing_id > 0 && count == 2 && iov[1].iov_len == sizeof(fuse_abi::OpenOut)) {
+    fuse_abi::OpenOut out;
+    std::memcpy(&out, iov[1].iov_base, sizeof(out));
+    out.open_flags |= fuse_abi::kOpenPassthrough;
+    out.backing_id = tls_backing_id;
+    tls_backing_id = 0;
+    iovec patched[2] = {iov[0], {&out, sizeof(out)}};
+    return writev(fd, patched, 2);
+  }
+  return writev(fd, iov, count);
+}
 
 FuseSession::Impl& Ctx(fuse_req_t req) {
   return *static_cast<FuseSession::Impl*>(fuse_req_userdata(req));
@@ -53,6 +133,7 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->max_background = ctx.options.max_background;
   conn->congestion_threshold = ctx.options.max_background * 3 / 4;
   conn->time_gran = 1;
+  tls_init_reply = true;  // IoWritev adds passthrough to the reply libfuse sends next
   spdlog::debug(
       "fuse: protocol {}.{}, max_write {} (the READ size cap), max_readahead {}, max_background {}, "
       "congestion_threshold {}, auto_inval_data off, attr/entry timeout {}/{} s",
@@ -123,8 +204,12 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Result<OpenOut> out = ctx.fs.Open(ino, fi->flags);
   if (!out.ok()) return ReplyErr(req, out.error());
   fi->fh = out->fh;
-  fi->keep_cache = out->keep_cache;
+  fi->keep_cache = out->keep_cache && out->backing_id == 0;
   fi->noflush = 1;
+  tls_backing_id = out->backing_id;  // IoWritev marks the reply FOPEN_PASSTHROUGH
+  spdlog::debug("open of inode {}: {}", ino,
+                out->backing_id > 0 ? "passthrough, backing id " + std::to_string(out->backing_id)
+                                    : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
   if (out->changed) {
     // The backing file changed since the last open: the kernel's cached size and mtime are stale.
     // (Its pages are dropped by opening without keep_cache.) Safe inside OPEN: with a negative
@@ -132,7 +217,9 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     spdlog::info("backing file of inode {} changed since its last open; dropping cached data", ino);
     fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
   }
-  if (fuse_reply_open(req, fi) == -ENOENT) ctx.fs.Release(out->fh);  // interrupted open
+  const int rc = fuse_reply_open(req, fi);
+  tls_backing_id = 0;
+  if (rc == -ENOENT) ctx.fs.Release(out->fh);  // interrupted open
 }
 
 void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -310,6 +397,7 @@ Result<std::unique_ptr<FuseSession>> FuseSession::Create(ReadThroughFs& fs, Sess
   for (auto& a : argv_store) argv.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   impl->session = fuse_session_new(&args, &kOps, sizeof(kOps), impl.get());
+  fuse_opt_free_args(&args);  // option parsing may have replaced args with an allocated copy
   if (impl->session == nullptr) return Error(EINVAL);
   if (fuse_set_signal_handlers(impl->session) != 0) {
     fuse_session_destroy(impl->session);
@@ -322,8 +410,16 @@ Result<std::unique_ptr<FuseSession>> FuseSession::Create(ReadThroughFs& fs, Sess
 Status FuseSession::Mount() {
   if (fuse_session_mount(impl_->session, impl_->options.mountpoint.c_str()) != 0) return Error(EIO);
   impl_->mounted = true;
+  static constexpr fuse_custom_io kIo = {IoWritev, IoRead, nullptr, nullptr};
+  if (fuse_session_custom_io(impl_->session, &kIo, fuse_session_fd(impl_->session)) != 0) {
+    Unmount();
+    return Error(EIO);
+  }
+  impl_->fs.EnablePassthrough(impl_.get());
   return Status::Ok();
 }
+
+bool FuseSession::passthrough() const { return impl_->Enabled(); }
 
 int FuseSession::Loop() {
   fuse_loop_config* config = fuse_loop_cfg_create();

@@ -21,6 +21,9 @@ struct SessionOptions {
   // parallelism (DESIGN.md section 2).
   unsigned max_background = 64;
   unsigned max_threads = 16;
+  // Offer FUSE passthrough to the kernel (fully cached files then never reach the daemon). Only
+  // useful when the cache's store keeps files (ShmBlockStore).
+  bool passthrough = false;
 };
 
 class FuseSession {
@@ -33,6 +36,8 @@ class FuseSession {
   // Serves requests on a thread pool until unmounted or signalled. Returns 0 or an errno.
   int Loop();
   void Unmount();
+  // Whether the kernel agreed to passthrough (known once INIT is done).
+  bool passthrough() const;
 
   struct Impl;
 

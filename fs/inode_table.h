@@ -31,6 +31,12 @@ struct Inode {
   std::mutex mu;
   FileKey opened_identity;     // GUARDED_BY(mu)
   bool opened_before = false;  // GUARDED_BY(mu)
+  // The kernel keeps an inode either in cached mode or in passthrough mode, never both, and wants
+  // one backing file per inode: the open handles of each mode, and the backing id in use.
+  int cached_opens = 0;               // GUARDED_BY(mu)
+  int passthrough_opens = 0;          // GUARDED_BY(mu)
+  int backing_id = 0;                 // GUARDED_BY(mu) registered while passthrough_opens > 0
+  FileKey passthrough_identity;       // GUARDED_BY(mu)
 };
 
 class InodeTable {

@@ -17,6 +17,7 @@
 #include "cache/backend/uring_reader.h"
 #include "cache/block_cache.h"
 #include "cache/ram_block_store.h"
+#include "cache/shm_block_store.h"
 #include "fs/config.h"
 #include "fs/fuse_adapter.h"
 #include "fs/mount_checks.h"
@@ -77,7 +78,18 @@ int Run(const Config& config) {
   const int ready_fd = config.foreground ? -1 : Detach();
   if (!config.foreground && ready_fd < 0) return Fail(std::string("cannot detach: ") + std::strerror(errno));
 
-  RamBlockStore store;
+  // As root the cache lives in files on a private tmpfs, which fully cached files can be passed
+  // through to; otherwise in anonymous memory.
+  std::unique_ptr<BlockStore> store;
+  std::string store_kind = "private tmpfs";
+  if (auto shm = ShmBlockStore::Create(config.block_size, config.cache_size + (64u << 20)); shm.ok()) {
+    store = std::move(shm.value());
+  } else {
+    store = std::make_unique<RamBlockStore>();
+    store_kind = "anonymous memory";
+    spdlog::debug("private tmpfs for the cache refused ({}); caching in anonymous memory",
+                  shm.error().Message());
+  }
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
   if (auto uring = MakeUringReader(config.backend_depth); uring.ok()) {
@@ -88,7 +100,7 @@ int Run(const Config& config) {
     reader = std::make_unique<PreadReader>(config.backend_depth);
     backend = "pread";
   }
-  BlockCache cache(store, *reader, {config.cache_size, config.block_size});
+  BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
   auto fs = ReadThroughFs::Create(paths->source, cache, {config.block_size, config.readahead_blocks});
   if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
 
@@ -98,6 +110,7 @@ int Run(const Config& config) {
   session_options.fuse_options = config.fuse_options;
   session_options.attr_timeout = config.attr_timeout;
   session_options.entry_timeout = config.entry_timeout;
+  session_options.passthrough = config.passthrough && store_kind == "private tmpfs";
   auto session = FuseSession::Create(**fs, session_options);
   if (!session.ok()) return Fail("cannot create the FUSE session (bad -o option?)");
   if (!(*session)->Mount().ok()) {
@@ -123,10 +136,19 @@ int Run(const Config& config) {
                      "will be slower", config.readahead_kb, s.error().Message());
       }
     }
-    spdlog::info("mounted {} at {}: cache {} ({}), block {}, backend {} depth {}, read_ahead {}",
-                 paths->source, paths->mountpoint, FormatBytes(config.cache_size),
-                 config.cache_size_origin, FormatBytes(config.block_size), backend,
+    spdlog::info("mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
+                 "read_ahead {}", paths->source, paths->mountpoint, FormatBytes(config.cache_size),
+                 config.cache_size_origin, store_kind, FormatBytes(config.block_size), backend,
                  config.backend_depth, readahead);
+    if ((*session)->passthrough()) {
+      spdlog::info("passthrough on: fully cached files are read by the kernel from the cache, "
+                   "without the daemon");
+    } else {
+      spdlog::info("passthrough off ({}): every read goes through the daemon",
+                   !config.passthrough            ? "--no-passthrough"
+                   : !session_options.passthrough ? "needs root for the cache's tmpfs"
+                                                  : "the kernel does not offer it (needs 6.9+)");
+    }
     spdlog::debug("daemon read-ahead {} blocks, attr_timeout {} s, entry_timeout {} s, "
                   "max_background {}", config.readahead_blocks, config.attr_timeout,
                   config.entry_timeout, session_options.max_background);

@@ -15,8 +15,11 @@
 namespace accelfs {
 
 struct ReadThroughFs::Handle {
+  std::shared_ptr<Inode> inode;
   std::shared_ptr<BackingFile> file;
   FileKey identity;
+  int backing_id = 0;                    // passthrough mode when > 0
+  std::vector<BlockCache::Ref> pinned;   // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
 };
@@ -172,31 +175,75 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   handle->file = std::make_shared<BackingFile>(direct, buffered);
   struct stat st {};
   if (fstat(buffered, &st) != 0) return Error(errno);
+  // No links left: the backing file was deleted or replaced (a new file renamed over it) since the
+  // kernel looked its name up, and the kernel trusts that name for entry_timeout. ESTALE makes the
+  // kernel walk the path again with LOOKUP_REVAL, so the open reaches what the name means now.
+  if (st.st_nlink == 0) return Error(ESTALE);
   handle->identity = FileKeyFromStat(st);
+
+  handle->inode = *inode;
 
   OpenOut out;
   {
     Inode& node = **inode;
-    std::lock_guard lock(node.mu);
+    std::lock_guard lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
+    if (node.passthrough_opens > 0 && node.passthrough_identity != handle->identity) {
+      // The file changed while open in passthrough mode: the kernel takes one backing file per
+      // inode, so the new contents can be served only once the old handles are closed.
+      return Error(EBUSY);
+    }
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
     if (out.changed) cache_.DropFile(node.opened_identity);
     node.opened_identity = handle->identity;
     node.opened_before = true;
+    // Passthrough when every block is cached (and stays pinned while the handle is open) and no
+    // handle of the inode is open in cached mode: the kernel keeps an inode in one mode at a time.
+    if (registry_ != nullptr && registry_->Enabled() && node.cached_opens == 0 &&
+        cache_.PinFile(handle->identity, &handle->pinned)) {
+      if (node.passthrough_opens == 0) {
+        const int fd = cache_.store().FileDescriptor(handle->identity);
+        Result<int> id = fd >= 0 ? registry_->Open(fd) : Result<int>(Error(ENOTSUP));
+        node.backing_id = id.ok() ? id.value() : 0;
+        node.passthrough_identity = handle->identity;
+      }
+      handle->backing_id = node.backing_id;
+    }
+    if (handle->backing_id > 0) {
+      ++node.passthrough_opens;
+      passthrough_files_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      handle->pinned.clear();
+      ++node.cached_opens;
+    }
   }
-  out.fh = reinterpret_cast<uint64_t>(handle.release());
+  out.backing_id = handle->backing_id;
+  out.fh = reinterpret_cast<uint64_t>(handle.get());
+  {
+    std::lock_guard lock(handles_mu_);
+    handles_.emplace(out.fh, std::move(handle));
+  }
   open_files_.fetch_add(1, std::memory_order_relaxed);
   return out;
 }
 
 void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done) {
   auto* handle = reinterpret_cast<Handle*>(fh);
-  const FileKey& identity = handle->identity;
+  // Nothing below may touch the handle after the first Get: once the last block answers, the
+  // reply can let the kernel send RELEASE, which deletes the handle while this thread is still here.
+  const FileKey identity = handle->identity;
+  const std::shared_ptr<BackingFile> file = handle->file;
   const uint32_t block_size = options_.block_size;
   const std::vector<BlockSlice> slices = SliceRange(offset, size, identity.size, block_size);
   if (slices.empty()) {
     done(std::vector<ReadPiece>());  // at or past the end of the file
     return;
+  }
+  BlockRange ahead;
+  {
+    std::lock_guard lock(handle->mu);
+    ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
+                          options_.readahead_blocks);
   }
   auto pending = std::make_shared<PendingRead>();
   pending->pieces.resize(slices.size());
@@ -205,7 +252,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   for (size_t i = 0; i < slices.size(); ++i) {
     const BlockSlice slice = slices[i];
     cache_.Get(BlockKey{identity, slice.index}, BlockBytes(slice.index, identity.size, block_size),
-               handle->file, [pending, i, slice](Result<BlockCache::Ref> block) {
+               file, [pending, i, slice](Result<BlockCache::Ref> block) {
                  std::unique_lock lock(pending->mu);
                  if (block.ok()) {
                    pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length};
@@ -222,20 +269,34 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                  }
                });
   }
-  BlockRange ahead;
-  {
-    std::lock_guard lock(handle->mu);
-    ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
-                          options_.readahead_blocks);
-  }
   for (uint64_t b = ahead.first; b < ahead.end; ++b) {
     // Skipped when cached, in flight, or without room: read-ahead never waits.
-    cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), handle->file);
+    cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
   }
 }
 
 void ReadThroughFs::Release(uint64_t fh) {
-  delete reinterpret_cast<Handle*>(fh);
+  std::unique_ptr<Handle> handle;  // destroyed after the lock
+  {
+    std::lock_guard lock(handles_mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return;
+    handle = std::move(it->second);
+    handles_.erase(it);
+  }
+  {
+    Inode& node = *handle->inode;
+    std::lock_guard lock(node.mu);
+    if (handle->backing_id > 0) {
+      passthrough_files_.fetch_sub(1, std::memory_order_relaxed);
+      if (--node.passthrough_opens == 0) {
+        registry_->Close(node.backing_id);
+        node.backing_id = 0;
+      }
+    } else {
+      --node.cached_opens;
+    }
+  }
   open_files_.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -264,7 +325,10 @@ Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
   const int err = errno;
   closedir(dir);
   if (err != 0) return Error(err);
-  return reinterpret_cast<uint64_t>(handle.release());
+  const uint64_t dh = reinterpret_cast<uint64_t>(handle.get());
+  std::lock_guard lock(handles_mu_);
+  dir_handles_.emplace(dh, std::move(handle));
+  return dh;
 }
 
 Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit) {
@@ -287,6 +351,13 @@ Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const Dir
   return Status::Ok();
 }
 
-void ReadThroughFs::ReleaseDir(uint64_t dh) { delete reinterpret_cast<DirHandle*>(dh); }
+void ReadThroughFs::ReleaseDir(uint64_t dh) {
+  std::unique_ptr<DirHandle> handle;  // destroyed after the lock
+  std::lock_guard lock(handles_mu_);
+  auto it = dir_handles_.find(dh);
+  if (it == dir_handles_.end()) return;
+  handle = std::move(it->second);
+  dir_handles_.erase(it);
+}
 
 }  // namespace accelfs

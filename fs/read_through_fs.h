@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -33,6 +35,7 @@ struct EntryOut {
 
 struct OpenOut {
   uint64_t fh = 0;
+  int backing_id = 0;       // > 0: open in passthrough mode, reading the store's file directly
   bool keep_cache = false;  // the file is unchanged since its last open: keep the kernel's pages
   bool changed = false;     // the file changed since its last open: drop the kernel's attributes
 };
@@ -55,6 +58,17 @@ struct DirEntry {
 // Returns false when the entry did not fit (it is then not consumed).
 using DirEmit = std::function<bool(const DirEntry&, const EntryOut* plus)>;
 
+// Registers store files with the kernel for FUSE passthrough. Implemented by the FUSE adapter.
+class BackingRegistry {
+ public:
+  virtual ~BackingRegistry() = default;
+  // Whether the kernel agreed to passthrough for this mount.
+  virtual bool Enabled() const = 0;
+  // A backing id for the open file `fd`.
+  virtual Result<int> Open(int fd) = 0;
+  virtual void Close(int backing_id) = 0;
+};
+
 class ReadThroughFs {
  public:
   // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache outlives this.
@@ -73,6 +87,11 @@ class ReadThroughFs {
   Result<std::string> GetXattr(uint64_t ino, const std::string& name);
   Result<std::string> ListXattr(uint64_t ino);  // NUL-separated names
 
+  // From now on, opens of fully cached files are passed through to the cache store's file when
+  // `registry` is enabled and no cached-mode handle of the inode is open. REQUIRES: registry
+  // outlives this; called before the first Open.
+  void EnablePassthrough(BackingRegistry* registry) { registry_ = registry; }
+
   Result<OpenOut> Open(uint64_t ino, int flags);
   // Answers through `done`; never blocks on the backend.
   void Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done);
@@ -86,6 +105,7 @@ class ReadThroughFs {
 
   size_t inode_count() const { return inodes_.size(); }
   size_t open_files() const { return open_files_.load(std::memory_order_relaxed); }
+  size_t passthrough_files() const { return passthrough_files_.load(std::memory_order_relaxed); }
 
  private:
   struct Handle;
@@ -96,7 +116,15 @@ class ReadThroughFs {
   BlockCache& cache_;
   const FsOptions options_;
   InodeTable inodes_;
+  BackingRegistry* registry_ = nullptr;
   std::atomic<size_t> open_files_{0};
+  std::atomic<size_t> passthrough_files_{0};
+  // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the
+  // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just
+  // before SIGTERM) never arrives. Lock order: handles_mu_ is a leaf.
+  std::mutex handles_mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;        // GUARDED_BY(handles_mu_)
+  std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_;  // GUARDED_BY(handles_mu_)
 };
 
 // "/proc/self/fd/N": how a path-based call (open, getxattr) reaches an O_PATH descriptor.

@@ -164,6 +164,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   std::string backend_depth, attr_timeout, entry_timeout;
   std::vector<std::string> option_lists;
   bool version = false;
+  // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
   app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
   app.add_flag("-f,--foreground", config.foreground,
@@ -181,11 +183,13 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                  "trace, debug, info, warn, error, critical or off (default info)");
   app.add_option("-o", option_lists,
                  "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
-                 "fsname=...) and the options above as key=value (cache_size=64G, ...)");
+                 "fsname=...) and the options above as key=value (cache_size=64G, ...)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   bool no_passthrough = false;
   app.add_flag("--no-passthrough", no_passthrough,
                "Serve fully cached files through the daemon too (no FUSE passthrough)");
   app.add_flag("-V,--version", version, "Print the version and exit");
+
 
   auto usage_error = [](const std::string& what) {
     ParseOutcome out;

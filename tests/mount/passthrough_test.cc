@@ -1,0 +1,170 @@
+// FUSE passthrough of fully cached files: once every block of a file is in the cache, the next open
+// is passed through to the cache's tmpfs file. Reads and mmap must still give the backing bytes;
+// the file's blocks stay pinned while it is open, whatever else the cache evicts; an inode never
+// mixes cached and passthrough handles; --no-passthrough turns it off.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "tests/mount/mount_fixture.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class PassthroughTest : public MountTest {
+ protected:
+  // Starts the daemon with debug logs (each open says its mode) and skips the test, saying why,
+  // where this kernel or this user cannot pass files through.
+  void StartWithPassthrough(std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"--log-level", "debug"});
+    ASSERT_NO_FATAL_FAILURE(StartMount(extra));
+    ASSERT_TRUE(WaitForModeLine()) << daemon_.Log();
+    if (daemon_.Log().find("passthrough on") == std::string::npos) {
+      GTEST_SKIP() << "passthrough is off on this machine (needs root and Linux >= 6.9): "
+                   << daemon_.Log();
+    }
+  }
+
+  // The daemon says which mode is in force once the kernel has answered INIT, just after the mount
+  // appears.
+  bool WaitForModeLine() const {
+    const auto deadline = std::chrono::steady_clock::now() + kMountWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const std::string log = daemon_.Log();
+      if (log.find("passthrough on") != std::string::npos ||
+          log.find("passthrough off") != std::string::npos) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // Opens opened so far in each mode, from the daemon's debug log.
+  size_t CountOpens(const std::string& mode) const {
+    const std::string log = daemon_.Log();
+    size_t n = 0;
+    for (size_t pos = log.find(": " + mode + ","); pos != std::string::npos;
+         pos = log.find(": " + mode + ",", pos + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  void ExpectContent(const std::string& path, uint64_t seed, uint64_t size) {
+    int error = 0;
+    const std::vector<uint8_t> got = ReadWholeFile(path, &error);
+    ASSERT_EQ(error, 0) << path << ": " << std::strerror(error);
+    ASSERT_EQ(got.size(), size);
+    EXPECT_TRUE(got == Bytes(seed, 0, size)) << path << " differs from the backing bytes";
+  }
+
+  void ExpectMmapContent(const std::string& path, uint64_t seed, uint64_t size) {
+    const int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+    const std::vector<uint8_t> want = Bytes(seed, 0, size);
+    EXPECT_EQ(std::memcmp(map, want.data(), size), 0) << path << " mapped differs";
+    munmap(map, size);
+  }
+};
+
+TEST_F(PassthroughTest, FullyCachedFileIsPassedThroughAndReadsTheBackingBytes) {
+  const uint64_t size = 9 * kMiB + 123;  // a short last block
+  WriteTestFile(Src("model.safetensors"), size, 11);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.safetensors"), 11, size));  // fills the cache
+  EXPECT_EQ(CountOpens("passthrough"), 0u) << "a file not yet cached is served by the daemon";
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.safetensors"), 11, size));
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model.safetensors"), 11, size));
+  EXPECT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
+  struct stat st {};
+  ASSERT_EQ(stat(Mnt("model.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), size);
+}
+
+TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) {
+  // A 64 MiB cache of 1 MiB blocks; the open file holds 16 of them, the rest is churned.
+  WriteTestFile(Src("pinned.bin"), 16 * kMiB, 21);
+  for (int i = 0; i < 4; ++i) WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, 30 + i);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("pinned.bin"), 21, 16 * kMiB));
+
+  const int fd = open(Mnt("pinned.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(CountOpens("passthrough"), 1u) << daemon_.Log();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other" + std::to_string(i)), 30 + i, 40 * kMiB));
+  }
+  std::vector<uint8_t> got(16 * kMiB);
+  ASSERT_EQ(PreadFully(fd, got.data(), got.size(), 0), static_cast<int64_t>(got.size()));
+  EXPECT_TRUE(got == Bytes(21, 0, got.size())) << "a passed-through file lost blocks while open";
+  close(fd);
+}
+
+TEST_F(PassthroughTest, InodeOpenInCachedModeIsNotPassedThroughUntilClosed) {
+  const uint64_t size = 6 * kMiB + 1;
+  WriteTestFile(Src("f.bin"), size, 41);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  const int cached = open(Mnt("f.bin").c_str(), O_RDONLY);
+  ASSERT_GE(cached, 0);
+  std::vector<uint8_t> got(size);
+  ASSERT_EQ(PreadFully(cached, got.data(), size, 0), static_cast<int64_t>(size));  // now cached
+
+  // The kernel cannot hold an inode in both modes: while `cached` is open, a second open must be
+  // in cached mode too, and it must work.
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 41, size));
+  EXPECT_EQ(CountOpens("passthrough"), 0u);
+  close(cached);
+
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 41, size));
+  EXPECT_EQ(CountOpens("passthrough"), 1u) << daemon_.Log();
+}
+
+TEST_F(PassthroughTest, FileChangedWhilePassedThroughIsBusyUntilClosedThenNew) {
+  const uint64_t size = 2 * kMiB;
+  WriteTestFile(Src("f.bin"), size, 51);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 51, size));
+  const int old_fd = open(Mnt("f.bin").c_str(), O_RDONLY);
+  ASSERT_GE(old_fd, 0);
+  ASSERT_EQ(CountOpens("passthrough"), 1u);
+
+  WriteTestFile(Src("f.bin"), size + 5, 52);  // rewritten in place: new size and mtime
+  const int busy = open(Mnt("f.bin").c_str(), O_RDONLY);
+  const int err = errno;
+  EXPECT_EQ(busy, -1) << "new contents cannot be served while the old ones are passed through";
+  EXPECT_EQ(err, EBUSY);
+  if (busy >= 0) close(busy);
+  close(old_fd);
+
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 52, size + 5));
+}
+
+TEST_F(PassthroughTest, NoPassthroughOptionServesEverythingThroughTheDaemon) {
+  WriteTestFile(Src("f.bin"), 3 * kMiB, 61);
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--no-passthrough", "--log-level", "debug"}));
+  ASSERT_TRUE(WaitForModeLine()) << daemon_.Log();
+  EXPECT_NE(daemon_.Log().find("passthrough off (--no-passthrough)"), std::string::npos)
+      << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 61, 3 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 61, 3 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("f.bin"), 61, 3 * kMiB));
+  EXPECT_EQ(CountOpens("passthrough"), 0u);
+}
+
+}  // namespace
+}  // namespace accelfs::testing

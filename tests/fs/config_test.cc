@@ -1,0 +1,399 @@
+// argv -> Config (fs/config.h): sizes and their units, every option's range, -o lists, and the
+// one-line usage errors.
+#include "fs/config.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "accelfs_version.h"
+
+namespace accelfs {
+namespace {
+
+constexpr uint64_t kKiB = 1ull << 10;
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kGiB = 1ull << 30;
+constexpr uint64_t kTiB = 1ull << 40;
+constexpr uint64_t kAvailable = 64 * kGiB;
+constexpr uint64_t kTotal = 128 * kGiB;
+
+ParseOutcome Parse(std::vector<std::string> args, uint64_t available = kAvailable,
+                   uint64_t total = kTotal) {
+  args.insert(args.begin(), "accelfs");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  return ParseCommandLine(static_cast<int>(args.size()), argv.data(), available, total);
+}
+
+std::string Joined(const std::vector<std::string>& args) {
+  std::string s;
+  for (const auto& a : args) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+// A usage error: no config, a non-zero exit, and exactly one line of output that contains `needle`.
+void ExpectUsageError(const std::vector<std::string>& args, const std::string& needle,
+                      uint64_t available = kAvailable, uint64_t total = kTotal) {
+  SCOPED_TRACE("accelfs " + Joined(args));
+  const ParseOutcome out = Parse(args, available, total);
+  EXPECT_FALSE(out.config.has_value());
+  EXPECT_NE(out.exit_code, 0);
+  EXPECT_EQ(std::count(out.output.begin(), out.output.end(), '\n'), 1) << out.output;
+  EXPECT_TRUE(!out.output.empty() && out.output.back() == '\n') << out.output;
+  EXPECT_NE(out.output.find(needle), std::string::npos)
+      << "output does not name '" << needle << "': " << out.output;
+}
+
+// Parses `args` (after SOURCE MOUNTPOINT) and returns the config; a failure is a test failure.
+std::optional<Config> ParseOk(std::vector<std::string> args, uint64_t available = kAvailable,
+                              uint64_t total = kTotal) {
+  args.insert(args.begin(), {"/src", "/mnt"});
+  const ParseOutcome out = Parse(args, available, total);
+  EXPECT_TRUE(out.config.has_value()) << "accelfs " << Joined(args) << ": " << out.output;
+  EXPECT_EQ(out.exit_code, 0);
+  return out.config;
+}
+
+TEST(ParseCommandLineTest, Defaults) {
+  const ParseOutcome out = Parse({"/src", "/mnt"});
+  ASSERT_TRUE(out.config.has_value()) << out.output;
+  const Config& c = *out.config;
+  EXPECT_EQ(c.source, "/src");
+  EXPECT_EQ(c.mountpoint, "/mnt");
+  EXPECT_FALSE(c.foreground);
+  EXPECT_EQ(c.cache_size, kAvailable / 2);
+  EXPECT_EQ(c.cache_size_origin, "half of MemAvailable");
+  EXPECT_EQ(c.block_size, 4 * kMiB);
+  EXPECT_EQ(c.backend_depth, 64u);
+  EXPECT_EQ(c.readahead_kb, 8192u);
+  EXPECT_EQ(c.readahead_blocks, 4u);
+  EXPECT_EQ(c.attr_timeout, 3600);
+  EXPECT_EQ(c.entry_timeout, 3600);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_TRUE(c.fuse_options.empty());
+  EXPECT_TRUE(out.output.empty());
+}
+
+TEST(ParseCommandLineTest, DefaultCacheSizeIsHalfOfMemAvailable) {
+  auto c = ParseOk({}, 10 * kGiB + 2, kTotal);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_size, 5 * kGiB + 1);
+  // Too little memory available for 16 default blocks: refused with one line.
+  ExpectUsageError({"/src", "/mnt"}, "too small", 100 * kMiB, kTotal);
+  ExpectUsageError({"/src", "/mnt"}, "too small", 0, 0);  // /proc/meminfo unreadable
+  // ...unless the blocks are smaller.
+  c = ParseOk({"--block-size", "64K"}, 100 * kMiB, kTotal);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_size, 50 * kMiB);
+}
+
+TEST(ParseCommandLineTest, Foreground) {
+  auto c = ParseOk({"-f"});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->foreground);
+  c = ParseOk({"--foreground"});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->foreground);
+  c = ParseOk({"-o", "foreground"});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->foreground);
+}
+
+struct SizeCase {
+  std::string text;
+  uint64_t want;
+};
+
+void PrintTo(const SizeCase& c, std::ostream* os) { *os << "'" << c.text << "'"; }
+
+class CacheSizeTest : public ::testing::TestWithParam<SizeCase> {};
+
+TEST_P(CacheSizeTest, Accepted) {
+  const SizeCase& c = GetParam();
+  for (const std::vector<std::string>& form :
+       {std::vector<std::string>{"--cache-size", c.text},
+        std::vector<std::string>{"--cache-size=" + c.text},
+        std::vector<std::string>{"-o", "cache_size=" + c.text}}) {
+    auto config = ParseOk(form, kAvailable, 4 * kTiB);
+    ASSERT_TRUE(config);
+    EXPECT_EQ(config->cache_size, c.want) << Joined(form);
+    EXPECT_EQ(config->cache_size_origin, c.text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CacheSizeTest,
+                         ::testing::Values(SizeCase{"512M", 512 * kMiB}, SizeCase{"64G", 64 * kGiB},
+                                           SizeCase{"1T", kTiB}, SizeCase{"2GiB", 2 * kGiB},
+                                           SizeCase{"2gib", 2 * kGiB}, SizeCase{"1024MB", kGiB},
+                                           SizeCase{"1.5G", 3 * kGiB / 2},
+                                           SizeCase{"65536K", 64 * kMiB},
+                                           SizeCase{"67108864", 64 * kMiB}, SizeCase{"25%", kTiB},
+                                           SizeCase{"100%", 4 * kTiB},
+                                           SizeCase{"0.5%", 4 * kTiB / 200}));
+
+TEST(ParseCommandLineTest, CacheSizeErrors) {
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "12X"}, "12X");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "abc"}, "abc");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "G"}, "'G'");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "0%"}, "0%");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "101%"}, "101%");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "1.5"}, "1.5");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "1 G"}, "1 G");
+  // Fewer than 16 blocks: 16 x 4 MiB = 64 MiB is the least with the default block size.
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "63M"}, "too small");
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "1M", "--block-size", "128K"}, "16 blocks");
+  ASSERT_TRUE(ParseOk({"--cache-size", "64M"}));
+  ASSERT_TRUE(ParseOk({"--cache-size", "1M", "--block-size", "64K"}));
+  // More than the machine has.
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "129G"}, "RAM");
+  // Without MemTotal there is no upper bound, and no percentage.
+  auto c = ParseOk({"--cache-size", "129G"}, kAvailable, 0);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_size, 129 * kGiB);
+  ExpectUsageError({"/src", "/mnt", "--cache-size", "25%"}, "25%", kAvailable, 0);
+  ExpectUsageError({"/src", "/mnt", "-o", "cache_size=12X"}, "12X");
+}
+
+struct ParseSizeCase {
+  std::string text;
+  uint64_t percent_of;
+  std::optional<uint64_t> want;  // nullopt: an error
+};
+
+void PrintTo(const ParseSizeCase& c, std::ostream* os) {
+  *os << "'" << c.text << "' of " << c.percent_of;
+}
+
+class ParseSizeTest : public ::testing::TestWithParam<ParseSizeCase> {};
+
+TEST_P(ParseSizeTest, Parses) {
+  const ParseSizeCase& c = GetParam();
+  std::string error;
+  const std::optional<uint64_t> got = ParseSize(c.text, c.percent_of, &error);
+  EXPECT_EQ(got, c.want) << "'" << c.text << "'";
+  if (!c.want) {
+    EXPECT_NE(error.find("'" + c.text + "'"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ParseSizeTest,
+    ::testing::Values(
+        ParseSizeCase{"0", 0, 0}, ParseSizeCase{"4096", 0, 4096}, ParseSizeCase{"4096B", 0, 4096},
+        ParseSizeCase{"4K", 0, 4 * kKiB}, ParseSizeCase{"4k", 0, 4 * kKiB},
+        ParseSizeCase{"4KiB", 0, 4 * kKiB}, ParseSizeCase{"4KB", 0, 4 * kKiB},
+        ParseSizeCase{"4kb", 0, 4 * kKiB}, ParseSizeCase{"4M", 0, 4 * kMiB},
+        ParseSizeCase{"4MiB", 0, 4 * kMiB}, ParseSizeCase{"4MB", 0, 4 * kMiB},
+        ParseSizeCase{"3G", 0, 3 * kGiB}, ParseSizeCase{"2T", 0, 2 * kTiB},
+        ParseSizeCase{"2TiB", 0, 2 * kTiB}, ParseSizeCase{"1.5G", 0, 3 * kGiB / 2},
+        ParseSizeCase{".5K", 0, 512}, ParseSizeCase{"25%", 1000, 250},
+        ParseSizeCase{"100%", 1000, 1000}, ParseSizeCase{"25%", 0, std::nullopt},
+        ParseSizeCase{"0%", 1000, std::nullopt}, ParseSizeCase{"150%", 1000, std::nullopt},
+        ParseSizeCase{"", 0, std::nullopt}, ParseSizeCase{"M", 0, std::nullopt},
+        ParseSizeCase{"-4M", 0, std::nullopt}, ParseSizeCase{"4Q", 0, std::nullopt},
+        ParseSizeCase{"4 M", 0, std::nullopt}, ParseSizeCase{"4MiBs", 0, std::nullopt},
+        ParseSizeCase{"4PiB", 0, std::nullopt}, ParseSizeCase{"0.3", 0, std::nullopt},
+        ParseSizeCase{"1e400", 0, std::nullopt}, ParseSizeCase{"9000000T", 0, std::nullopt},
+        ParseSizeCase{"inf", 0, std::nullopt}, ParseSizeCase{"nan", 0, std::nullopt}));
+
+TEST(FormatBytesTest, Table) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1024), "1.0 KiB");
+  EXPECT_EQ(FormatBytes(4 * kMiB), "4.0 MiB");
+  EXPECT_EQ(FormatBytes(3 * kGiB / 2), "1.5 GiB");
+  EXPECT_EQ(FormatBytes(2 * kTiB), "2.0 TiB");
+  EXPECT_EQ(FormatBytes(2048 * kTiB), "2048.0 TiB");
+}
+
+TEST(ParseCommandLineTest, BlockSize) {
+  for (auto [text, want] : {std::pair<std::string, uint64_t>{"64K", 64 * kKiB},
+                            {"65536", 64 * kKiB},
+                            {"1M", kMiB},
+                            {"4MiB", 4 * kMiB},
+                            {"256M", 256 * kMiB}}) {
+    auto c = ParseOk({"--block-size", text, "--cache-size", "8G"});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->block_size, want) << text;
+    c = ParseOk({"-o", "block_size=" + text + ",cache_size=8G"});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->block_size, want) << text;
+  }
+  for (const std::string text : {"32K", "65535", "512M", "3M", "100000", "1G"}) {
+    ExpectUsageError({"/src", "/mnt", "--block-size", text, "--cache-size", "32G"},
+                     "--block-size " + text + ": must be a power of two from 64K to 256M");
+  }
+  ExpectUsageError({"/src", "/mnt", "--block-size", "4X"}, "4X");
+  ExpectUsageError({"/src", "/mnt", "--block-size", "25%"}, "25%");
+}
+
+TEST(ParseCommandLineTest, BackendDepth) {
+  for (auto [text, want] : {std::pair<std::string, uint32_t>{"1", 1}, {"64", 64}, {"4096", 4096}}) {
+    auto c = ParseOk({"--backend-depth", text});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->backend_depth, want);
+    c = ParseOk({"-o", "backend_depth=" + text});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->backend_depth, want);
+  }
+  for (const std::string text : {"0", "4097", "abc", "1.5", "16K", "99999999999999999999", "+4"}) {
+    ExpectUsageError({"/src", "/mnt", "--backend-depth", text}, "'" + text + "'");
+  }
+  ExpectUsageError({"/src", "/mnt", "--backend-depth=-1"}, "'-1'");
+  ExpectUsageError({"/src", "/mnt", "-o", "backend_depth="}, "backend_depth needs a value");
+  ExpectUsageError({"/src", "/mnt", "-o", "backend_depth"}, "backend_depth needs a value");
+}
+
+TEST(ParseCommandLineTest, ReadaheadIsKiBWhenBareElseASize) {
+  for (auto [text, want] : {std::pair<std::string, uint32_t>{"0", 0},
+                            {"128", 128},
+                            {"1024", 1024},
+                            {"1048576", 1u << 20},
+                            {"512K", 512},
+                            {"8M", 8192},
+                            {"8MiB", 8192},
+                            {"1.5M", 1536},
+                            {"1G", 1u << 20},
+                            {"2048B", 2}}) {
+    auto c = ParseOk({"--readahead", text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->readahead_kb, want) << text;
+    c = ParseOk({"-o", "readahead=" + text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->readahead_kb, want) << text;
+  }
+  ExpectUsageError({"/src", "/mnt", "--readahead", "2G"}, "at most 1G");
+  ExpectUsageError({"/src", "/mnt", "--readahead", "1048577"}, "at most 1G");
+  ExpectUsageError({"/src", "/mnt", "--readahead", "8X"}, "8X");
+  ExpectUsageError({"/src", "/mnt", "--readahead", "10%"}, "10%");
+  // A size that is not a whole number of KiB would be rounded, and below 1 KiB to 0, which means
+  // "keep the kernel's value": refused instead.
+  ExpectUsageError({"/src", "/mnt", "--readahead", "512B"}, "512B");
+  ExpectUsageError({"/src", "/mnt", "--readahead", "1500B"}, "1500B");
+}
+
+TEST(ParseCommandLineTest, Timeouts) {
+  auto c = ParseOk({"--attr-timeout", "1.5", "--entry-timeout", "0"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->attr_timeout, 1.5);
+  EXPECT_EQ(c->entry_timeout, 0);
+  c = ParseOk({"-o", "attr_timeout=60,entry_timeout=1e3"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->attr_timeout, 60);
+  EXPECT_EQ(c->entry_timeout, 1000);
+  for (const std::string text : {"abc", "inf", "nan", "1s", "1e999"}) {
+    ExpectUsageError({"/src", "/mnt", "--attr-timeout", text}, "--attr-timeout '" + text + "'");
+    ExpectUsageError({"/src", "/mnt", "--entry-timeout", text}, "--entry-timeout '" + text + "'");
+  }
+  ExpectUsageError({"/src", "/mnt", "--attr-timeout=-1"}, "--attr-timeout '-1'");
+  ExpectUsageError({"/src", "/mnt", "-o", "entry_timeout=-5"}, "--entry-timeout '-5'");
+}
+
+TEST(ParseCommandLineTest, LogLevel) {
+  for (const std::string level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    auto c = ParseOk({"--log-level", level});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->log_level, level);
+    c = ParseOk({"-o", "log_level=" + level});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->log_level, level);
+  }
+  ExpectUsageError({"/src", "/mnt", "--log-level", "verbose"}, "'verbose'");
+  ExpectUsageError({"/src", "/mnt", "--log-level", "INFO"}, "'INFO'");
+}
+
+TEST(ParseCommandLineTest, MountOptionLists) {
+  auto c = ParseOk({"-o", "cache_size=64G,allow_other,fsname=x"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_size, 64 * kGiB);
+  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=x"}));
+
+  c = ParseOk({"-o", "allow_other", "-o", "default_permissions,ro,nosuid,nodev,noatime", "-o",
+               "subtype=accelfs,max_read=131072"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fuse_options,
+            (std::vector<std::string>{"allow_other", "default_permissions", "ro", "nosuid", "nodev",
+                                      "noatime", "subtype=accelfs", "max_read=131072"}));
+
+  // fstab / mount.fuse3 options that concern mount(8) are ignored.
+  c = ParseOk({"-o",
+               "defaults,auto,noauto,user,nouser,users,_netdev,nofail,x-systemd.automount,"
+               "comment=models"});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->fuse_options.empty());
+
+  // Empty items and escaped commas.
+  c = ParseOk({"-o", ",allow_other,,fsname=a\\,b,"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=a,b"}));
+
+  // The last value of an option given twice wins.
+  c = ParseOk({"--cache-size", "8G", "-o", "cache_size=16G"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_size, 16 * kGiB);
+}
+
+// mount(8) and fstab put -o after the positionals, people before them: both must work.
+TEST(ParseCommandLineTest, OptionListAnywhere) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"/src", "/mnt", "-o", "allow_other"},
+        std::vector<std::string>{"-o", "allow_other", "/src", "/mnt"},
+        std::vector<std::string>{"/src", "-o", "allow_other", "/mnt"},
+        std::vector<std::string>{"-oallow_other", "/src", "/mnt"},
+        std::vector<std::string>{"-f", "-o", "allow_other", "/src", "/mnt"}}) {
+    const ParseOutcome out = Parse(args);
+    ASSERT_TRUE(out.config.has_value()) << "accelfs " << Joined(args) << ": " << out.output;
+    EXPECT_EQ(out.config->source, "/src") << Joined(args);
+    EXPECT_EQ(out.config->mountpoint, "/mnt") << Joined(args);
+    EXPECT_EQ(out.config->fuse_options, std::vector<std::string>{"allow_other"}) << Joined(args);
+  }
+}
+
+TEST(ParseCommandLineTest, UnknownMountOptionIsOneLineNamingIt) {
+  ExpectUsageError({"/src", "/mnt", "-o", "bogus"}, "unknown mount option 'bogus'");
+  ExpectUsageError({"/src", "/mnt", "-o", "allow_other,bogus=1"}, "'bogus=1'");
+  ExpectUsageError({"/src", "/mnt", "-o", "allow_other=1"}, "'allow_other=1'");
+  ExpectUsageError({"/src", "/mnt", "-o", "fsname"}, "'fsname'");
+  ExpectUsageError({"/src", "/mnt", "-o", "cache_size"}, "cache_size needs a value");
+  ExpectUsageError({"/src", "/mnt", "-o", "cache_size="}, "cache_size needs a value");
+}
+
+TEST(ParseCommandLineTest, BadArgumentsAreOneLine) {
+  ExpectUsageError({"/src", "/mnt", "--bogus"}, "--bogus");
+  ExpectUsageError({"/src", "/mnt", "-x"}, "-x");
+  ExpectUsageError({"/src"}, "MOUNTPOINT");
+  ExpectUsageError({}, "SOURCE");
+  ExpectUsageError({"/src", "/mnt", "/extra"}, "/extra");
+  ExpectUsageError({"/src", "/mnt", "--cache-size"}, "--cache-size");
+}
+
+TEST(ParseCommandLineTest, HelpAndVersionExitZero) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--help"}, std::vector<std::string>{"-h"},
+        std::vector<std::string>{"/src", "/mnt", "--help"}}) {
+    const ParseOutcome out = Parse(args);
+    EXPECT_FALSE(out.config.has_value());
+    EXPECT_EQ(out.exit_code, 0) << Joined(args);
+    EXPECT_NE(out.output.find("--cache-size"), std::string::npos) << out.output;
+    EXPECT_NE(out.output.find("SOURCE"), std::string::npos) << out.output;
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--version"}, std::vector<std::string>{"-V"},
+        std::vector<std::string>{"/src", "--bogus", "--version"}}) {
+    const ParseOutcome out = Parse(args);
+    EXPECT_FALSE(out.config.has_value());
+    EXPECT_EQ(out.exit_code, 0) << Joined(args);
+    EXPECT_EQ(out.output, std::string("accelfs ") + ACCELFS_VERSION + "\n");
+  }
+}
+
+}  // namespace
+}  // namespace accelfs

@@ -1,0 +1,195 @@
+// Bad input: each mistake makes accelfs exit non-zero with exactly one line on stderr that names
+// the problem, and leaves nothing mounted. Plus --help and --version.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "tests/mount/mount_fixture.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs::testing {
+namespace {
+
+// Only the stale-mount test mounts; the others must work where FUSE cannot.
+class CliTest : public MountTest {
+ protected:
+  CliTest() : MountTest(/*needs_fuse=*/false) {}
+
+  // Runs accelfs with `args` (-f, so a wrong success would not detach but hang until the timeout)
+  // and checks the rejection.
+  void ExpectRejected(const std::vector<std::string>& args, const std::vector<std::string>& phrases,
+                      const std::string& watched_mountpoint = "") {
+    std::vector<std::string> argv = args;
+    argv.push_back("-f");
+    const CommandResult r = RunAccelfs(argv, std::chrono::seconds(15));
+    ExpectOneLineFailure(r, phrases);
+    const std::string watched = watched_mountpoint.empty() ? mountpoint_ : watched_mountpoint;
+    EXPECT_FALSE(IsAccelfsMounted(watched)) << "mounted on " << watched << " anyway";
+  }
+
+  static void ExpectOneLineFailure(const CommandResult& r,
+                                   const std::vector<std::string>& phrases) {
+    EXPECT_FALSE(r.timed_out) << "accelfs did not exit; stderr: " << r.err;
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr:\n" << r.err;
+    EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr:\n" << r.err;
+    for (const auto& phrase : phrases) {
+      EXPECT_NE(r.err.find(phrase), std::string::npos)
+          << "stderr does not mention '" << phrase << "':\n"
+          << r.err;
+    }
+  }
+
+  // Valid SOURCE and MOUNTPOINT followed by `more`.
+  std::vector<std::string> Valid(std::vector<std::string> more) const {
+    std::vector<std::string> args = {source_, mountpoint_};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+};
+
+TEST_F(CliTest, NoArguments) { ExpectRejected({}, {"SOURCE", "required"}); }
+
+TEST_F(CliTest, SourceMissing) {
+  ExpectRejected({Src("nope"), mountpoint_}, {"source", "does not exist"});
+}
+
+TEST_F(CliTest, SourceIsAFile) {
+  WriteTestFile(Src("file"), 10, 1);
+  ExpectRejected({Src("file"), mountpoint_}, {"source", "not a directory"});
+}
+
+TEST_F(CliTest, MountpointMissing) {
+  ExpectRejected({source_, dir_ / "no-such-dir"}, {"mountpoint", "does not exist"});
+}
+
+TEST_F(CliTest, MountpointIsAFile) {
+  WriteTestFile(dir_ / "plain", 10, 1);
+  ExpectRejected({source_, dir_ / "plain"}, {"mountpoint", "not a directory"});
+}
+
+TEST_F(CliTest, MountpointAlreadyAMount) {
+  const CommandResult m = RunCommand({"mount", "-t", "tmpfs", "none", mountpoint_});
+  if (m.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << m.err;
+  ExpectRejected({source_, mountpoint_}, {"already a mount point"});
+  EXPECT_EQ(MountTypesAt(mountpoint_), std::vector<std::string>{"tmpfs"});
+  EXPECT_TRUE(UnmountAll(mountpoint_));
+}
+
+TEST_F(CliTest, MountpointIsTheSource) {
+  ExpectRejected({source_, source_}, {"is the source itself"}, source_);
+}
+
+TEST_F(CliTest, MountpointInsideTheSource) {
+  ASSERT_EQ(mkdir(Src("sub").c_str(), 0755), 0);
+  ExpectRejected({source_, Src("sub")}, {"inside the source"}, Src("sub"));
+  // Also when spelled with a detour.
+  ExpectRejected({source_, Src("sub/../sub")}, {"inside the source"}, Src("sub"));
+}
+
+TEST_F(CliTest, NoFuseDevice) {
+  // A private mount namespace with an empty /dev: /dev/fuse is gone for accelfs only.
+  const CommandResult probe = RunCommand({"unshare", "--mount", "true"});
+  if (probe.exit_code != 0) GTEST_SKIP() << "unshare --mount is not permitted here: " << probe.err;
+  const CommandResult r = RunCommand(
+      {"unshare", "--mount", "sh", "-c", "mount -t tmpfs none /dev && exec \"$0\" \"$@\"",
+       ACCELFS_BINARY, source_, mountpoint_, "-f", "--cache-size", "512M"},
+      std::chrono::seconds(15));
+  ExpectOneLineFailure(r, {"/dev/fuse", "missing"});
+  EXPECT_FALSE(IsMounted(mountpoint_));
+}
+
+TEST_F(CliTest, NoPermissionToMount) {
+  // uid 65534 may read the source but not write the root-owned mountpoint. The temp directory is
+  // made traversable so that the mountpoint check, not the path walk, is what fails.
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
+  ASSERT_EQ(chmod(mountpoint_.c_str(), 0755), 0);
+  WriteTestFile(Src("readable"), 10, 1);
+  const CommandResult r =
+      RunCommand({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", ACCELFS_BINARY,
+                  source_, mountpoint_, "-f", "--cache-size", "512M"},
+                 std::chrono::seconds(15));
+  if (r.exit_code != 0 && r.err.find("setpriv") != std::string::npos) {
+    GTEST_SKIP() << "setpriv cannot change uid here: " << r.err;
+  }
+  ExpectOneLineFailure(r, {"no permission", "65534"});
+  EXPECT_FALSE(IsMounted(mountpoint_));
+}
+
+TEST_F(CliTest, CacheSizeWithUnknownUnit) {
+  ExpectRejected(Valid({"--cache-size", "12Q"}), {"--cache-size", "12Q", "unknown unit"});
+}
+
+TEST_F(CliTest, CacheSizeTooSmall) {
+  ExpectRejected(Valid({"--cache-size", "1K"}), {"--cache-size", "too small"});
+}
+
+TEST_F(CliTest, BlockSizeNotAPowerOfTwo) {
+  ExpectRejected(Valid({"--block-size", "3M"}), {"--block-size", "power of two"});
+}
+
+TEST_F(CliTest, BackendDepthZero) {
+  ExpectRejected(Valid({"--backend-depth", "0"}), {"--backend-depth", "'0'"});
+}
+
+TEST_F(CliTest, ReadaheadNotASize) {
+  ExpectRejected(Valid({"--readahead", "lots"}), {"--readahead", "'lots'", "not a size"});
+}
+
+TEST_F(CliTest, LogLevelUnknown) {
+  ExpectRejected(Valid({"--log-level", "loud"}), {"--log-level", "'loud'"});
+}
+
+TEST_F(CliTest, UnknownOption) { ExpectRejected(Valid({"--frobnicate"}), {"--frobnicate"}); }
+
+TEST_F(CliTest, UnknownMountOption) {
+  ExpectRejected(Valid({"-o", "frobnicate"}), {"mount option", "frobnicate"});
+}
+
+TEST_F(CliTest, StaleMountIsNamedWithItsFix) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  WriteTestFile(Src("f"), 10, 1);
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
+  int status = 0;
+  ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
+  ASSERT_TRUE(IsAccelfsMounted(mountpoint_)) << "expected the killed daemon's mount to stay";
+  struct stat st {};
+  ASSERT_EQ(stat(mountpoint_.c_str(), &st), -1);
+  ASSERT_EQ(errno, ENOTCONN) << std::strerror(errno);
+
+  const CommandResult r =
+      RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M"}, std::chrono::seconds(15));
+  ExpectOneLineFailure(r, {"stale", "fusermount3 -u " + mountpoint_});
+  EXPECT_EQ(MountTypesAt(mountpoint_).size(), 1u) << "a second mount was stacked on the stale one";
+
+  const CommandResult u = RunCommand({"fusermount3", "-uz", mountpoint_});
+  EXPECT_EQ(u.exit_code, 0) << u.err;
+  EXPECT_TRUE(UnmountAll(mountpoint_));
+}
+
+TEST_F(CliTest, HelpPrintsUsageAndExitsZero) {
+  const CommandResult r = RunAccelfs({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("SOURCE"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--cache-size"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(CliTest, VersionPrintsOneLineAndExitsZero) {
+  const CommandResult r = RunAccelfs({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("accelfs ", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+}  // namespace
+}  // namespace accelfs::testing

@@ -149,11 +149,14 @@ void BlockCache::DropFile(const FileKey& file) {
 
 void BlockCache::Shutdown() {
   std::vector<Waiter> cancelled;
+  std::vector<std::unique_ptr<Entry>> dropped;  // destroyed (closing backing files) after the lock
   {
     std::lock_guard lock(mu_);
     for (Entry* e : queued_) {
       for (auto& w : e->waiters) cancelled.push_back(std::move(w));
-      map_.erase(e->key);
+      auto it = map_.find(e->key);
+      dropped.push_back(std::move(it->second));
+      map_.erase(it);
     }
     queued_.clear();
   }
@@ -170,14 +173,24 @@ CacheStats BlockCache::Stats() const {
   return s;
 }
 
-bool BlockCache::MakeRoom(size_t capacity, Freed* freed) {
-  auto it = lru_.end();
-  while (used_ + capacity > options_.budget_bytes) {
-    // Oldest unpinned ready block; pinned ones are being replied from and stay.
-    while (it != lru_.begin() && (*std::prev(it))->pins > 0) --it;
+bool BlockCache::MakeRoom(size_t capacity, Freed* freed, bool partial) {
+  if (used_ + capacity <= options_.budget_bytes) return true;
+  if (!partial) {
+    // Evicting some blocks and still failing would throw cached data away for nothing.
+    const uint64_t need = used_ + capacity - options_.budget_bytes;
+    uint64_t evictable = 0;
+    for (auto it = lru_.rbegin(); it != lru_.rend() && evictable < need; ++it) {
+      if ((*it)->pins == 0) evictable += (*it)->charged;
+    }
+    if (evictable < need) return false;
+  }
+  // Oldest unpinned ready blocks first; pinned ones are being replied from and stay.
+  for (auto it = lru_.end(); used_ + capacity > options_.budget_bytes;) {
     if (it == lru_.begin()) return false;
-    Entry* victim = *std::prev(it);
-    it = lru_.erase(std::prev(it));
+    --it;
+    Entry* victim = *it;
+    if (victim->pins > 0) continue;
+    it = lru_.erase(it);
     freed->emplace_back(victim->key, victim->buffer);
     used_ -= victim->charged;
     ++stats_.evicted_blocks;
@@ -189,7 +202,11 @@ bool BlockCache::MakeRoom(size_t capacity, Freed* freed) {
 void BlockCache::AdmitQueued(std::vector<Fetch>* fetches, Freed* freed) {
   while (!queued_.empty()) {
     Entry* e = queued_.front();
-    if (!MakeRoom(store_.CapacityFor(e->expected), freed) && fetching_ > 0) return;
+    const size_t capacity = store_.CapacityFor(e->expected);
+    if (!MakeRoom(capacity, freed)) {
+      if (fetching_ > 0) return;
+      MakeRoom(capacity, freed, /*partial=*/true);  // over budget by as little as possible
+    }
     queued_.pop_front();
     BeginFetch(e, fetches);
   }

@@ -122,9 +122,11 @@ class BlockCache {
     std::shared_ptr<BackingFile> file;
   };
 
-  // Evicts unpinned ready blocks (oldest first) until `capacity` more bytes fit in the budget.
+  // Evicts unpinned ready blocks (oldest first) until `capacity` more bytes fit in the budget, and
+  // returns whether they do. Without `partial` nothing is evicted unless that makes the room.
   // Victims' buffers are appended to `freed` for release after the lock. REQUIRES: mu_ held.
-  bool MakeRoom(size_t capacity, std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
+  bool MakeRoom(size_t capacity, std::vector<std::pair<BlockKey, BlockBuffer>>* freed,
+                bool partial = false);
   // Moves queued entries to kFetching, oldest first, while room can be made. When nothing is in
   // flight the head is admitted even over budget: the budget is then full of blocks pinned by reads
   // that wait for it, and only admitting it lets them finish and unpin. REQUIRES: mu_ held.

@@ -33,8 +33,9 @@ bool IsSameOrInside(const std::string& inner, const std::string& outer) {
 std::string UnescapeMountField(const std::string& field) {
   std::string out;
   for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size() && std::isdigit(static_cast<unsigned char>(field[i + 1]))) {
-      out += static_cast<char>(std::stoi(field.substr(i + 1, 3), nullptr, 8));
+    const auto octal = [&](size_t j) { return field[j] >= '0' && field[j] <= '7'; };
+    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
       i += 3;
     } else {
       out += field[i];

@@ -299,11 +299,15 @@ TEST_F(BlockCacheTest, AdmitsOneFetchOverBudgetOnlyWhenNothingIsInFlight) {
   EXPECT_EQ(backend_.submitted(), 5u);
   EXPECT_EQ(cache_->Stats().queued_blocks, 1u);
 
-  pins[0].Reset();  // evicting block 0 still leaves us over budget: block 5 keeps waiting
+  // Evicting block 0 alone would still leave no room: block 5 keeps waiting and block 0 stays
+  // cached (nothing is thrown away for nothing).
+  pins[0].Reset();
   EXPECT_EQ(cache_->Stats().queued_blocks, 1u);
-  EXPECT_EQ(cache_->Stats().used_bytes, 4 * kBlock);
-  pins[1].Reset();  // now it fits
+  EXPECT_EQ(cache_->Stats().used_bytes, 5 * kBlock);
+  EXPECT_EQ(cache_->Stats().evicted_blocks, 0u);
+  pins[1].Reset();  // now evicting blocks 0 and 1 makes room
   EXPECT_EQ(cache_->Stats().queued_blocks, 0u);
+  EXPECT_EQ(cache_->Stats().evicted_blocks, 2u);
   EXPECT_EQ(backend_.submitted(), 6u);
   ExpectWithinBudget();
 

@@ -40,6 +40,19 @@ struct PendingRead {
   ReadDone done;
 };
 
+// Removes handle `id` from `handles` and returns it (destroyed by the caller, after the lock);
+// nullptr for an id that is not there. REQUIRES: `mu` guards `handles`.
+template <typename T>
+std::unique_ptr<T> TakeHandle(std::mutex& mu, std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
+                              uint64_t id) {
+  std::lock_guard lock(mu);
+  auto it = handles.find(id);
+  if (it == handles.end()) return nullptr;
+  std::unique_ptr<T> handle = std::move(it->second);
+  handles.erase(it);
+  return handle;
+}
+
 }  // namespace
 
 std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
@@ -276,14 +289,8 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
 }
 
 void ReadThroughFs::Release(uint64_t fh) {
-  std::unique_ptr<Handle> handle;  // destroyed after the lock
-  {
-    std::lock_guard lock(handles_mu_);
-    auto it = handles_.find(fh);
-    if (it == handles_.end()) return;
-    handle = std::move(it->second);
-    handles_.erase(it);
-  }
+  std::unique_ptr<Handle> handle = TakeHandle(handles_mu_, handles_, fh);
+  if (!handle) return;
   {
     Inode& node = *handle->inode;
     std::lock_guard lock(node.mu);
@@ -351,13 +358,6 @@ Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const Dir
   return Status::Ok();
 }
 
-void ReadThroughFs::ReleaseDir(uint64_t dh) {
-  std::unique_ptr<DirHandle> handle;  // destroyed after the lock
-  std::lock_guard lock(handles_mu_);
-  auto it = dir_handles_.find(dh);
-  if (it == dir_handles_.end()) return;
-  handle = std::move(it->second);
-  dir_handles_.erase(it);
-}
+void ReadThroughFs::ReleaseDir(uint64_t dh) { TakeHandle(handles_mu_, dir_handles_, dh); }
 
 }  // namespace accelfs

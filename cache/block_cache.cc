@@ -89,8 +89,7 @@ bool BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
   {
     std::lock_guard lock(mu_);
     // Prefetch never takes room that a demand read is waiting for.
-    if (map_.count(key) == 0 && queued_.empty() &&
-        MakeRoom(store_.CapacityFor(expected), &freed)) {
+    if (map_.count(key) == 0 && queued_.empty() && MakeRoom(store_.CapacityFor(expected), &freed)) {
       auto entry = std::make_unique<Entry>();
       entry->key = key;
       entry->expected = expected;

@@ -28,13 +28,13 @@ namespace accelfs {
 
 struct CacheStats {
   uint64_t budget_bytes = 0;
-  uint64_t used_bytes = 0;       // buffers held: ready, in flight and pinned-but-dropped blocks
+  uint64_t used_bytes = 0;  // buffers held: ready, in flight and pinned-but-dropped blocks
   uint64_t ready_blocks = 0;
   uint64_t fetching_blocks = 0;
   uint64_t queued_blocks = 0;
-  uint64_t hits = 0;             // Get calls answered from a ready block
-  uint64_t misses = 0;           // Get calls that started or joined a fetch
-  uint64_t fetched_bytes = 0;    // bytes read from the backend into the cache
+  uint64_t hits = 0;           // Get calls answered from a ready block
+  uint64_t misses = 0;         // Get calls that started or joined a fetch
+  uint64_t fetched_bytes = 0;  // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
 };
@@ -89,7 +89,9 @@ class BlockCache {
   class Ref {
    public:
     Ref() = default;
-    Ref(Ref&& other) noexcept : cache_(other.cache_), entry_(other.entry_) { other.entry_ = nullptr; }
+    Ref(Ref&& other) noexcept : cache_(other.cache_), entry_(other.entry_) {
+      other.entry_ = nullptr;
+    }
     Ref& operator=(Ref&& other) noexcept;
     ~Ref() { Reset(); }
     const std::byte* data() const;
@@ -110,10 +112,10 @@ class BlockCache {
     State state = State::kQueued;
     BlockBuffer buffer;
     uint32_t expected = 0;
-    size_t charged = 0;                     // budget bytes reserved for the buffer
-    int pins = 0;                           // Refs alive
-    bool zombie = false;                    // dropped from the map while pinned
-    std::shared_ptr<BackingFile> file;      // while queued or fetching
+    size_t charged = 0;                 // budget bytes reserved for the buffer
+    int pins = 0;                       // Refs alive
+    bool zombie = false;                // dropped from the map while pinned
+    std::shared_ptr<BackingFile> file;  // while queued or fetching
     std::vector<Waiter> waiters;
     std::list<Entry*>::iterator lru_pos{};  // valid while kReady and in the map
   };
@@ -130,7 +132,8 @@ class BlockCache {
   // Moves queued entries to kFetching, oldest first, while room can be made. When nothing is in
   // flight the head is admitted even over budget: the budget is then full of blocks pinned by reads
   // that wait for it, and only admitting it lets them finish and unpin. REQUIRES: mu_ held.
-  void AdmitQueued(std::vector<Fetch>* fetches, std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
+  void AdmitQueued(std::vector<Fetch>* fetches,
+                   std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
   // Reserves budget for `entry` and marks it kFetching. REQUIRES: mu_ held.
   void BeginFetch(Entry* entry, std::vector<Fetch>* fetches);
   // Allocates the buffers (outside the lock) and submits the reads.
@@ -146,8 +149,8 @@ class BlockCache {
   // Lock order: mu_ is a leaf; no callback, no I/O and no Release runs while it is held.
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, std::unique_ptr<Entry>, BlockKeyHash> map_;  // GUARDED_BY(mu_)
-  std::list<Entry*> lru_;                       // GUARDED_BY(mu_) ready blocks, newest first
-  std::list<Entry*> queued_;                    // GUARDED_BY(mu_) waiting for room, oldest first
+  std::list<Entry*> lru_;                        // GUARDED_BY(mu_) ready blocks, newest first
+  std::list<Entry*> queued_;                     // GUARDED_BY(mu_) waiting for room, oldest first
   std::vector<std::unique_ptr<Entry>> zombies_;  // GUARDED_BY(mu_)
   uint64_t used_ = 0;                            // GUARDED_BY(mu_)
   uint64_t fetching_ = 0;                        // GUARDED_BY(mu_)

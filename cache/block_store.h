@@ -19,8 +19,8 @@ class BlockStore {
  public:
   virtual ~BlockStore() = default;
 
-  // A buffer of at least `bytes` (rounded up to the store's granularity), aligned to 4096 bytes so a
-  // backend may read into it with O_DIRECT. Error(ENOMEM) when the memory cannot be had.
+  // A buffer of at least `bytes` (rounded up to the store's granularity), aligned to 4096 bytes so
+  // a backend may read into it with O_DIRECT. Error(ENOMEM) when the memory cannot be had.
   virtual Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) = 0;
 
   // The first `valid` bytes of `buffer` now hold the block's data. Called once, after a successful

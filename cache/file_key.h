@@ -1,5 +1,5 @@
-// The identity of a backing file's contents. Cached data is keyed by it: a file that changes size or
-// mtime (or is replaced by another inode) gets a new key, so its old blocks are never served.
+// The identity of a backing file's contents. Cached data is keyed by it: a file that changes size
+// or mtime (or is replaced by another inode) gets a new key, so its old blocks are never served.
 #pragma once
 
 #include <sys/stat.h>

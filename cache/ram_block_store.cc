@@ -21,9 +21,10 @@ size_t ChargeFor(size_t bytes) {
 
 std::byte* MapAligned(size_t bytes, int fd, uint64_t offset) {
   if (bytes < kHugePage) {
-    void* p = fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                             static_cast<off_t>(offset))
-                      : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p =
+        fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       static_cast<off_t>(offset))
+                : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
   }
   // Reserve one huge page more than needed, place the mapping on the first 2 MiB boundary inside,

@@ -1,6 +1,6 @@
-// Errors as values. Every failure in accelfs is an errno: that is what the FUSE reply needs and what
-// a tool prints, so an Error carries exactly one (see fs/errno_map.h for the one place that chooses
-// which errno a request answers).
+// Errors as values. Every failure in accelfs is an errno: that is what the FUSE reply needs and
+// what a tool prints, so an Error carries exactly one (see fs/errno_map.h for the one place that
+// chooses which errno a request answers).
 #pragma once
 
 #include <cassert>

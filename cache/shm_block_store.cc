@@ -23,7 +23,8 @@ Result<std::unique_ptr<ShmBlockStore>> ShmBlockStore::Create(uint32_t block_size
       fsconfig(fs_fd, FSCONFIG_SET_STRING, "size", size.c_str(), 0) == 0 &&
       fsconfig(fs_fd, FSCONFIG_SET_STRING, "mode", "0700", 0) == 0 &&
       fsconfig(fs_fd, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) == 0) {
-    mnt_fd = fsmount(fs_fd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    mnt_fd =
+        fsmount(fs_fd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
   }
   const int err = errno;
   close(fs_fd);

@@ -41,7 +41,7 @@ class ShmBlockStore final : public BlockStore {
 
   const int root_fd_;  // the detached tmpfs's root directory
   const uint32_t block_size_;
-  mutable std::mutex mu_;  // a leaf lock
+  mutable std::mutex mu_;                                 // a leaf lock
   std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
 };
 

@@ -19,11 +19,14 @@ constexpr uint64_t kMinCacheBlocks = 16;
 // Options libfuse and the kernel accept that make sense for a read-only mount (what mount.fuse3 and
 // fstab pass along). Anything else is refused by name rather than failing inside libfuse.
 bool IsFuseOption(std::string_view key) {
-  static constexpr std::string_view kFlags[] = {
-      "allow_other", "allow_root", "default_permissions", "auto_unmount", "ro",       "rw",
-      "nosuid",      "suid",       "nodev",               "dev",          "noexec",   "exec",
-      "atime",       "noatime",    "relatime",            "norelatime",   "nodiratime", "diratime",
-      "strictatime", "async",      "sync",                "dirsync",      "lazytime",  "nolazytime"};
+  static constexpr std::string_view kFlags[] = {"allow_other",  "allow_root", "default_permissions",
+                                                "auto_unmount", "ro",         "rw",
+                                                "nosuid",       "suid",       "nodev",
+                                                "dev",          "noexec",     "exec",
+                                                "atime",        "noatime",    "relatime",
+                                                "norelatime",   "nodiratime", "diratime",
+                                                "strictatime",  "async",      "sync",
+                                                "dirsync",      "lazytime",   "nolazytime"};
   static constexpr std::string_view kValued[] = {"fsname", "subtype", "max_read"};
   for (auto f : kFlags) {
     if (key == f) return true;
@@ -70,7 +73,8 @@ std::optional<double> ParseSeconds(const std::string& text) {
 }
 
 std::optional<uint64_t> ParseCount(const std::string& text) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || text.size() > 9) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
+      text.size() > 9) {
     return std::nullopt;
   }
   return std::stoull(text);
@@ -157,7 +161,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                               uint64_t mem_total) {
   Config config;
   CLI::App app{
-      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at MOUNTPOINT;\n"
+      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
+      "MOUNTPOINT;\n"
       "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
       "accelfs"};
   std::string cache_size, block_size, readahead, log_level = config.log_level;
@@ -190,7 +195,6 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                "Serve fully cached files through the daemon too (no FUSE passthrough)");
   app.add_flag("-V,--version", version, "Print the version and exit");
 
-
   auto usage_error = [](const std::string& what) {
     ParseOutcome out;
     out.exit_code = 2;
@@ -200,7 +204,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   // --version must work without SOURCE and MOUNTPOINT.
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--version" || arg == "-V") return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
+    if (arg == "--version" || arg == "-V")
+      return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
   }
   try {
     app.parse(argc, argv);
@@ -226,7 +231,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "entry_timeout") target = &entry_timeout;
       if (key == "log_level") target = &log_level;
       if (target != nullptr) {
-        if (eq == std::string::npos || value.empty()) return usage_error("option -o " + key + " needs a value");
+        if (eq == std::string::npos || value.empty())
+          return usage_error("option -o " + key + " needs a value");
         *target = value;
       } else if (key == "foreground") {
         config.foreground = true;
@@ -260,18 +266,20 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     config.cache_size_origin = "half of MemAvailable";
   }
   if (config.cache_size < kMinCacheBlocks * config.block_size) {
-    return usage_error("--cache-size " + FormatBytes(config.cache_size) + " is too small: it must hold at least " +
-                       std::to_string(kMinCacheBlocks) + " blocks of " + FormatBytes(config.block_size) +
-                       " (" + FormatBytes(kMinCacheBlocks * config.block_size) + ")");
+    return usage_error("--cache-size " + FormatBytes(config.cache_size) +
+                       " is too small: it must hold at least " + std::to_string(kMinCacheBlocks) +
+                       " blocks of " + FormatBytes(config.block_size) + " (" +
+                       FormatBytes(kMinCacheBlocks * config.block_size) + ")");
   }
   if (mem_total != 0 && config.cache_size > mem_total) {
-    return usage_error("--cache-size " + FormatBytes(config.cache_size) + " is more than this machine's RAM (" +
-                       FormatBytes(mem_total) + ")");
+    return usage_error("--cache-size " + FormatBytes(config.cache_size) +
+                       " is more than this machine's RAM (" + FormatBytes(mem_total) + ")");
   }
   if (!backend_depth.empty()) {
     auto v = ParseCount(backend_depth);
     if (!v || *v < 1 || *v > 4096) {
-      return usage_error("--backend-depth '" + backend_depth + "': must be a whole number from 1 to 4096");
+      return usage_error("--backend-depth '" + backend_depth +
+                         "': must be a whole number from 1 to 4096");
     }
     config.backend_depth = static_cast<uint32_t>(*v);
   }
@@ -293,10 +301,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
         std::tuple{&entry_timeout, &config.entry_timeout, "--entry-timeout"}}) {
     if (text->empty()) continue;
     auto v = ParseSeconds(*text);
-    if (!v) return usage_error(std::string(name) + " '" + *text + "': must be a number of seconds >= 0");
+    if (!v)
+      return usage_error(std::string(name) + " '" + *text + "': must be a number of seconds >= 0");
     *field = *v;
   }
-  static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn",
+  static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
                                                  "error", "critical", "off"};
   if (std::find(std::begin(kLevels), std::end(kLevels), log_level) == std::end(kLevels)) {
     return usage_error("--log-level '" + log_level +

@@ -31,8 +31,10 @@ struct FuseSession::Impl final : BackingRegistry {
       // The kernel will not take backing files from us (no CAP_SYS_ADMIN, or no support): stop
       // asking, once, loudly.
       if (passthrough.exchange(false)) {
-        spdlog::warn("passthrough off: the kernel refused a backing file ({}); fully cached files "
-                     "are served by the daemon", std::strerror(err));
+        spdlog::warn(
+            "passthrough off: the kernel refused a backing file ({}); fully cached files "
+            "are served by the daemon",
+            std::strerror(err));
       }
     }
     return Error(err);
@@ -70,7 +72,8 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
     if (in.opcode == fuse_abi::kOpcodeInit) {
       fuse_abi::InitIn init;
       std::memcpy(&init, static_cast<char*>(buf) + sizeof(in), sizeof(init));
-      const bool offered = init.major == 7 && init.minor >= 40 && (init.flags & fuse_abi::kInitExt) &&
+      const bool offered = init.major == 7 && init.minor >= 40 &&
+                           (init.flags & fuse_abi::kInitExt) &&
                            (init.flags2 & fuse_abi::kPassthroughFlags2);
       static_cast<FuseSession::Impl*>(userdata)->kernel_offers_passthrough = offered;
     }
@@ -135,7 +138,8 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->time_gran = 1;
   tls_init_reply = true;  // IoWritev adds passthrough to the reply libfuse sends next
   spdlog::debug(
-      "fuse: protocol {}.{}, max_write {} (the READ size cap), max_readahead {}, max_background {}, "
+      "fuse: protocol {}.{}, max_write {} (the READ size cap), max_readahead {}, max_background "
+      "{}, "
       "congestion_threshold {}, auto_inval_data off, attr/entry timeout {}/{} s",
       conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
       conn->max_background, conn->congestion_threshold, ctx.options.attr_timeout,
@@ -208,8 +212,9 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->noflush = 1;
   tls_backing_id = out->backing_id;  // IoWritev marks the reply FOPEN_PASSTHROUGH
   spdlog::debug("open of inode {}: {}", ino,
-                out->backing_id > 0 ? "passthrough, backing id " + std::to_string(out->backing_id)
-                                    : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
+                out->backing_id > 0
+                    ? "passthrough, backing id " + std::to_string(out->backing_id)
+                    : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
   if (out->changed) {
     // The backing file changed since the last open: the kernel's cached size and mtime are stale.
     // (Its pages are dropped by opening without keep_cache.) Safe inside OPEN: with a negative
@@ -379,7 +384,8 @@ FuseSession::~FuseSession() {
   if (impl_->session != nullptr) fuse_session_destroy(impl_->session);
 }
 
-Result<std::unique_ptr<FuseSession>> FuseSession::Create(ReadThroughFs& fs, SessionOptions options) {
+Result<std::unique_ptr<FuseSession>> FuseSession::Create(ReadThroughFs& fs,
+                                                         SessionOptions options) {
   auto impl = std::make_unique<Impl>(fs, std::move(options));
   // Read-only always; the kernel checks permissions from the mode bits (we run as root, so without
   // default_permissions any user could read any file once allow_other is set).

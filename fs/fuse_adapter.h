@@ -12,7 +12,7 @@
 namespace accelfs {
 
 struct SessionOptions {
-  std::string source;                     // shown as the mount's fsname
+  std::string source;  // shown as the mount's fsname
   std::string mountpoint;
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
   double attr_timeout = 3600;

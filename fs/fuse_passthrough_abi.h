@@ -15,7 +15,7 @@
 
 namespace accelfs::fuse_abi {
 
-constexpr uint32_t kOpcodeInit = 26;             // FUSE_INIT
+constexpr uint32_t kOpcodeInit = 26;              // FUSE_INIT
 constexpr uint32_t kInitExt = 1u << 30;           // FUSE_INIT_EXT in flags
 constexpr uint32_t kPassthroughFlags2 = 1u << 5;  // FUSE_PASSTHROUGH (1ULL << 37) >> 32
 constexpr uint32_t kOpenPassthrough = 1u << 7;    // FOPEN_PASSTHROUGH

@@ -33,10 +33,10 @@ struct Inode {
   bool opened_before = false;  // GUARDED_BY(mu)
   // The kernel keeps an inode either in cached mode or in passthrough mode, never both, and wants
   // one backing file per inode: the open handles of each mode, and the backing id in use.
-  int cached_opens = 0;               // GUARDED_BY(mu)
-  int passthrough_opens = 0;          // GUARDED_BY(mu)
-  int backing_id = 0;                 // GUARDED_BY(mu) registered while passthrough_opens > 0
-  FileKey passthrough_identity;       // GUARDED_BY(mu)
+  int cached_opens = 0;          // GUARDED_BY(mu)
+  int passthrough_opens = 0;     // GUARDED_BY(mu)
+  int backing_id = 0;            // GUARDED_BY(mu) registered while passthrough_opens > 0
+  FileKey passthrough_identity;  // GUARDED_BY(mu)
 };
 
 class InodeTable {
@@ -65,9 +65,9 @@ class InodeTable {
   };
   // Lock order: mu_ is a leaf.
   mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Slot> by_id_;                  // GUARDED_BY(mu_)
-  std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_;    // GUARDED_BY(mu_)
-  uint64_t next_id_ = kRootId + 1;                            // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Slot> by_id_;                // GUARDED_BY(mu_)
+  std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_;  // GUARDED_BY(mu_)
+  uint64_t next_id_ = kRootId + 1;                          // GUARDED_BY(mu_)
 };
 
 }  // namespace accelfs

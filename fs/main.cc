@@ -10,8 +10,8 @@
 
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <memory>
+#include <thread>
 
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
@@ -76,17 +76,19 @@ int Run(const Config& config) {
   if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
 
   const int ready_fd = config.foreground ? -1 : Detach();
-  if (!config.foreground && ready_fd < 0) return Fail(std::string("cannot detach: ") + std::strerror(errno));
+  if (!config.foreground && ready_fd < 0)
+    return Fail(std::string("cannot detach: ") + std::strerror(errno));
 
   // As root the cache lives in files on a private tmpfs, which fully cached files can be passed
   // through to; otherwise in anonymous memory.
   std::unique_ptr<BlockStore> store;
-  std::string store_kind = "private tmpfs";
-  if (auto shm = ShmBlockStore::Create(config.block_size, config.cache_size + (64u << 20)); shm.ok()) {
+  bool store_in_files = true;
+  if (auto shm = ShmBlockStore::Create(config.block_size, config.cache_size + (64u << 20));
+      shm.ok()) {
     store = std::move(shm.value());
   } else {
     store = std::make_unique<RamBlockStore>();
-    store_kind = "anonymous memory";
+    store_in_files = false;
     spdlog::debug("private tmpfs for the cache refused ({}); caching in anonymous memory",
                   shm.error().Message());
   }
@@ -101,7 +103,8 @@ int Run(const Config& config) {
     backend = "pread";
   }
   BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
-  auto fs = ReadThroughFs::Create(paths->source, cache, {config.block_size, config.readahead_blocks});
+  auto fs =
+      ReadThroughFs::Create(paths->source, cache, {config.block_size, config.readahead_blocks});
   if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
 
   SessionOptions session_options;
@@ -110,7 +113,7 @@ int Run(const Config& config) {
   session_options.fuse_options = config.fuse_options;
   session_options.attr_timeout = config.attr_timeout;
   session_options.entry_timeout = config.entry_timeout;
-  session_options.passthrough = config.passthrough && store_kind == "private tmpfs";
+  session_options.passthrough = config.passthrough && store_in_files;
   auto session = FuseSession::Create(**fs, session_options);
   if (!session.ok()) return Fail("cannot create the FUSE session (bad -o option?)");
   if (!(*session)->Mount().ok()) {
@@ -132,26 +135,33 @@ int Run(const Config& config) {
       if (s.ok()) {
         readahead = std::to_string(config.readahead_kb) + " KiB";
       } else {
-        spdlog::warn("cannot raise the mount's read_ahead_kb to {} ({}; needs root): mmap reads "
-                     "will be slower", config.readahead_kb, s.error().Message());
+        spdlog::warn(
+            "cannot raise the mount's read_ahead_kb to {} ({}; needs root): mmap reads "
+            "will be slower",
+            config.readahead_kb, s.error().Message());
       }
     }
-    spdlog::info("mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
-                 "read_ahead {}", paths->source, paths->mountpoint, FormatBytes(config.cache_size),
-                 config.cache_size_origin, store_kind, FormatBytes(config.block_size), backend,
-                 config.backend_depth, readahead);
+    spdlog::info(
+        "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
+        "read_ahead {}",
+        paths->source, paths->mountpoint, FormatBytes(config.cache_size), config.cache_size_origin,
+        store_in_files ? "private tmpfs" : "anonymous memory", FormatBytes(config.block_size),
+        backend, config.backend_depth, readahead);
     if ((*session)->passthrough()) {
-      spdlog::info("passthrough on: fully cached files are read by the kernel from the cache, "
-                   "without the daemon");
+      spdlog::info(
+          "passthrough on: fully cached files are read by the kernel from the cache, "
+          "without the daemon");
     } else {
       spdlog::info("passthrough off ({}): every read goes through the daemon",
                    !config.passthrough            ? "--no-passthrough"
                    : !session_options.passthrough ? "needs root for the cache's tmpfs"
                                                   : "the kernel does not offer it (needs 6.9+)");
     }
-    spdlog::debug("daemon read-ahead {} blocks, attr_timeout {} s, entry_timeout {} s, "
-                  "max_background {}", config.readahead_blocks, config.attr_timeout,
-                  config.entry_timeout, session_options.max_background);
+    spdlog::debug(
+        "daemon read-ahead {} blocks, attr_timeout {} s, entry_timeout {} s, "
+        "max_background {}",
+        config.readahead_blocks, config.attr_timeout, config.entry_timeout,
+        session_options.max_background);
     ReportReady(ready_fd);
   });
 

@@ -35,7 +35,8 @@ std::string UnescapeMountField(const std::string& field) {
   for (size_t i = 0; i < field.size(); ++i) {
     const auto octal = [&](size_t j) { return field[j] >= '0' && field[j] <= '7'; };
     if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
-      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                               (field[i + 3] - '0'));
       i += 3;
     } else {
       out += field[i];
@@ -69,7 +70,8 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
                                        std::string* error) {
   struct stat st {};
   if (stat(source.c_str(), &st) != 0) {
-    *error = "source " + Quote(source) + (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
+    *error = "source " + Quote(source) +
+             (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
     return std::nullopt;
   }
   if (!S_ISDIR(st.st_mode)) {
@@ -85,8 +87,8 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
     if (err == ENOTCONN) {
       *error = "mountpoint " + Quote(mountpoint) +
                " is a stale FUSE mount (Transport endpoint is not connected): its daemon died "
-               "without unmounting; clear it with 'fusermount3 -u " + mountpoint +
-               "' (or 'umount -l " + mountpoint + "') and retry";
+               "without unmounting; clear it with 'fusermount3 -u " +
+               mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
     } else if (err == ENOENT) {
       *error = "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)";
     } else {
@@ -102,7 +104,8 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
   paths.source = Canonical(source).value_or(source);
   paths.mountpoint = Canonical(mountpoint).value_or(mountpoint);
   if (paths.mountpoint == paths.source) {
-    *error = "mountpoint " + Quote(mountpoint) + " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
+    *error = "mountpoint " + Quote(mountpoint) +
+             " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
     return std::nullopt;
   }
   if (IsSameOrInside(paths.mountpoint, paths.source)) {
@@ -112,8 +115,8 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
   }
   for (const MountInfo& m : ReadMountInfo()) {
     if (m.mountpoint == paths.mountpoint) {
-      *error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype + " from " +
-               m.source + "); unmount it first or choose another directory";
+      *error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype +
+               " from " + m.source + "); unmount it first or choose another directory";
       return std::nullopt;
     }
   }
@@ -128,7 +131,8 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
 bool CheckFuseDevice(const std::string& device, std::string* error) {
   struct stat st {};
   if (stat(device.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) {
-    *error = device + " is missing: load the fuse module (modprobe fuse), or in a container pass "
+    *error = device +
+             " is missing: load the fuse module (modprobe fuse), or in a container pass "
              "the device in (e.g. --device /dev/fuse)";
     return false;
   }

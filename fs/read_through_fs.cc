@@ -18,8 +18,8 @@ struct ReadThroughFs::Handle {
   std::shared_ptr<Inode> inode;
   std::shared_ptr<BackingFile> file;
   FileKey identity;
-  int backing_id = 0;                    // passthrough mode when > 0
-  std::vector<BlockCache::Ref> pinned;   // passthrough: every block, so none is evicted
+  int backing_id = 0;                   // passthrough mode when > 0
+  std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
 };
@@ -43,7 +43,8 @@ struct PendingRead {
 // Removes handle `id` from `handles` and returns it (destroyed by the caller, after the lock);
 // nullptr for an id that is not there. REQUIRES: `mu` guards `handles`.
 template <typename T>
-std::unique_ptr<T> TakeHandle(std::mutex& mu, std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
+std::unique_ptr<T> TakeHandle(std::mutex& mu,
+                              std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
                               uint64_t id) {
   std::lock_guard lock(mu);
   auto it = handles.find(id);
@@ -162,7 +163,8 @@ Result<std::string> ReadThroughFs::GetXattr(uint64_t ino, const std::string& nam
   // on symlinks anyway).
   if (S_ISLNK((*inode)->mode)) return Error(ENODATA);
   const std::string path = FdPath((*inode)->fd);
-  return ReadSized([&](char* buf, size_t size) { return getxattr(path.c_str(), name.c_str(), buf, size); });
+  return ReadSized(
+      [&](char* buf, size_t size) { return getxattr(path.c_str(), name.c_str(), buf, size); });
 }
 
 Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
@@ -243,7 +245,8 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
 void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done) {
   auto* handle = reinterpret_cast<Handle*>(fh);
   // Nothing below may touch the handle after the first Get: once the last block answers, the
-  // reply can let the kernel send RELEASE, which deletes the handle while this thread is still here.
+  // reply can let the kernel send RELEASE, which deletes the handle while this thread is still
+  // here.
   const FileKey identity = handle->identity;
   const std::shared_ptr<BackingFile> file = handle->file;
   const uint32_t block_size = options_.block_size;

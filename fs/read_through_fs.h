@@ -51,9 +51,9 @@ using ReadDone = std::function<void(Result<std::vector<ReadPiece>>)>;
 
 struct DirEntry {
   std::string name;
-  ino_t ino = 0;       // the backing inode number (for d_ino)
-  mode_t type = 0;     // S_IFMT bits, 0 when unknown
-  uint64_t next = 0;   // offset to resume after this entry
+  ino_t ino = 0;      // the backing inode number (for d_ino)
+  mode_t type = 0;    // S_IFMT bits, 0 when unknown
+  uint64_t next = 0;  // offset to resume after this entry
 };
 // Returns false when the entry did not fit (it is then not consumed).
 using DirEmit = std::function<bool(const DirEntry&, const EntryOut* plus)>;
@@ -76,7 +76,7 @@ class ReadThroughFs {
   ~ReadThroughFs();
 
   static Result<std::unique_ptr<ReadThroughFs>> Create(const std::string& source, BlockCache& cache,
-                                                        FsOptions options);
+                                                       FsOptions options);
 
   Result<EntryOut> Lookup(uint64_t parent, std::string_view name);
   void Forget(uint64_t ino, uint64_t nlookup);
@@ -123,7 +123,7 @@ class ReadThroughFs {
   // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just
   // before SIGTERM) never arrives. Lock order: handles_mu_ is a leaf.
   std::mutex handles_mu_;
-  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;        // GUARDED_BY(handles_mu_)
+  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;         // GUARDED_BY(handles_mu_)
   std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_;  // GUARDED_BY(handles_mu_)
 };
 

@@ -16,7 +16,8 @@ Result<size_t> PreadBlock(const ReadRequest& request) {
     const int fd = direct ? request.file->direct_fd() : request.file->buffered_fd();
     // O_DIRECT wants aligned lengths; the buffer has room for the rounded-up size.
     const size_t want = direct ? RoundUp(request.expected, 4096) - done : request.expected - done;
-    const ssize_t n = pread(fd, request.buffer + done, want, static_cast<off_t>(request.offset + done));
+    const ssize_t n =
+        pread(fd, request.buffer + done, want, static_cast<off_t>(request.offset + done));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       if (errno == EINVAL && direct) {

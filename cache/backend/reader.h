@@ -40,10 +40,10 @@ class BackingFile {
 
 struct ReadRequest {
   std::shared_ptr<BackingFile> file;
-  uint64_t offset = 0;    // REQUIRES: a multiple of 4096
+  uint64_t offset = 0;  // REQUIRES: a multiple of 4096
   std::byte* buffer = nullptr;
-  size_t capacity = 0;    // bytes writable at buffer; REQUIRES: a multiple of 4096, >= expected
-  size_t expected = 0;    // bytes the caller needs; fewer means the file ended early
+  size_t capacity = 0;  // bytes writable at buffer; REQUIRES: a multiple of 4096, >= expected
+  size_t expected = 0;  // bytes the caller needs; fewer means the file ended early
   // Called exactly once with the bytes read (< expected only at end of file) or the error.
   std::function<void(Result<size_t>)> done;
 };

@@ -3,7 +3,8 @@
 //
 //   accelfs_loader gen DIR --shards N --shard-size BYTES [--seed S]
 //   accelfs_loader read DIR|FILE...    sequential read() of every shard, 1 MiB at a time
-//   accelfs_loader mmap DIR|FILE...    safetensors style: mmap(PROT_READ, MAP_SHARED) each shard and
+//   accelfs_loader mmap DIR|FILE...    safetensors style: mmap(PROT_READ, MAP_SHARED) each shard
+//   and
 //                                      copy every tensor out, in header order, into one buffer
 // Prints one line: "<mode> <bytes> <seconds> <GB/s>" (GB = 1e9 bytes).
 #include <fcntl.h>
@@ -92,7 +93,8 @@ uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<char>& dest
     std::vector<std::pair<uint64_t, uint64_t>> tensors;
     for (const auto& [name, t] : header.items()) {
       if (name == "__metadata__") continue;
-      tensors.emplace_back(t["data_offsets"][0].get<uint64_t>(), t["data_offsets"][1].get<uint64_t>());
+      tensors.emplace_back(t["data_offsets"][0].get<uint64_t>(),
+                           t["data_offsets"][1].get<uint64_t>());
     }
     for (auto [begin, end] : tensors) {
       for (uint64_t pos = begin; pos < end; pos += dest.size()) {
@@ -124,8 +126,10 @@ void Generate(const std::string& dir, int shards, uint64_t shard_size, uint64_t 
     while (offset < shard_size) {
       uint64_t bytes = std::min<uint64_t>(kSizes[rng() % 6], shard_size - offset);
       bytes = std::max<uint64_t>(bytes / 2 * 2, 2);
-      const std::string tensor = "model.layers." + std::to_string(s) + "." + std::to_string(t++) + ".weight";
-      header[tensor] = {{"dtype", "BF16"}, {"shape", {bytes / 2}}, {"data_offsets", {offset, offset + bytes}}};
+      const std::string tensor =
+          "model.layers." + std::to_string(s) + "." + std::to_string(t++) + ".weight";
+      header[tensor] = {
+          {"dtype", "BF16"}, {"shape", {bytes / 2}}, {"data_offsets", {offset, offset + bytes}}};
       index["weight_map"][tensor] = name;
       offset += bytes;
     }
@@ -155,7 +159,8 @@ void Generate(const std::string& dir, int shards, uint64_t shard_size, uint64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) Die("usage: accelfs_loader gen DIR --shards N --shard-size BYTES | read|mmap PATH...");
+  if (argc < 3)
+    Die("usage: accelfs_loader gen DIR --shards N --shard-size BYTES | read|mmap PATH...");
   const std::string mode = argv[1];
   if (mode == "gen") {
     int shards = 4;
@@ -163,10 +168,14 @@ int main(int argc, char** argv) {
     uint64_t seed = 1;
     for (int i = 3; i + 1 < argc; i += 2) {
       const std::string k = argv[i];
-      if (k == "--shards") shards = std::stoi(argv[i + 1]);
-      else if (k == "--shard-size") shard_size = std::stoull(argv[i + 1]);
-      else if (k == "--seed") seed = std::stoull(argv[i + 1]);
-      else Die("unknown option " + k);
+      if (k == "--shards")
+        shards = std::stoi(argv[i + 1]);
+      else if (k == "--shard-size")
+        shard_size = std::stoull(argv[i + 1]);
+      else if (k == "--seed")
+        seed = std::stoull(argv[i + 1]);
+      else
+        Die("unknown option " + k);
     }
     Generate(argv[2], shards, shard_size, seed);
     return 0;
@@ -175,9 +184,12 @@ int main(int argc, char** argv) {
   std::vector<char> dest(mode == "mmap" ? kDestBytes : 0, 1);
   const auto start = Clock::now();
   uint64_t bytes = 0;
-  if (mode == "read") bytes = LoadRead(files);
-  else if (mode == "mmap") bytes = LoadMmap(files, dest);
-  else Die("unknown mode " + mode);
+  if (mode == "read")
+    bytes = LoadRead(files);
+  else if (mode == "mmap")
+    bytes = LoadMmap(files, dest);
+  else
+    Die("unknown mode " + mode);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("%s %llu %.3f %.2f\n", mode.c_str(), static_cast<unsigned long long>(bytes), seconds,
               static_cast<double>(bytes) / seconds / 1e9);

@@ -20,9 +20,10 @@ std::unique_ptr<ShmBlockStore> MakeStore() {
   return std::move(store.value());
 }
 
-#define REQUIRE_STORE(store)                                                                  \
-  if (!(store)) GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN): "  \
-                                "the shm store cannot be tested here"
+#define REQUIRE_STORE(store)                                                   \
+  if (!(store))                                                                \
+  GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN): " \
+                  "the shm store cannot be tested here"
 
 TEST(ShmBlockStoreTest, BlocksLandInOneFileOfTheBackingSizeAtTheirOffsets) {
   auto store = MakeStore();
@@ -42,7 +43,8 @@ TEST(ShmBlockStoreTest, BlocksLandInOneFileOfTheBackingSizeAtTheirOffsets) {
   ASSERT_GE(fd, 0);
   struct stat st {};
   ASSERT_EQ(fstat(fd, &st), 0);
-  EXPECT_EQ(static_cast<uint64_t>(st.st_size), file.size) << "a passthrough reader sees exactly the file";
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), file.size)
+      << "a passthrough reader sees exactly the file";
   std::vector<uint8_t> got(file.size);
   ASSERT_EQ(pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
   EXPECT_EQ(got, testing::Bytes(9, 0, file.size));

@@ -30,10 +30,10 @@ class FakeBackend final : public BackendReader {
   // The nth request from now on returns `bytes` fewer bytes than expected.
   void ShortNth(uint64_t n, size_t missing);
 
-  uint64_t submitted() const;    // requests received
-  uint64_t completed() const;    // callbacks run
-  size_t waiting() const;        // requests held
-  uint64_t bytes_read() const;   // bytes delivered by successful reads
+  uint64_t submitted() const;   // requests received
+  uint64_t completed() const;   // callbacks run
+  size_t waiting() const;       // requests held
+  uint64_t bytes_read() const;  // bytes delivered by successful reads
   // Blocks until `n` requests have completed (or 10 s pass; returns false then).
   bool WaitCompleted(uint64_t n);
 

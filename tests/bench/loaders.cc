@@ -1,0 +1,273 @@
+#include "tests/bench/loaders.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <utility>
+
+namespace accelfs::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Runs `load_shard(thread, file)` over `files` on `threads` threads, each taking the next shard
+// from a shared counter, and returns the sum of what it returned.
+uint64_t OverShards(const std::vector<std::string>& files, int threads,
+                    const std::function<uint64_t(int, const std::string&)>& load_shard) {
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> total{0};
+  auto worker = [&](int thread) {
+    for (size_t i; (i = next.fetch_add(1)) < files.size();) total += load_shard(thread, files[i]);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+  worker(0);
+  for (auto& t : pool) t.join();
+  return total;
+}
+
+uint64_t ReadShard(const std::string& f, std::vector<char>& buf) {
+  const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die("open " + f + ": " + std::strerror(errno));
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t n = read(fd, buf.data(), buf.size());
+    if (n < 0) Die("read " + f + ": " + std::strerror(errno));
+    if (n == 0) break;
+    total += static_cast<uint64_t>(n);
+  }
+  close(fd);
+  return total;
+}
+
+uint64_t MmapShard(const std::string& f, std::vector<char>& dest, Slice slice) {
+  const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die("open " + f + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) Die("stat " + f + ": " + std::strerror(errno));
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size < 8) Die(f + ": not a safetensors file");
+  auto* base = static_cast<const char*>(mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0));
+  if (base == MAP_FAILED) Die("mmap " + f + ": " + std::strerror(errno));
+  close(fd);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);
+  if (header_len > size - 8) Die(f + ": bad safetensors header");
+  const auto header = nlohmann::json::parse(base + 8, base + 8 + header_len);
+  const char* data = base + 8 + header_len;
+  // Tensors in header order, as safetensors' loaders walk them.
+  std::vector<std::pair<uint64_t, uint64_t>> tensors;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    tensors.emplace_back(t["data_offsets"][0].get<uint64_t>(),
+                         t["data_offsets"][1].get<uint64_t>());
+  }
+  uint64_t total = 0;
+  const auto ranks = static_cast<uint64_t>(slice.ranks);
+  const auto rank = static_cast<uint64_t>(slice.rank);
+  for (auto [tensor_begin, tensor_end] : tensors) {
+    const uint64_t len = tensor_end - tensor_begin;
+    const uint64_t begin = tensor_begin + rank * len / ranks;
+    const uint64_t end = tensor_begin + (rank + 1) * len / ranks;
+    if (end > size - 8 - header_len) Die(f + ": tensor past the end of the file");
+    for (uint64_t pos = begin; pos < end; pos += dest.size()) {
+      const uint64_t n = std::min<uint64_t>(dest.size(), end - pos);
+      std::memcpy(dest.data(), data + pos, n);
+    }
+    total += end - begin;
+  }
+  munmap(const_cast<char*>(base), size);
+  return total;
+}
+
+// One child of LoadProcesses: allocate, say ready, wait for the release, stagger, load, report.
+[[noreturn]] void RunChild(const std::vector<std::string>& files, const ProcessOptions& options,
+                           int index, int ready_fd, int go_fd, uint64_t* bytes_out) {
+  auto dest = DestBuffers(options.threads);
+  const char byte = 1;
+  if (write(ready_fd, &byte, 1) != 1) Die("ready pipe: " + std::string(std::strerror(errno)));
+  close(ready_fd);
+  char ignored;
+  while (read(go_fd, &ignored, 1) < 0 && errno == EINTR) {
+  }
+  close(go_fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(index * options.stagger_ms));
+  const Slice slice = options.slice ? Slice{index, options.processes} : Slice{};
+  *bytes_out = LoadMmap(files, dest, slice);
+  _exit(0);
+}
+
+}  // namespace
+
+void Die(const std::string& what) {
+  std::fprintf(stderr, "accelfs_loader: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::vector<std::string> Shards(const std::vector<std::string>& args) {
+  std::vector<std::string> files;
+  for (const auto& a : args) {
+    if (fs::is_directory(a)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::directory_iterator(a)) {
+        if (e.path().extension() == ".safetensors") found.push_back(e.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(a);
+    }
+  }
+  if (files.empty()) Die("no shards given");
+  return files;
+}
+
+std::vector<std::vector<char>> DestBuffers(int threads) {
+  return std::vector<std::vector<char>>(static_cast<size_t>(threads),
+                                        std::vector<char>(kDestBytes, 1));
+}
+
+uint64_t LoadRead(const std::vector<std::string>& files, int threads) {
+  std::vector<std::vector<char>> bufs(static_cast<size_t>(threads), std::vector<char>(1 << 20));
+  return OverShards(files, threads, [&](int thread, const std::string& f) {
+    return ReadShard(f, bufs[static_cast<size_t>(thread)]);
+  });
+}
+
+uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<std::vector<char>>& dest,
+                  Slice slice) {
+  return OverShards(files, static_cast<int>(dest.size()), [&](int thread, const std::string& f) {
+    return MmapShard(f, dest[static_cast<size_t>(thread)], slice);
+  });
+}
+
+uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptions& options,
+                       double& seconds) {
+  const auto n = static_cast<size_t>(options.processes);
+  // Each child writes its byte count here; the mapping is shared across fork.
+  void* shared = mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) Die("mmap: " + std::string(std::strerror(errno)));
+  auto* bytes = static_cast<uint64_t*>(shared);
+  // ready: each child writes one byte once its buffers are touched, then closes its end, so a
+  // child that dies early shows as EOF. go: the parent closes its write end to release them all.
+  int ready[2], go[2];
+  if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0)
+    Die("pipe: " + std::string(std::strerror(errno)));
+  std::fflush(nullptr);  // nothing buffered may be written twice
+  std::vector<pid_t> children;
+  for (int i = 0; i < options.processes; ++i) {
+    const pid_t pid = fork();
+    if (pid < 0) Die("fork: " + std::string(std::strerror(errno)));
+    if (pid == 0) {
+      close(ready[0]);
+      close(go[1]);
+      RunChild(files, options, i, ready[1], go[0], &bytes[i]);
+    }
+    children.push_back(pid);
+  }
+  close(ready[1]);
+  close(go[0]);
+  size_t ready_count = 0;
+  for (char buf[64]; ready_count < n;) {
+    const ssize_t got = read(ready[0], buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    ready_count += static_cast<size_t>(got);
+  }
+  close(ready[0]);
+  const auto start = Clock::now();
+  close(go[1]);
+  bool failed = ready_count < n;
+  for (const pid_t pid : children) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = true;
+  }
+  seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (failed) Die("a loader process failed");
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bytes[i];
+  munmap(shared, n * sizeof(uint64_t));
+  return total;
+}
+
+void Generate(const std::string& dir, int shards, uint64_t shard_size, uint64_t seed,
+              TensorMix mix) {
+  fs::create_directories(dir);
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> sizes;
+  switch (mix) {
+    case TensorMix::kSmall:
+      sizes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20};
+      break;
+    case TensorMix::kMixed:
+      // Many small norms and biases, mid-size projections, big embeddings.
+      sizes = {4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20, 96 << 20};
+      break;
+    case TensorMix::kLarge:
+      sizes = {32 << 20, 64 << 20, 128 << 20, 256 << 20};
+      break;
+  }
+  nlohmann::json index;
+  index["metadata"]["total_size"] = 0;
+  uint64_t grand_total = 0;
+  std::vector<char> chunk(8 << 20);
+  for (int s = 1; s <= shards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", s, shards);
+    nlohmann::ordered_json header;
+    uint64_t offset = 0;
+    int t = 0;
+    while (offset < shard_size) {
+      uint64_t bytes = std::min<uint64_t>(sizes[rng() % sizes.size()], shard_size - offset);
+      bytes = std::max<uint64_t>(bytes / 2 * 2, 2);
+      const std::string tensor =
+          "model.layers." + std::to_string(s) + "." + std::to_string(t++) + ".weight";
+      header[tensor] = {
+          {"dtype", "BF16"}, {"shape", {bytes / 2}}, {"data_offsets", {offset, offset + bytes}}};
+      index["weight_map"][tensor] = name;
+      offset += bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::ofstream out(fs::path(dir) / name, std::ios::binary);
+    const uint64_t len = text.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (uint64_t done = 0; done < offset;) {
+      const uint64_t n = std::min<uint64_t>(chunk.size(), offset - done);
+      for (uint64_t i = 0; i < n; i += 8) {
+        const uint64_t v = rng();
+        std::memcpy(chunk.data() + i, &v, std::min<uint64_t>(8, n - i));
+      }
+      out.write(chunk.data(), static_cast<std::streamsize>(n));
+      done += n;
+    }
+    if (!out) Die("cannot write " + std::string(name));
+    grand_total += offset;
+  }
+  index["metadata"]["total_size"] = grand_total;
+  std::ofstream(fs::path(dir) / "model.safetensors.index.json") << index.dump(2);
+  std::ofstream(fs::path(dir) / "config.json") << R"({"architectures": ["SyntheticForCausalLM"]})";
+}
+
+}  // namespace accelfs::bench

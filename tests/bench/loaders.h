@@ -1,0 +1,67 @@
+// The loaders accelfs_loader times, shaped like real model servers (DESIGN.md §1), and the
+// synthetic model generator. Every loader returns the bytes it read; a failure prints one line and
+// exits the process (these are benchmark tools, not library code).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace accelfs::bench {
+
+[[noreturn]] void Die(const std::string& what);
+
+// The shards named by `args`: a directory stands for its *.safetensors files in sorted order.
+std::vector<std::string> Shards(const std::vector<std::string>& args);
+
+// Which part of every tensor a loader copies: rank r of n takes the contiguous byte range
+// [begin + r*len/n, begin + (r+1)*len/n) of each tensor, as a tensor-parallel rank does. {0, 1}
+// is the whole tensor.
+struct Slice {
+  int rank = 0;
+  int ranks = 1;
+};
+
+// Tensors are copied into a destination buffer per thread, allocated and touched before the clock
+// starts, so that a loader measures the read path and not the allocator's page faults.
+constexpr size_t kDestBytes = 256 << 20;
+
+// Destination buffers for `threads` mmap loader threads, touched.
+std::vector<std::vector<char>> DestBuffers(int threads);
+
+// Sequential read() of every shard, 1 MiB at a time. With several threads, each thread takes the
+// next shard from a shared counter (SGLang's multithread load). Counts every byte of the files.
+uint64_t LoadRead(const std::vector<std::string>& files, int threads);
+
+// safetensors style: mmap(PROT_READ, MAP_SHARED) each shard, parse its header and copy the slice
+// of every tensor out, in header order, into the thread's buffer; threads as LoadRead. `dest` holds
+// one buffer per thread. Counts the tensor bytes copied.
+uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<std::vector<char>>& dest,
+                  Slice slice);
+
+struct ProcessOptions {
+  int processes = 1;
+  int threads = 1;     // mmap loader threads in each process
+  int stagger_ms = 0;  // process i starts i * stagger_ms after process 0
+  bool slice = false;  // false: every process loads everything (dp); true: rank i of n (tp)
+};
+
+// Forks `processes` children that each run the mmap loader over every shard, releases them at
+// once (after each allocated its buffers) and waits for the last one. Returns the bytes all of
+// them copied; `seconds` gets the wall time from the release to the last exit.
+uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptions& options,
+                       double& seconds);
+
+// Tensor sizes the generator draws from.
+enum class TensorMix {
+  kSmall,  // 4 KiB - 1 MiB: norms, biases and small projections only (many tensors per shard)
+  kMixed,  // 4 KiB - 96 MiB: a transformer's mix, from norms to embeddings
+  kLarge,  // 32 - 256 MiB: embeddings, fused expert and MLP weights
+};
+
+// A synthetic model in `dir`: `shards` safetensors files of `shard_size` tensor bytes each (BF16,
+// random contents from `seed`), model.safetensors.index.json and config.json.
+void Generate(const std::string& dir, int shards, uint64_t shard_size, uint64_t seed,
+              TensorMix mix);
+
+}  // namespace accelfs::bench

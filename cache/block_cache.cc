@@ -56,6 +56,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
     auto it = map_.find(key);
     if (it != map_.end()) {
       Entry* e = it->second.get();
+      e->unread = false;
       if (e->state == State::kReady) {
         ++stats_.hits;
         ++e->pins;
@@ -82,25 +83,31 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   if (hit != nullptr) waiter(Ref(this, hit));
 }
 
-bool BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
-                          const std::shared_ptr<BackingFile>& file) {
+BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
+                                                const std::shared_ptr<BackingFile>& file,
+                                                std::function<void()> done) {
   std::vector<Fetch> fetches;
   Freed freed;
   {
     std::lock_guard lock(mu_);
+    if (map_.count(key) != 0) return PrefetchResult::kPresent;
     // Prefetch never takes room that a demand read is waiting for.
-    if (map_.count(key) == 0 && queued_.empty() && MakeRoom(store_.CapacityFor(expected), &freed)) {
+    if (queued_.empty() &&
+        MakeRoom(store_.CapacityFor(expected), &freed, /*partial=*/false, /*keep_unread=*/true)) {
       auto entry = std::make_unique<Entry>();
       entry->key = key;
       entry->expected = expected;
       entry->file = file;
-      BeginFetch(entry.get(), &fetches);
+      entry->unread = true;
+      entry->prefetched = std::move(done);
+      ++stats_.prefetches;
+      BeginFetch(entry.get(), /*demand=*/false, &fetches);
       map_.emplace(key, std::move(entry));
     }
   }
   ReleaseAll(freed);
   StartFetches(fetches);
-  return !fetches.empty();
+  return fetches.empty() ? PrefetchResult::kNoRoom : PrefetchResult::kStarted;
 }
 
 bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
@@ -172,23 +179,26 @@ CacheStats BlockCache::Stats() const {
   return s;
 }
 
-bool BlockCache::MakeRoom(size_t capacity, Freed* freed, bool partial) {
+bool BlockCache::MakeRoom(size_t capacity, Freed* freed, bool partial, bool keep_unread) {
   if (used_ + capacity <= options_.budget_bytes) return true;
+  const auto evictable = [keep_unread](const Entry* e) {
+    return e->pins == 0 && !(keep_unread && e->unread);
+  };
   if (!partial) {
     // Evicting some blocks and still failing would throw cached data away for nothing.
     const uint64_t need = used_ + capacity - options_.budget_bytes;
-    uint64_t evictable = 0;
-    for (auto it = lru_.rbegin(); it != lru_.rend() && evictable < need; ++it) {
-      if ((*it)->pins == 0) evictable += (*it)->charged;
+    uint64_t available = 0;
+    for (auto it = lru_.rbegin(); it != lru_.rend() && available < need; ++it) {
+      if (evictable(*it)) available += (*it)->charged;
     }
-    if (evictable < need) return false;
+    if (available < need) return false;
   }
-  // Oldest unpinned ready blocks first; pinned ones are being replied from and stay.
+  // Oldest evictable blocks first; pinned ones are being replied from and stay.
   for (auto it = lru_.end(); used_ + capacity > options_.budget_bytes;) {
     if (it == lru_.begin()) return false;
     --it;
     Entry* victim = *it;
-    if (victim->pins > 0) continue;
+    if (!evictable(victim)) continue;
     it = lru_.erase(it);
     freed->emplace_back(victim->key, victim->buffer);
     used_ -= victim->charged;
@@ -207,16 +217,16 @@ void BlockCache::AdmitQueued(std::vector<Fetch>* fetches, Freed* freed) {
       MakeRoom(capacity, freed, /*partial=*/true);  // over budget by as little as possible
     }
     queued_.pop_front();
-    BeginFetch(e, fetches);
+    BeginFetch(e, /*demand=*/true, fetches);
   }
 }
 
-void BlockCache::BeginFetch(Entry* entry, std::vector<Fetch>* fetches) {
+void BlockCache::BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetches) {
   entry->state = State::kFetching;
   entry->charged = store_.CapacityFor(entry->expected);
   used_ += entry->charged;
   ++fetching_;
-  fetches->push_back({entry, entry->file});
+  fetches->push_back({entry, entry->file, demand});
 }
 
 void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
@@ -235,6 +245,7 @@ void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
     request.buffer = e->buffer.data;
     request.capacity = e->buffer.capacity;
     request.expected = e->expected;
+    request.demand = f.demand;
     request.done = [this, e](Result<size_t> read) { Complete(e, std::move(read)); };
     reader_.Submit(std::move(request));
   }
@@ -246,6 +257,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
   if (ok) store_.Commit(entry->key, entry->buffer, entry->expected);
   std::vector<Waiter> waiters;
+  std::function<void()> prefetched;
   std::vector<Fetch> fetches;
   Freed freed;
   {
@@ -253,6 +265,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
     --fetching_;
     entry->file.reset();
     waiters.swap(entry->waiters);
+    prefetched.swap(entry->prefetched);
     if (ok) {
       entry->state = State::kReady;
       entry->pins += static_cast<int>(waiters.size());
@@ -277,6 +290,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
     }
   }
   StartFetches(fetches);
+  if (prefetched) prefetched();
 }
 
 void BlockCache::Unpin(Entry* entry) {

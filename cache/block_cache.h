@@ -37,6 +37,7 @@ struct CacheStats {
   uint64_t fetched_bytes = 0;  // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
+  uint64_t prefetches = 0;  // fetches started by Prefetch
 };
 
 class BlockCache {
@@ -62,9 +63,19 @@ class BlockCache {
   void Get(const BlockKey& key, uint32_t expected, const std::shared_ptr<BackingFile>& file,
            Waiter waiter);
 
-  // Starts fetching `key` when it is absent and room can be made now (evicting only unpinned ready
-  // blocks). Returns true when it started a fetch. Never waits, never queues.
-  bool Prefetch(const BlockKey& key, uint32_t expected, const std::shared_ptr<BackingFile>& file);
+  // Starts fetching `key` when it is absent and room can be made now, evicting only unpinned ready
+  // blocks that were read at least once: prefetched data nobody has asked for yet is never thrown
+  // away to make room for more prefetch (backpressure instead). The backend serves it after every
+  // demand read. When it starts a fetch it calls `done` (if any) once the fetch has finished, well
+  // or not, on the backend's thread. Never waits, never queues.
+  enum class PrefetchResult {
+    kStarted,  // a fetch was started; `done` will run
+    kPresent,  // cached, in flight or queued already
+    kNoRoom,   // the budget is full of pinned, in-flight or unread blocks, or demand waits for room
+  };
+  PrefetchResult Prefetch(const BlockKey& key, uint32_t expected,
+                          const std::shared_ptr<BackingFile>& file,
+                          std::function<void()> done = nullptr);
 
   // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
   // true; otherwise changes nothing. A file passed through to the store's file stays whole while
@@ -115,6 +126,8 @@ class BlockCache {
     size_t charged = 0;                 // budget bytes reserved for the buffer
     int pins = 0;                       // Refs alive
     bool zombie = false;                // dropped from the map while pinned
+    bool unread = false;                // prefetched and not asked for yet
+    std::function<void()> prefetched;   // Prefetch's `done`, run when the fetch finishes
     std::shared_ptr<BackingFile> file;  // while queued or fetching
     std::vector<Waiter> waiters;
     std::list<Entry*>::iterator lru_pos{};  // valid while kReady and in the map
@@ -122,20 +135,22 @@ class BlockCache {
   struct Fetch {
     Entry* entry;
     std::shared_ptr<BackingFile> file;
+    bool demand;
   };
 
   // Evicts unpinned ready blocks (oldest first) until `capacity` more bytes fit in the budget, and
-  // returns whether they do. Without `partial` nothing is evicted unless that makes the room.
+  // returns whether they do. Without `partial` nothing is evicted unless that makes the room; with
+  // `keep_unread` prefetched blocks nobody has read yet are not evicted either.
   // Victims' buffers are appended to `freed` for release after the lock. REQUIRES: mu_ held.
   bool MakeRoom(size_t capacity, std::vector<std::pair<BlockKey, BlockBuffer>>* freed,
-                bool partial = false);
+                bool partial = false, bool keep_unread = false);
   // Moves queued entries to kFetching, oldest first, while room can be made. When nothing is in
   // flight the head is admitted even over budget: the budget is then full of blocks pinned by reads
   // that wait for it, and only admitting it lets them finish and unpin. REQUIRES: mu_ held.
   void AdmitQueued(std::vector<Fetch>* fetches,
                    std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
   // Reserves budget for `entry` and marks it kFetching. REQUIRES: mu_ held.
-  void BeginFetch(Entry* entry, std::vector<Fetch>* fetches);
+  void BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetches);
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
   void Complete(Entry* entry, Result<size_t> read);

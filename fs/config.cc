@@ -166,7 +166,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
       "accelfs"};
   std::string cache_size, block_size, readahead, log_level = config.log_level;
-  std::string backend_depth, attr_timeout, entry_timeout;
+  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold;
   std::vector<std::string> option_lists;
   bool version = false;
   // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
@@ -182,6 +182,9 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_option("--readahead", readahead,
                  "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (default 8M; 0 keeps "
                  "the kernel's)");
+  app.add_option("--stream-threshold", stream_threshold,
+                 "Stream files at least this big in whole from their first open (default 64M; 0: "
+                 "never)");
   app.add_option("--attr-timeout", attr_timeout, "Seconds attributes are cached (default 3600)");
   app.add_option("--entry-timeout", entry_timeout, "Seconds names are cached (default 3600)");
   app.add_option("--log-level", log_level,
@@ -230,6 +233,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "attr_timeout") target = &attr_timeout;
       if (key == "entry_timeout") target = &entry_timeout;
       if (key == "log_level") target = &log_level;
+      if (key == "stream_threshold") target = &stream_threshold;
       if (target != nullptr) {
         if (eq == std::string::npos || value.empty())
           return usage_error("option -o " + key + " needs a value");
@@ -274,6 +278,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   if (mem_total != 0 && config.cache_size > mem_total) {
     return usage_error("--cache-size " + FormatBytes(config.cache_size) +
                        " is more than this machine's RAM (" + FormatBytes(mem_total) + ")");
+  }
+  if (!stream_threshold.empty()) {
+    auto v = ParseSize(stream_threshold, 0, &error);
+    if (!v) return usage_error("--stream-threshold " + error);
+    config.stream_threshold = *v;
   }
   if (!backend_depth.empty()) {
     auto v = ParseCount(backend_depth);

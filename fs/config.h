@@ -35,6 +35,11 @@ struct Config {
   // blocks in flight while the kernel's own readahead consumes the current one.
   uint32_t readahead_blocks = 4;
 
+  // Files at least this big (bytes) are streamed in whole, in order, from their first open: model
+  // shards are read entirely, and a stream of block-sized requests many deep is what a slow store
+  // needs. 64 MiB leaves tokenizers and configs to plain read-ahead. 0 turns streaming off.
+  uint64_t stream_threshold = 64u << 20;
+
   // Seconds the kernel may trust attributes and names. Model files are immutable in practice, and
   // each expiry costs a GETATTR or LOOKUP round trip; a changed file is still caught at open.
   double attr_timeout = 3600;

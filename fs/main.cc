@@ -8,6 +8,7 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
 #include "cache/block_cache.h"
+#include "cache/prefetch/prefetcher.h"
 #include "cache/ram_block_store.h"
 #include "cache/shm_block_store.h"
 #include "fs/config.h"
@@ -103,8 +105,16 @@ int Run(const Config& config) {
     backend = "pread";
   }
   BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
-  auto fs =
-      ReadThroughFs::Create(paths->source, cache, {config.block_size, config.readahead_blocks});
+  // A stream runs up to a quarter of the cache ahead of its reader (at most 1 GiB of 4 MiB blocks),
+  // with as many fetches in flight as the backend takes.
+  PrefetcherOptions prefetch;
+  prefetch.block_size = config.block_size;
+  prefetch.stream_threshold = config.stream_threshold;
+  prefetch.limits.ahead = std::clamp<uint64_t>(config.cache_size / 4 / config.block_size, 2, 256);
+  prefetch.limits.max_in_flight = config.backend_depth;
+  Prefetcher prefetcher(cache, prefetch);
+  auto fs = ReadThroughFs::Create(paths->source, cache,
+                                  {config.block_size, config.readahead_blocks}, &prefetcher);
   if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
 
   SessionOptions session_options;
@@ -158,9 +168,10 @@ int Run(const Config& config) {
                                                   : "the kernel does not offer it (needs 6.9+)");
     }
     spdlog::debug(
-        "daemon read-ahead {} blocks, attr_timeout {} s, entry_timeout {} s, "
-        "max_background {}",
-        config.readahead_blocks, config.attr_timeout, config.entry_timeout,
+        "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in "
+        "flight; attr_timeout {} s, entry_timeout {} s, max_background {}",
+        config.readahead_blocks, FormatBytes(config.stream_threshold), prefetch.limits.ahead,
+        prefetch.limits.max_in_flight, config.attr_timeout, config.entry_timeout,
         session_options.max_background);
     ReportReady(ready_fd);
   });

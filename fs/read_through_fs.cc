@@ -58,20 +58,26 @@ std::unique_ptr<T> TakeHandle(std::mutex& mu,
 
 std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
-ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options)
-    : cache_(cache), options_(options), inodes_(root_fd, [root_fd] {
-        struct stat st {};
-        fstat(root_fd, &st);
-        return st;
-      }()) {}
+ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
+                             Prefetcher* prefetcher)
+    : cache_(cache),
+      options_(options),
+      inodes_(root_fd,
+              [root_fd] {
+                struct stat st {};
+                fstat(root_fd, &st);
+                return st;
+              }()),
+      prefetcher_(prefetcher) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 
 Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& source,
-                                                             BlockCache& cache, FsOptions options) {
+                                                             BlockCache& cache, FsOptions options,
+                                                             Prefetcher* prefetcher) {
   const int fd = open(source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Error(errno);
-  return std::make_unique<ReadThroughFs>(fd, cache, options);
+  return std::make_unique<ReadThroughFs>(fd, cache, options, prefetcher);
 }
 
 Result<std::shared_ptr<Inode>> ReadThroughFs::Find(uint64_t ino) const {
@@ -209,7 +215,10 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     }
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
-    if (out.changed) cache_.DropFile(node.opened_identity);
+    if (out.changed) {
+      cache_.DropFile(node.opened_identity);
+      if (prefetcher_ != nullptr) prefetcher_->Forget(node.opened_identity);
+    }
     node.opened_identity = handle->identity;
     node.opened_before = true;
     // Passthrough when every block is cached (and stays pinned while the handle is open) and no
@@ -233,6 +242,10 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     }
   }
   out.backing_id = handle->backing_id;
+  // A file served by the daemon starts streaming in at its first open, before any READ.
+  if (prefetcher_ != nullptr && handle->backing_id == 0) {
+    prefetcher_->OnOpen(handle->identity, handle->file);
+  }
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);
@@ -285,6 +298,8 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                  }
                });
   }
+  // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
+  if (prefetcher_ != nullptr && prefetcher_->OnRead(identity, file, offset, size)) return;
   for (uint64_t b = ahead.first; b < ahead.end; ++b) {
     // Skipped when cached, in flight, or without room: read-ahead never waits.
     cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/block_cache.h"
+#include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
 #include "fs/inode_table.h"
 
@@ -71,12 +72,15 @@ class BackingRegistry {
 
 class ReadThroughFs {
  public:
-  // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache outlives this.
-  ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options);
+  // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache and prefetcher
+  // (nullptr: no streaming) outlive this.
+  ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
+                Prefetcher* prefetcher = nullptr);
   ~ReadThroughFs();
 
   static Result<std::unique_ptr<ReadThroughFs>> Create(const std::string& source, BlockCache& cache,
-                                                       FsOptions options);
+                                                       FsOptions options,
+                                                       Prefetcher* prefetcher = nullptr);
 
   Result<EntryOut> Lookup(uint64_t parent, std::string_view name);
   void Forget(uint64_t ino, uint64_t nlookup);
@@ -116,6 +120,7 @@ class ReadThroughFs {
   BlockCache& cache_;
   const FsOptions options_;
   InodeTable inodes_;
+  Prefetcher* const prefetcher_;
   BackingRegistry* registry_ = nullptr;
   std::atomic<size_t> open_files_{0};
   std::atomic<size_t> passthrough_files_{0};

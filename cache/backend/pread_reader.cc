@@ -53,7 +53,7 @@ void PreadReader::Submit(ReadRequest request) {
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
-      queue_.push_back(std::move(request));
+      queue_.Push(std::move(request));
       cv_.notify_one();
       return;
     }
@@ -79,8 +79,7 @@ void PreadReader::Run() {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything submitted has been served
-      request = std::move(queue_.front());
-      queue_.pop_front();
+      request = queue_.Pop();
     }
     request.done(PreadBlock(request));
   }

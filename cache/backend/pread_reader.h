@@ -24,8 +24,8 @@ class PreadReader final : public BackendReader {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<ReadRequest> queue_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;          // GUARDED_BY(mu_)
+  RequestQueue queue_;     // GUARDED_BY(mu_)
+  bool stopping_ = false;  // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 
@@ -44,6 +45,9 @@ struct ReadRequest {
   std::byte* buffer = nullptr;
   size_t capacity = 0;  // bytes writable at buffer; REQUIRES: a multiple of 4096, >= expected
   size_t expected = 0;  // bytes the caller needs; fewer means the file ended early
+  // A reader is waiting for these bytes (a demand miss), as opposed to prefetch: demand requests
+  // are served before every queued prefetch request.
+  bool demand = true;
   // Called exactly once with the bytes read (< expected only at end of file) or the error.
   std::function<void(Result<size_t>)> done;
 };
@@ -56,6 +60,29 @@ class BackendReader {
   virtual void Submit(ReadRequest request) = 0;
   // Finishes every submitted request (callbacks run), then refuses new ones with ECANCELED.
   virtual void Stop() = 0;
+};
+
+// Requests waiting for a reader, demand first, each kind in submission order. Not thread-safe: the
+// readers guard it with their own mutex.
+class RequestQueue {
+ public:
+  void Push(ReadRequest request) {
+    (request.demand ? demand_ : prefetch_).push_back(std::move(request));
+  }
+  bool empty() const { return demand_.empty() && prefetch_.empty(); }
+  bool has_demand() const { return !demand_.empty(); }
+  size_t size() const { return demand_.size() + prefetch_.size(); }
+  // REQUIRES: !empty().
+  ReadRequest Pop() {
+    std::deque<ReadRequest>& from = demand_.empty() ? prefetch_ : demand_;
+    ReadRequest request = std::move(from.front());
+    from.pop_front();
+    return request;
+  }
+
+ private:
+  std::deque<ReadRequest> demand_;
+  std::deque<ReadRequest> prefetch_;
 };
 
 // Shared by the readers: read into request.buffer with pread until `expected` bytes or EOF.

@@ -45,7 +45,7 @@ class UringReader final : public BackendReader {
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
-        pending_.push_back(std::move(request));
+        pending_.Push(std::move(request));
         Wake();
         return;
       }
@@ -111,22 +111,25 @@ class UringReader final : public BackendReader {
   }
 
   void Finish(Op* op, Result<size_t> result) {
+    if (!op->request.demand) --prefetch_in_flight_;
     if (!op->direct && result.ok()) DropBackingPageCache(op->request, result.value());
     op->request.done(std::move(result));
     delete op;
   }
 
   void Run() {
-    unsigned in_flight = 0;
     PostWakeRead();
     for (;;) {
       std::vector<ReadRequest> batch;
       bool stopping;
       {
         std::lock_guard lock(mu_);
-        while (in_flight + batch.size() < depth_ && !pending_.empty()) {
-          batch.push_back(std::move(pending_.front()));
-          pending_.pop_front();
+        // Prefetch may fill at most a prefetch share of the depth, so that a demand miss that
+        // arrives behind a long stream finds a free slot at once.
+        while (in_flight_ + batch.size() < depth_ && !pending_.empty()) {
+          if (!pending_.has_demand() && prefetch_in_flight_ >= PrefetchSlots()) break;
+          batch.push_back(pending_.Pop());
+          if (!batch.back().demand) ++prefetch_in_flight_;
         }
         stopping = stopping_ && pending_.empty();
       }
@@ -134,12 +137,12 @@ class UringReader final : public BackendReader {
         auto* op = new Op{std::move(request), 0, false};
         op->direct = op->request.file->direct();
         Prep(op);
-        ++in_flight;
+        ++in_flight_;
       }
-      if (stopping && in_flight == 0) return;
+      if (stopping && in_flight_ == 0) return;
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
-        FailAll(-rc, &in_flight);
+        FailQueued(-rc);
         continue;
       }
       io_uring_cqe* cqe;
@@ -155,33 +158,40 @@ class UringReader final : public BackendReader {
         if (op == nullptr) {
           PostWakeRead();
         } else if (OnCompletion(op, res)) {
-          --in_flight;
+          --in_flight_;
         }
       }
     }
   }
 
-  // The ring itself failed: nothing in flight will complete; answer what is queued.
-  void FailAll(int err, unsigned* in_flight) {
-    std::deque<ReadRequest> queued;
+  // Submitting to the ring failed: answer what is queued rather than let it wait on a ring that
+  // may not recover. What is in flight still completes through the ring.
+  void FailQueued(int err) {
+    RequestQueue queued;
     {
       std::lock_guard lock(mu_);
-      queued.swap(pending_);
+      std::swap(queued, pending_);
     }
-    for (auto& r : queued) r.done(Error(err));
-    (void)in_flight;
+    while (!queued.empty()) queued.Pop().done(Error(err));
+  }
+
+  // Three quarters of the depth (at least 1, and 1 less than the depth when it can be).
+  unsigned PrefetchSlots() const {
+    return depth_ <= 1 ? 1 : std::max(1u, std::min(depth_ - 1, depth_ * 3 / 4));
   }
 
   const unsigned depth_;
   const int event_fd_;
+  unsigned in_flight_ = 0;           // ring thread only
+  unsigned prefetch_in_flight_ = 0;  // ring thread only
   io_uring ring_{};
   bool ring_ready_ = false;
   uint64_t wake_value_ = 0;
   std::thread thread_;
 
   std::mutex mu_;
-  std::deque<ReadRequest> pending_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;            // GUARDED_BY(mu_)
+  RequestQueue pending_;   // GUARDED_BY(mu_)
+  bool stopping_ = false;  // GUARDED_BY(mu_)
 };
 
 }  // namespace

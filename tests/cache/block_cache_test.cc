@@ -94,7 +94,7 @@ class BlockCacheTest : public ::testing::Test {
 
   bool Prefetch(const TestFile& file, uint64_t index) {
     return cache_->Prefetch(BlockKey{file.key, index}, BlockBytes(index, file.size, kBlock),
-                            file.backing);
+                            file.backing) == BlockCache::PrefetchResult::kStarted;
   }
 
   // Get, wait, check the bytes; returns the pinned block (empty Ref on failure).

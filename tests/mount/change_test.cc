@@ -34,8 +34,9 @@ void ExpectSize(const std::string& path, uint64_t size) {
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), size) << "stat " << path;
 }
 
-// A 64 MiB file with data only in its first MiB: big enough that nothing reads ahead as far as
-// `kFar` before the test asks for it, cheap to write.
+// A 64 MiB file with data only in its first MiB, cheap to write. The EIO tests mount with
+// streaming off (--stream-threshold 0), so that nothing reads as far as `kFar` before the test
+// asks for it.
 constexpr uint64_t kSparseSize = 64 * kMiB;
 constexpr uint64_t kFar = 56 * kMiB;
 
@@ -139,7 +140,7 @@ void ExpectEioAfterShrink(const std::string& mounted, const std::string& backing
 TEST_F(ChangeTest, BackingFileShrunkUnderAnOpenHandleAnswersEio) {
   ASSERT_NO_FATAL_FAILURE(WriteSparse(Src("shrinks.bin"), 5));
   WriteTestFile(Src("other.bin"), 3 * kMiB + 5, 6);
-  ASSERT_NO_FATAL_FAILURE(StartMount());
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "0"}));
   ASSERT_NO_FATAL_FAILURE(ExpectEioAfterShrink(Mnt("shrinks.bin"), Src("shrinks.bin")));
 
   // The daemon is still there, and other files still read.
@@ -153,11 +154,11 @@ TEST_F(ChangeTest, BackingFileShrunkUnderAnOpenHandleAnswersEio) {
 TEST_F(ChangeTest, BackendErrnoIsAnsweredAsEioThroughNestedMounts) {
   ASSERT_NO_FATAL_FAILURE(WriteSparse(Src("shrinks.bin"), 5));
   WriteTestFile(Src("other.bin"), 3 * kMiB + 5, 6);
-  ASSERT_NO_FATAL_FAILURE(StartMount());
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "0"}));
   const std::string outer_mnt = dir_ / "mnt2";
   ASSERT_EQ(mkdir(outer_mnt.c_str(), 0755), 0);
   AccelfsProcess outer;  // destroyed (unmounted) before the inner mount
-  ASSERT_TRUE(outer.Start(mountpoint_, outer_mnt, dir_ / "outer.log"));
+  ASSERT_TRUE(outer.Start(mountpoint_, outer_mnt, dir_ / "outer.log", {"--stream-threshold", "0"}));
 
   ASSERT_NO_FATAL_FAILURE(ExpectEioAfterShrink(outer_mnt + "/shrinks.bin", Src("shrinks.bin")));
 

@@ -1,5 +1,6 @@
 #include "tests/support/fake_backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace accelfs::testing {
@@ -29,6 +30,11 @@ void FakeBackend::Stop() {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+void FakeBackend::PrioritizeDemand() {
+  std::lock_guard lock(mu_);
+  prioritize_ = true;
 }
 
 void FakeBackend::Hold() {
@@ -81,6 +87,11 @@ uint64_t FakeBackend::bytes_read() const {
   return bytes_;
 }
 
+std::vector<uint64_t> FakeBackend::served_offsets() const {
+  std::lock_guard lock(mu_);
+  return served_;
+}
+
 bool FakeBackend::WaitCompleted(uint64_t n) {
   std::unique_lock lock(mu_);
   return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return completed_ >= n; });
@@ -101,8 +112,15 @@ void FakeBackend::Run() {
       });
       if (queue_.empty()) return;
       if (held_) --released_;
-      request = std::move(queue_.front());
-      queue_.pop_front();
+      auto next = queue_.begin();
+      if (prioritize_) {
+        auto demand = std::find_if(queue_.begin(), queue_.end(),
+                                   [](const ReadRequest& r) { return r.demand; });
+        if (demand != queue_.end()) next = demand;
+      }
+      request = std::move(*next);
+      queue_.erase(next);
+      served_.push_back(request.offset);
       ++sequence;
       fail = sequence == fail_at_;
       err = fail_errno_;

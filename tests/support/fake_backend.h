@@ -7,6 +7,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "cache/backend/reader.h"
 
@@ -19,6 +20,10 @@ class FakeBackend final : public BackendReader {
 
   void Submit(ReadRequest request) override;
   void Stop() override;
+
+  // Serve demand requests before queued prefetch ones, as the real readers do (RequestQueue).
+  // Off by default: requests are then served in submission order.
+  void PrioritizeDemand();
 
   // While held, requests wait; Release(n) lets n of them through (oldest first).
   void Hold();
@@ -34,6 +39,8 @@ class FakeBackend final : public BackendReader {
   uint64_t completed() const;   // callbacks run
   size_t waiting() const;       // requests held
   uint64_t bytes_read() const;  // bytes delivered by successful reads
+  // Offsets of the requests served so far, in the order they were served.
+  std::vector<uint64_t> served_offsets() const;
   // Blocks until `n` requests have completed (or 10 s pass; returns false then).
   bool WaitCompleted(uint64_t n);
 
@@ -44,11 +51,13 @@ class FakeBackend final : public BackendReader {
   std::condition_variable cv_;
   std::deque<ReadRequest> queue_;  // GUARDED_BY(mu_)
   bool held_ = false;              // GUARDED_BY(mu_)
+  bool prioritize_ = false;        // GUARDED_BY(mu_)
   size_t released_ = 0;            // GUARDED_BY(mu_) held requests allowed through
   bool stopping_ = false;          // GUARDED_BY(mu_)
   uint64_t submitted_ = 0;         // GUARDED_BY(mu_)
   uint64_t completed_ = 0;         // GUARDED_BY(mu_)
   uint64_t bytes_ = 0;             // GUARDED_BY(mu_)
+  std::vector<uint64_t> served_;   // GUARDED_BY(mu_)
   uint64_t fail_at_ = 0;           // GUARDED_BY(mu_) submitted_ count that fails; 0 = none
   int fail_errno_ = 0;             // GUARDED_BY(mu_)
   uint64_t short_at_ = 0;          // GUARDED_BY(mu_)

@@ -1,0 +1,35 @@
+// Whole-file streaming, the pure part: where a file's stream stands and which blocks it should ask
+// for next. Table-tested; cache/prefetch/prefetcher.cc does the asking.
+//
+// A stream walks its file in order from the start, at most `ahead` blocks past the furthest block
+// any reader has asked for and at most `max_in_flight` fetches outstanding. A reader that jumps
+// further ahead than the stream pulls the stream to where it reads: the readers' position is the
+// priority. Readers behind the stream (re-reads, tensor-parallel slices) do not move it back.
+#pragma once
+
+#include <cstdint>
+
+#include "cache/readahead.h"  // BlockRange
+
+namespace accelfs {
+
+struct StreamState {
+  uint64_t blocks = 0;      // blocks in the file
+  uint64_t next = 0;        // the next block the stream asks for
+  uint64_t reader_end = 0;  // one past the furthest block a reader asked for
+  uint32_t in_flight = 0;   // stream fetches outstanding
+  bool done() const { return next >= blocks && in_flight == 0; }
+};
+
+struct StreamLimits {
+  uint64_t ahead = 0;          // blocks the stream may run past reader_end
+  uint32_t max_in_flight = 0;  // stream fetches outstanding at once
+};
+
+// Records a reader asking for blocks [first, end).
+void NoteStreamRead(StreamState& state, uint64_t first, uint64_t end, const StreamLimits& limits);
+
+// The blocks to ask for now (empty when the stream is at its limits or done).
+BlockRange NextStreamBlocks(const StreamState& state, const StreamLimits& limits);
+
+}  // namespace accelfs

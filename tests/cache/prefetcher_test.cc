@@ -1,0 +1,165 @@
+// Whole-file streaming (cache/prefetch/prefetcher.h) over a real BlockCache, RamBlockStore and the
+// FakeBackend on temp files: a stream fetches every block once, in order; it stops when the budget
+// is full of blocks nobody has read (never evicting them) and resumes as readers consume; demand
+// reads are served before queued stream reads; a reader far ahead pulls the stream.
+#include "cache/prefetch/prefetcher.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "cache/block.h"
+#include "cache/ram_block_store.h"
+#include "tests/support/awaited.h"
+#include "tests/support/backing_file.h"
+#include "tests/support/fake_backend.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs {
+namespace {
+
+using testing::Awaited;
+using testing::FakeBackend;
+
+constexpr uint32_t kBlock = 64u << 10;
+
+class PrefetcherTest : public ::testing::Test {
+ protected:
+  void Make(uint64_t budget_blocks, uint64_t file_blocks, StreamLimits limits,
+            uint64_t threshold = kBlock) {
+    path_ = dir_ / "f";
+    size_ = file_blocks * kBlock - 100;  // a short last block
+    testing::WriteTestFile(path_, size_, 3);
+    backing_ = testing::OpenBackingFile(path_);
+    key_ = testing::KeyOf(*backing_);
+    cache_ = std::make_unique<BlockCache>(store_, backend_,
+                                          BlockCache::Options{budget_blocks * kBlock, kBlock});
+    PrefetcherOptions options;
+    options.block_size = kBlock;
+    options.stream_threshold = threshold;
+    options.limits = limits;
+    prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  }
+
+  void TearDown() override {
+    backend_.Stop();  // completions call into the prefetcher: finish them first
+    prefetcher_.reset();
+    cache_.reset();
+  }
+
+  // Reads block `index` through the cache (a demand Get) and checks its bytes.
+  void Consume(uint64_t index) {
+    Awaited<Result<BlockCache::Ref>> got;
+    cache_->Get(BlockKey{key_, index}, BlockBytes(index, size_, kBlock), backing_, got.Callback());
+    ASSERT_TRUE(got.Wait());
+    ASSERT_TRUE(got.value().ok());
+    const std::vector<uint8_t> want =
+        testing::Bytes(3, index * kBlock, BlockBytes(index, size_, kBlock));
+    EXPECT_EQ(std::memcmp(got.value().value().data(), want.data(), want.size()), 0)
+        << "block " << index;
+  }
+
+  std::vector<uint64_t> ServedBlocks() const {
+    std::vector<uint64_t> blocks;
+    for (uint64_t offset : backend_.served_offsets()) blocks.push_back(offset / kBlock);
+    return blocks;
+  }
+
+  testing::TempDir dir_;
+  std::string path_;
+  uint64_t size_ = 0;
+  std::shared_ptr<BackingFile> backing_;
+  FileKey key_;
+  RamBlockStore store_;
+  FakeBackend backend_;
+  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+};
+
+TEST_F(PrefetcherTest, OpenStreamsTheWholeFileOnceInOrder) {
+  Make(/*budget_blocks=*/64, /*file_blocks=*/20, {/*ahead=*/64, /*max_in_flight=*/4});
+  prefetcher_->OnOpen(key_, backing_);
+  ASSERT_TRUE(backend_.WaitCompleted(20));
+  std::vector<uint64_t> want(20);
+  for (uint64_t i = 0; i < 20; ++i) want[i] = i;
+  EXPECT_EQ(ServedBlocks(), want);
+  const CacheStats s = cache_->Stats();
+  EXPECT_EQ(s.ready_blocks, 20u);
+  EXPECT_EQ(s.fetched_bytes, size_);
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(Consume(i));
+  EXPECT_EQ(backend_.submitted(), 20u) << "every block came from the stream, none twice";
+}
+
+TEST_F(PrefetcherTest, SmallFilesAreNotStreamed) {
+  Make(64, 4, {64, 4}, /*threshold=*/8 * kBlock);
+  prefetcher_->OnOpen(key_, backing_);
+  EXPECT_FALSE(prefetcher_->OnRead(key_, backing_, 0, 4096));
+  EXPECT_EQ(backend_.submitted(), 0u);
+  EXPECT_EQ(prefetcher_->stream_count(), 0u);
+}
+
+TEST_F(PrefetcherTest, FullBudgetPausesTheStreamWithoutEvictingUnreadBlocksThenReadsResumeIt) {
+  Make(/*budget_blocks=*/8, /*file_blocks=*/24, {/*ahead=*/64, /*max_in_flight=*/4});
+  prefetcher_->OnOpen(key_, backing_);
+  ASSERT_TRUE(backend_.WaitCompleted(8));
+  EXPECT_EQ(backend_.submitted(), 8u)
+      << "the stream stops when the budget is full of unread blocks";
+  EXPECT_EQ(cache_->Stats().evicted_blocks, 0u);
+  EXPECT_LE(cache_->Stats().used_bytes, 8u * kBlock);
+
+  // A reader then reads the file in order, telling the prefetcher as a READ would. Each read
+  // frees a block for the stream (read blocks may be evicted), so the whole file streams through a
+  // cache a third its size. Every block is fetched exactly once: had the stream evicted a block
+  // nobody had read yet, reading it would have fetched it again.
+  for (uint64_t i = 0; i < 24; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Consume(i));
+    prefetcher_->OnRead(key_, backing_, i * kBlock, kBlock);
+  }
+  ASSERT_TRUE(backend_.WaitCompleted(24));
+  EXPECT_EQ(backend_.submitted(), 24u);
+  EXPECT_LE(cache_->Stats().used_bytes, 8u * kBlock);
+}
+
+TEST_F(PrefetcherTest, DemandReadsGoBeforeQueuedStreamReads) {
+  Make(64, 40, {64, 32});
+  backend_.PrioritizeDemand();  // as the io_uring and pread readers do
+  backend_.Hold();
+  prefetcher_->OnOpen(key_, backing_);  // 32 stream reads queued behind the hold
+  Awaited<Result<BlockCache::Ref>> demand;
+  cache_->Get(BlockKey{key_, 39}, BlockBytes(39, size_, kBlock), backing_, demand.Callback());
+  EXPECT_EQ(backend_.waiting(), 33u);
+  backend_.ReleaseAll();
+  ASSERT_TRUE(demand.Wait());
+  ASSERT_TRUE(demand.value().ok());
+  ASSERT_FALSE(ServedBlocks().empty());
+  EXPECT_EQ(ServedBlocks().front(), 39u) << "the demand miss jumped the queue";
+}
+
+TEST_F(PrefetcherTest, ReaderFarAheadPullsTheStream) {
+  Make(256, 200, {/*ahead=*/8, /*max_in_flight=*/4});
+  prefetcher_->OnOpen(key_, backing_);
+  ASSERT_TRUE(backend_.WaitCompleted(8));
+  EXPECT_EQ(backend_.submitted(), 8u) << "the window is 8 blocks past the reader (at 0)";
+  prefetcher_->OnRead(key_, backing_, 100 * kBlock, kBlock);
+  ASSERT_TRUE(backend_.WaitCompleted(17));
+  const std::vector<uint64_t> served = ServedBlocks();
+  EXPECT_EQ(
+      std::count_if(served.begin(), served.end(), [](uint64_t b) { return b >= 8 && b < 100; }), 0)
+      << "the stream skipped to the reader instead of fetching what it jumped over";
+  EXPECT_EQ(served.back(), 108u);
+}
+
+TEST_F(PrefetcherTest, ForgetStopsTheStream) {
+  Make(64, 40, {64, 2});
+  backend_.Hold();
+  prefetcher_->OnOpen(key_, backing_);
+  prefetcher_->Forget(key_);
+  backend_.ReleaseAll();
+  ASSERT_TRUE(backend_.WaitCompleted(2));
+  EXPECT_EQ(backend_.submitted(), 2u) << "only what was already in flight";
+}
+
+}  // namespace
+}  // namespace accelfs

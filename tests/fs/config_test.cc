@@ -297,6 +297,32 @@ TEST(ParseCommandLineTest, Timeouts) {
   ExpectUsageError({"/src", "/mnt", "-o", "entry_timeout=-5"}, "--entry-timeout '-5'");
 }
 
+TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->stream_threshold, 64u << 20);
+  EXPECT_TRUE(c->passthrough);
+  c = ParseOk({"--stream-threshold", "1G", "--no-passthrough"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->stream_threshold, 1u << 30);
+  EXPECT_FALSE(c->passthrough);
+  c = ParseOk({"-o", "stream_threshold=0,no_passthrough"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->stream_threshold, 0u) << "0 turns streaming off";
+  EXPECT_FALSE(c->passthrough);
+  ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
+}
+
+TEST(ParseCommandLineTest, RepeatedOptionTakesItsLastValue) {
+  auto c = ParseOk({"--log-level", "warn", "--cache-size", "1G", "--log-level", "debug"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->log_level, "debug");
+  c = ParseOk({"-o", "allow_other", "-o", "fsname=x"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=x"}))
+      << "every -o counts";
+}
+
 TEST(ParseCommandLineTest, LogLevel) {
   for (const std::string level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
     auto c = ParseOk({"--log-level", level});

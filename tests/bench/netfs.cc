@@ -1,0 +1,472 @@
+// accelfs_netfs (NET): a read-only passthrough FUSE filesystem that behaves like slow network
+// storage, the backend the cold-load benchmarks measure accelfs against (DESIGN.md §5).
+//
+//   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
+//                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]
+//
+// Every READ of n bytes completes at max(arrival + latency + n / request bandwidth, the time the
+// store's shared link has carried it at the aggregate bandwidth): per-request cost, plus a
+// virtual-time FIFO pipe that caps the sum. A worker thread sleeps until then (no CPU burnt) and
+// handles one request at a time, so --threads is the store's concurrency. Throughput therefore
+// grows with parallel readers until the aggregate cap (or the CPU) stops it.
+//
+// Like network storage, nothing survives a close: opens are answered without keep_cache, so the
+// kernel drops the file's cached pages at every open. Reads still go through the page cache (no
+// direct_io), so mmap works and the kernel's read-ahead shapes the READs, 1 MiB at most.
+//
+// Prints one line at exit: READs served, bytes, mean READ size and the most READs in flight.
+#define FUSE_USE_VERSION 312
+#include <dirent.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The largest READ libfuse 3.14 can take (its buffer holds FUSE_MAX_MAX_PAGES = 256 pages), and
+// so the largest the kernel sends; also what the kernel's read-ahead is raised to by default.
+constexpr unsigned kMaxRead = 1 << 20;
+// Names and attributes of model files do not change while a benchmark runs.
+constexpr double kAttrTimeout = 60;
+
+struct Options {
+  std::string source;
+  std::string mountpoint;
+  bool foreground = false;
+  double latency_ms = 5;
+  double request_mbps = 200;  // MB = 1e6 bytes; 0: no per-request cap
+  double total_mbps = 2000;   // 0: no aggregate cap
+  unsigned threads = 64;
+  unsigned max_background = 64;
+  unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
+};
+
+// The store's timing model. Thread-safe.
+class Link {
+ public:
+  explicit Link(const Options& o)
+      : latency_(Seconds(o.latency_ms / 1e3)),
+        request_bps_(o.request_mbps * 1e6),
+        total_bps_(o.total_mbps * 1e6) {}
+
+  // When a request of `bytes` that arrived at `arrival` completes.
+  Clock::time_point Admit(uint64_t bytes, Clock::time_point arrival) {
+    const Clock::time_point own = arrival + latency_ + Transfer(bytes, request_bps_);
+    std::lock_guard lock(mutex_);
+    // The link carries requests one after another, each once its latency has passed.
+    link_free_ = std::max(link_free_, arrival + latency_) + Transfer(bytes, total_bps_);
+    return std::max(own, link_free_);
+  }
+
+ private:
+  static Clock::duration Seconds(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+  static Clock::duration Transfer(uint64_t bytes, double bps) {
+    return bps > 0 ? Seconds(static_cast<double>(bytes) / bps) : Clock::duration::zero();
+  }
+
+  const Clock::duration latency_;
+  const double request_bps_;
+  const double total_bps_;
+  std::mutex mutex_;
+  Clock::time_point link_free_;  // GUARDED_BY(mutex_): when the link has carried every admitted
+};
+
+// One backing inode, known to the kernel by its address (the root by FUSE_ROOT_ID).
+struct Inode {
+  Inode(int fd, dev_t dev, ino_t ino) : fd(fd), dev(dev), ino(ino) {}
+  ~Inode() { close(fd); }
+  Inode(const Inode&) = delete;
+  Inode& operator=(const Inode&) = delete;
+  const int fd;  // O_PATH
+  const dev_t dev;
+  const ino_t ino;
+  uint64_t nlookup = 0;  // GUARDED_BY(Net::mutex)
+};
+
+struct Net {
+  Net(const Options& o, int root_fd, const struct stat& root)
+      : options(o), link(o), root(root_fd, root.st_dev, root.st_ino) {}
+
+  Inode& Get(fuse_ino_t ino) {
+    return ino == FUSE_ROOT_ID ? root : *reinterpret_cast<Inode*>(static_cast<uintptr_t>(ino));
+  }
+
+  const Options options;
+  Link link;
+  Inode root;
+  std::mutex mutex;  // guards inodes and every Inode::nlookup
+  std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes;
+  std::atomic<uint64_t> reads{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<unsigned> in_flight{0};
+  std::atomic<unsigned> max_in_flight{0};
+};
+
+Net& NetOf(fuse_req_t req) { return *static_cast<Net*>(fuse_req_userdata(req)); }
+
+int Stat(int fd, struct stat* st) {
+  return fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
+}
+
+void OnInit(void* userdata, fuse_conn_info* conn) {
+  const Options& o = static_cast<Net*>(userdata)->options;
+  // Splicing would hide the copy a network client pays; fewer moving parts without it.
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_WRITE);
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  conn->max_write = kMaxRead;  // libfuse derives max_pages, the READ size cap, from it
+  conn->max_readahead = kMaxRead;
+  // The kernel's default, 12 background (read-ahead) requests, would cap parallel readers.
+  conn->max_background = o.max_background;
+  conn->congestion_threshold = o.max_background * 3 / 4;
+}
+
+void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Net& net = NetOf(req);
+  const int fd = openat(net.Get(parent).fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  fuse_entry_param e{};
+  if (const int err = Stat(fd, &e.attr)) {
+    close(fd);
+    fuse_reply_err(req, err);
+    return;
+  }
+  {
+    std::lock_guard lock(net.mutex);
+    auto& inode = net.inodes[{e.attr.st_dev, e.attr.st_ino}];
+    if (inode) {
+      close(fd);
+    } else {
+      inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino);
+    }
+    ++inode->nlookup;
+    e.ino = reinterpret_cast<uintptr_t>(inode.get());
+  }
+  e.attr_timeout = kAttrTimeout;
+  e.entry_timeout = kAttrTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  Net& net = NetOf(req);
+  if (ino != FUSE_ROOT_ID) {
+    std::unique_ptr<Inode> gone;  // closed after the lock
+    std::lock_guard lock(net.mutex);
+    Inode& inode = net.Get(ino);
+    inode.nlookup -= std::min(nlookup, inode.nlookup);
+    if (inode.nlookup == 0) {
+      auto it = net.inodes.find({inode.dev, inode.ino});
+      gone = std::move(it->second);
+      net.inodes.erase(it);
+    }
+  }
+  fuse_reply_none(req);
+}
+
+void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  struct stat st {};
+  if (const int err = Stat(NetOf(req).Get(ino).fd, &st)) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+}
+
+void OnReadlink(fuse_req_t req, fuse_ino_t ino) {
+  char target[PATH_MAX + 1];
+  const ssize_t n = readlinkat(NetOf(req).Get(ino).fd, "", target, PATH_MAX);
+  if (n < 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  target[n] = '\0';
+  fuse_reply_readlink(req, target);
+}
+
+// Opens the inode's file for reading through its O_PATH descriptor.
+int Reopen(const Inode& inode, int flags) {
+  const std::string path = "/proc/self/fd/" + std::to_string(inode.fd);
+  return open(path.c_str(), flags | O_CLOEXEC);
+}
+
+void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  const int fd = Reopen(NetOf(req).Get(ino), O_RDONLY);
+  if (fd < 0) {
+    fuse_reply_err(req, errno);
+    return;
+  }
+  fi->fh = static_cast<uint64_t>(fd);
+  fi->keep_cache = 0;  // network storage: every open starts cold
+  fi->direct_io = 0;   // through the page cache, so that mmap works
+  fuse_reply_open(req, fi);
+}
+
+// Reads until `size` bytes or EOF. Returns the bytes read, or -errno.
+ssize_t PreadFull(int fd, char* buf, size_t size, off_t off) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = pread(fd, buf + done, size - done, off + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  Net& net = NetOf(req);
+  const Clock::time_point arrival = Clock::now();
+  const unsigned now_in_flight = net.in_flight.fetch_add(1) + 1;
+  unsigned seen = net.max_in_flight.load();
+  while (now_in_flight > seen && !net.max_in_flight.compare_exchange_weak(seen, now_in_flight)) {
+  }
+  // One buffer per worker thread, kept for its life: a fresh 1 MiB allocation per READ would be
+  // an mmap, page faults and an munmap each time.
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  const ssize_t n = PreadFull(static_cast<int>(fi->fh), buffer.data(), size, off);
+  std::this_thread::sleep_until(net.link.Admit(n > 0 ? static_cast<uint64_t>(n) : 0, arrival));
+  if (n < 0) {
+    fuse_reply_err(req, static_cast<int>(-n));
+  } else {
+    net.reads.fetch_add(1, std::memory_order_relaxed);
+    net.bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    fuse_reply_buf(req, buffer.data(), static_cast<size_t>(n));
+  }
+  net.in_flight.fetch_sub(1);
+}
+
+void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  close(static_cast<int>(fi->fh));
+  fuse_reply_err(req, 0);
+}
+
+void OnOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  const int fd = Reopen(NetOf(req).Get(ino), O_RDONLY | O_DIRECTORY);
+  DIR* dir = fd < 0 ? nullptr : fdopendir(fd);
+  if (dir == nullptr) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    fuse_reply_err(req, err);
+    return;
+  }
+  fi->fh = reinterpret_cast<uintptr_t>(dir);
+  fuse_reply_open(req, fi);
+}
+
+// Entries from `off` (0, or a telldir() cookie this handle returned) until the buffer is full.
+// The kernel serialises READDIRs of one handle.
+void OnReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  DIR* dir = reinterpret_cast<DIR*>(static_cast<uintptr_t>(fi->fh));
+  std::vector<char> buf(size);
+  size_t used = 0;
+  seekdir(dir, off);
+  for (;;) {
+    const long before = telldir(dir);
+    errno = 0;
+    const dirent* entry = readdir(dir);
+    if (entry == nullptr) {
+      if (errno != 0 && used == 0) {
+        fuse_reply_err(req, errno);
+        return;
+      }
+      break;
+    }
+    struct stat st {};
+    st.st_ino = entry->d_ino;
+    st.st_mode = static_cast<mode_t>(DTTOIF(entry->d_type));
+    const size_t need =
+        fuse_add_direntry(req, buf.data() + used, size - used, entry->d_name, &st, telldir(dir));
+    if (need > size - used) {
+      seekdir(dir, before);
+      break;
+    }
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  closedir(reinterpret_cast<DIR*>(static_cast<uintptr_t>(fi->fh)));
+  fuse_reply_err(req, 0);
+}
+
+void OnStatfs(fuse_req_t req, fuse_ino_t) {
+  struct statvfs st {};
+  if (fstatvfs(NetOf(req).root.fd, &st) != 0) {
+    fuse_reply_err(req, errno);
+  } else {
+    fuse_reply_statfs(req, &st);
+  }
+}
+
+constexpr fuse_lowlevel_ops kOps = [] {
+  fuse_lowlevel_ops ops{};
+  ops.init = OnInit;
+  ops.lookup = OnLookup;
+  ops.forget = OnForget;
+  ops.getattr = OnGetattr;
+  ops.readlink = OnReadlink;
+  ops.open = OnOpen;
+  ops.read = OnRead;
+  ops.release = OnRelease;
+  ops.opendir = OnOpendir;
+  ops.readdir = OnReaddir;
+  ops.releasedir = OnReleasedir;
+  ops.statfs = OnStatfs;
+  return ops;
+}();
+
+// Raises the mount's read_ahead_kb (INIT lowers it to the kernel's 128 KiB offer; only root may
+// raise it). Called once INIT is through.
+void SetReadAhead(const Options& o) {
+  struct stat st {};
+  if (o.readahead_kb == 0 || stat(o.mountpoint.c_str(), &st) != 0) return;
+  const std::string path = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                           std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%u", o.readahead_kb) < 0 || std::fclose(f) != 0) {
+    std::fprintf(stderr, "accelfs_netfs: cannot set %s (needs root)\n", path.c_str());
+  }
+}
+
+int Serve(const Options& o, int ready_fd) {
+  const int root_fd = open(o.source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  struct stat root {};
+  if (root_fd < 0 || Stat(root_fd, &root) != 0) {
+    std::fprintf(stderr, "accelfs_netfs: %s: %s\n", o.source.c_str(), std::strerror(errno));
+    return 1;
+  }
+  Net net(o, root_fd, root);
+  std::vector<std::string> args = {
+      "accelfs_netfs", "-o", "ro,default_permissions,fsname=accelfs_netfs,subtype=accelfs_netfs"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  fuse_session* se = fuse_session_new(&fargs, &kOps, sizeof(kOps), &net);
+  fuse_opt_free_args(&fargs);  // libfuse may have copied them
+  if (se == nullptr) return 1;
+  int rc = 1;
+  if (fuse_set_signal_handlers(se) == 0) {
+    if (fuse_session_mount(se, o.mountpoint.c_str()) == 0) {
+      // A statfs returns once the loop has answered INIT: then tune and report ready.
+      std::thread starter([&] {
+        struct statvfs st {};
+        statvfs(o.mountpoint.c_str(), &st);
+        SetReadAhead(o);
+        std::fprintf(stderr,
+                     "accelfs_netfs: serving %s at %s: latency %g ms, %g MB/s per READ, %g MB/s "
+                     "in all, %u threads, max_background %u, read_ahead_kb %u\n",
+                     o.source.c_str(), o.mountpoint.c_str(), o.latency_ms, o.request_mbps,
+                     o.total_mbps, o.threads, o.max_background, o.readahead_kb);
+        if (ready_fd >= 0) {
+          const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+          for (int fd : {0, 1, 2}) dup2(null_fd, fd);
+          close(null_fd);
+          const bool told = write(ready_fd, "1", 1) == 1;  // else the parent sees EOF: exit 1
+          static_cast<void>(told);
+          close(ready_fd);
+        }
+      });
+      fuse_loop_config* config = fuse_loop_cfg_create();
+      fuse_loop_cfg_set_clone_fd(config, 1);
+      fuse_loop_cfg_set_max_threads(config, o.threads);
+      rc = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
+      fuse_loop_cfg_destroy(config);
+      fuse_session_unmount(se);  // also ends a starter still waiting in statfs
+      starter.join();
+    }
+    fuse_remove_signal_handlers(se);
+  }
+  fuse_session_destroy(se);
+  const uint64_t reads = net.reads.load();
+  std::fprintf(
+      stderr, "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight\n",
+      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(net.bytes.load()),
+      reads ? static_cast<double>(net.bytes.load()) / static_cast<double>(reads) / 1024 : 0.0,
+      net.max_in_flight.load());
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"NET: a slow network store emulator over SOURCE, mounted read-only at MOUNTPOINT"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("SOURCE", o.source, "directory to serve")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
+  app.add_option("--latency-ms", o.latency_ms, "latency added to every READ, ms")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--request-mbps", o.request_mbps, "bandwidth of one READ, MB/s (0: no cap)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--total-mbps", o.total_mbps, "bandwidth of all READs together, MB/s (0: no cap)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "FUSE worker threads: the store's concurrency")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--max-background", o.max_background, "kernel cap on background READs")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--readahead-kb", o.readahead_kb, "the mount's read_ahead_kb (0: kernel's)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  // Absolute paths: the detached daemon works from /.
+  for (std::string* path : {&o.source, &o.mountpoint}) {
+    char resolved[PATH_MAX];
+    if (realpath(path->c_str(), resolved) == nullptr) return 2;
+    *path = resolved;
+  }
+
+  if (o.foreground) return Serve(o, -1);
+  // Detach, returning once the mount is ready: the parent waits for the child's word.
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) return 1;
+  const pid_t pid = fork();
+  if (pid < 0) return 1;
+  if (pid > 0) {
+    close(ready[1]);
+    char c;
+    return read(ready[0], &c, 1) == 1 ? 0 : 1;
+  }
+  close(ready[0]);
+  setsid();
+  if (chdir("/") != 0) return 1;
+  return Serve(o, ready[1]);
+}

@@ -1,0 +1,299 @@
+// accelfs_netfs (NET, the slow network store emulator) mounted for real with a 1 ms latency: what
+// it serves through read() and mmap is byte for byte what the backing files hold, every open sees
+// the backing file afresh, and it is read-only. No timing is checked here (see net_scaling.sh).
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/mount/mount_fixture.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+const std::vector<std::string> kFastNet = {"--latency-ms", "1", "--request-mbps", "2000"};
+
+// One `accelfs_netfs -f` child with its output in a log file. Stop() (also run by the destructor)
+// unmounts and reaps it, and leaves nothing mounted.
+class NetfsProcess {
+ public:
+  ~NetfsProcess() { Stop(); }
+
+  ::testing::AssertionResult Start(const std::string& source, const std::string& mountpoint,
+                                   const std::string& log_path,
+                                   const std::vector<std::string>& extra) {
+    mountpoint_ = mountpoint;
+    log_path_ = log_path;
+    std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source, mountpoint, "-f"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null_fd = open("/dev/null", O_RDONLY);
+      dup2(null_fd, 0);
+      dup2(log, 1);
+      dup2(log, 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    if (pid_ < 0) return ::testing::AssertionFailure() << "fork: " << std::strerror(errno);
+    const auto deadline = std::chrono::steady_clock::now() + kMountWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto types = MountTypesAt(mountpoint_);
+      if (std::find(types.begin(), types.end(), "fuse.accelfs_netfs") != types.end()) {
+        return ::testing::AssertionSuccess();
+      }
+      if (ProcessGone(pid_)) break;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return ::testing::AssertionFailure() << "no accelfs_netfs mount appeared; log:\n" << Log();
+  }
+
+  std::string Log() const {
+    std::ifstream in(log_path_);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  // The child's exit code (128 + signal when it had to be killed), or -1 without a child.
+  int Stop() {
+    int code = -1;
+    if (pid_ > 0) {
+      UnmountAll(mountpoint_);
+      int status = 0;
+      bool reaped = WaitProcessGone(pid_, kExitWait) && waitpid(pid_, &status, 0) == pid_;
+      if (!reaped) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pid_ = -1;
+    }
+    if (!mountpoint_.empty()) UnmountAll(mountpoint_);
+    return code;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string mountpoint_;
+  std::string log_path_;
+};
+
+class NetfsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!FuseUsable(&why)) GTEST_SKIP() << "cannot mount FUSE here: " << why;
+    source_ = dir_ / "src";
+    ASSERT_EQ(mkdir(source_.c_str(), 0755), 0) << std::strerror(errno);
+    ASSERT_EQ(mkdir((dir_ / "mnt").c_str(), 0755), 0) << std::strerror(errno);
+    mountpoint_ = CanonicalPath(dir_ / "mnt");
+  }
+
+  void TearDown() override {
+    if (mountpoint_.empty()) return;
+    const int code = netfs_.Stop();
+    const std::string log = netfs_.Log();
+    EXPECT_EQ(SanitizerReports(log), "") << "accelfs_netfs log:\n" << log;
+    if (started_) {
+      EXPECT_EQ(code, 0) << "accelfs_netfs log:\n" << log;
+    }
+    EXPECT_FALSE(IsMounted(mountpoint_)) << "left mounted";
+    UnmountAll(mountpoint_);
+  }
+
+  void Mount(const std::vector<std::string>& extra = kFastNet) {
+    ASSERT_TRUE(netfs_.Start(source_, mountpoint_, dir_ / "netfs.log", extra));
+    started_ = true;
+  }
+
+  std::string Src(const std::string& name) const { return source_ + "/" + name; }
+  std::string Mnt(const std::string& name) const { return mountpoint_ + "/" + name; }
+
+  TempDir dir_{"accelfs-netfs"};  // declared first: removed after the mount is gone
+  std::string source_;
+  std::string mountpoint_;
+  NetfsProcess netfs_;
+  bool started_ = false;
+};
+
+struct TestFile {
+  std::string name;
+  uint64_t size;
+  uint64_t seed;
+};
+
+// Sizes around the page, READ (1 MiB) and read-ahead boundaries.
+const std::vector<TestFile> kFiles = {
+    {"empty", 0, 1},
+    {"small", 4097, 2},
+    {"dir with spaces/a shard.bin", (3 << 20) + 12345, 3},
+    {"big.safetensors", (9 << 20) + 1, 4},
+};
+
+void WriteFiles(const std::string& source) {
+  ASSERT_EQ(mkdir((source + "/dir with spaces").c_str(), 0755), 0);
+  for (const auto& f : kFiles) WriteTestFile(source + "/" + f.name, f.size, f.seed);
+}
+
+::testing::AssertionResult MmapMatches(const std::string& path, const TestFile& f) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ::testing::AssertionFailure() << path << ": " << std::strerror(errno);
+  void* map = mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) return ::testing::AssertionFailure() << "mmap: " << std::strerror(errno);
+  const auto expected = Bytes(f.seed, 0, f.size);
+  const bool same = std::memcmp(map, expected.data(), f.size) == 0;
+  munmap(map, f.size);
+  if (same) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << path << ": mmap differs from the backing file";
+}
+
+TEST_F(NetfsTest, ReadAndMmapMatchBackingFiles) {
+  ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  for (const auto& f : kFiles) {
+    SCOPED_TRACE(f.name);
+    struct stat st {};
+    ASSERT_EQ(stat(Mnt(f.name).c_str(), &st), 0) << std::strerror(errno);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), f.size);
+    int error = 0;
+    EXPECT_TRUE(ReadWholeFile(Mnt(f.name), &error) == Bytes(f.seed, 0, f.size));
+    EXPECT_EQ(error, 0);
+    if (f.size > 0) {
+      EXPECT_TRUE(MmapMatches(Mnt(f.name), f));
+    }
+    // Unaligned ranges, one across the end of the file.
+    const int fd = open(Mnt(f.name).c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    for (uint64_t offset : {uint64_t{1}, f.size / 3, f.size > 5 ? f.size - 5 : 0}) {
+      offset = std::min(offset, f.size);
+      std::vector<uint8_t> buf(100'000);
+      const int64_t n = PreadFully(fd, buf.data(), buf.size(), offset);
+      EXPECT_EQ(n, static_cast<int64_t>(std::min<uint64_t>(buf.size(), f.size - offset)));
+      buf.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+      EXPECT_TRUE(buf == Bytes(f.seed, offset, buf.size())) << "at " << offset;
+    }
+    close(fd);
+  }
+}
+
+TEST_F(NetfsTest, ParallelReadersGetTheirOwnBytes) {
+  ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  const TestFile& f = kFiles[3];
+  const int fd = open(Mnt(f.name).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  constexpr uint64_t kChunk = 1 << 20;
+  std::vector<int> bad(16, 0);
+  std::vector<std::thread> readers;
+  for (size_t t = 0; t < bad.size(); ++t) {
+    readers.emplace_back([&, t] {
+      // Chunks in a thread-dependent order, so that READs overlap and arrive out of order.
+      for (uint64_t i = 0; i * kChunk < f.size; ++i) {
+        const uint64_t offset = ((i + t) * kChunk) % ((f.size / kChunk + 1) * kChunk);
+        if (offset >= f.size) continue;
+        std::vector<uint8_t> buf(std::min(kChunk, f.size - offset));
+        if (PreadFully(fd, buf.data(), buf.size(), offset) != static_cast<int64_t>(buf.size()) ||
+            buf != Bytes(f.seed, offset, buf.size())) {
+          ++bad[t];
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  close(fd);
+  EXPECT_EQ(bad, std::vector<int>(bad.size(), 0));
+}
+
+TEST_F(NetfsTest, EveryOpenSeesTheBackingFileAfresh) {
+  const TestFile f{"weights.bin", 2 << 20, 5};
+  WriteTestFile(Src(f.name), f.size, f.seed);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  int error = 0;
+  ASSERT_TRUE(ReadWholeFile(Mnt(f.name), &error) == Bytes(f.seed, 0, f.size));
+  // Same size, other bytes: no keep_cache, so the next open drops the pages read above.
+  WriteTestFile(Src(f.name), f.size, f.seed + 100);
+  EXPECT_TRUE(ReadWholeFile(Mnt(f.name), &error) == Bytes(f.seed + 100, 0, f.size));
+  EXPECT_TRUE(MmapMatches(Mnt(f.name), {f.name, f.size, f.seed + 100}));
+}
+
+TEST_F(NetfsTest, ListsLinksAndRefusesWrites) {
+  ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
+  ASSERT_EQ(symlink("dir with spaces/a shard.bin", Src("link").c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+
+  std::vector<std::string> names;
+  DIR* dir = opendir(mountpoint_.c_str());
+  ASSERT_NE(dir, nullptr) << std::strerror(errno);
+  while (const dirent* e = readdir(dir)) names.push_back(e->d_name);
+  closedir(dir);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".", "..", "big.safetensors", "dir with spaces",
+                                             "empty", "link", "small"}));
+
+  char target[256] = {};
+  ASSERT_GT(readlink(Mnt("link").c_str(), target, sizeof(target) - 1), 0);
+  EXPECT_STREQ(target, "dir with spaces/a shard.bin");
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt("link"), &error) == Bytes(kFiles[2].seed, 0, kFiles[2].size));
+
+  EXPECT_EQ(open(Mnt("small").c_str(), O_WRONLY), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(open(Mnt("new").c_str(), O_WRONLY | O_CREAT, 0644), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(unlink(Mnt("small").c_str()), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(open(Mnt("missing").c_str(), O_RDONLY), -1);
+  EXPECT_EQ(errno, ENOENT);
+}
+
+TEST_F(NetfsTest, DetachesOnceMounted) {
+  WriteTestFile(Src("f"), 100'000, 7);
+  std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source_, mountpoint_};
+  args.insert(args.end(), kFastNet.begin(), kFastNet.end());
+  const CommandResult r = RunCommand(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const auto types = MountTypesAt(mountpoint_);
+  EXPECT_NE(std::find(types.begin(), types.end(), "fuse.accelfs_netfs"), types.end());
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt("f"), &error) == Bytes(7, 0, 100'000));
+  EXPECT_TRUE(UnmountAll(mountpoint_));
+}
+
+TEST_F(NetfsTest, BadArgumentsExitTwoAndMountNothing) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {source_},
+           {source_ + "/missing", mountpoint_},
+           {source_, mountpoint_, "--latency-ms", "-1"},
+           {source_, mountpoint_, "--no-such-option"},
+       }) {
+    std::vector<std::string> argv = {ACCELFS_NETFS_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const CommandResult r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 2) << args.back() << ": " << r.err;
+    EXPECT_FALSE(IsMounted(mountpoint_));
+  }
+}
+
+}  // namespace
+}  // namespace accelfs::testing

@@ -18,39 +18,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <latch>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/bench/loaders.h"
+
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "accelfs_ceiling: %s\n", what.c_str());
-  std::exit(1);
-}
-
-std::vector<std::string> Files(const std::vector<std::string>& args) {
-  std::vector<std::string> files;
-  for (const auto& a : args) {
-    if (fs::is_directory(a)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::directory_iterator(a)) {
-        if (e.path().extension() == ".safetensors") found.push_back(e.path().string());
-      }
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.push_back(a);
-    }
-  }
-  if (files.empty()) Die("no files given");
-  return files;
-}
+using accelfs::bench::Die;
 
 struct Chunk {
   int fd;
@@ -94,7 +73,7 @@ int main(int argc, char** argv) {
   std::vector<Chunk> chunks;
   std::vector<int> fds;
   uint64_t total = 0;
-  for (const auto& f : Files(paths)) {
+  for (const auto& f : accelfs::bench::Shards(paths)) {
     const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
     if (fd < 0 || fstat(fd, &st) != 0) Die(f + ": " + std::strerror(errno));

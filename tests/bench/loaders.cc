@@ -117,7 +117,7 @@ uint64_t MmapShard(const std::string& f, std::vector<char>& dest, Slice slice) {
 }  // namespace
 
 void Die(const std::string& what) {
-  std::fprintf(stderr, "accelfs_loader: %s\n", what.c_str());
+  std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, what.c_str());
   std::exit(1);
 }
 

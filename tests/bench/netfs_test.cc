@@ -28,76 +28,6 @@ using std::chrono::milliseconds;
 
 const std::vector<std::string> kFastNet = {"--latency-ms", "1", "--request-mbps", "2000"};
 
-// One `accelfs_netfs -f` child with its output in a log file. Stop() (also run by the destructor)
-// unmounts and reaps it, and leaves nothing mounted.
-class NetfsProcess {
- public:
-  ~NetfsProcess() { Stop(); }
-
-  ::testing::AssertionResult Start(const std::string& source, const std::string& mountpoint,
-                                   const std::string& log_path,
-                                   const std::vector<std::string>& extra) {
-    mountpoint_ = mountpoint;
-    log_path_ = log_path;
-    std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source, mountpoint, "-f"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int null_fd = open("/dev/null", O_RDONLY);
-      dup2(null_fd, 0);
-      dup2(log, 1);
-      dup2(log, 2);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    if (pid_ < 0) return ::testing::AssertionFailure() << "fork: " << std::strerror(errno);
-    const auto deadline = std::chrono::steady_clock::now() + kMountWait;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const auto types = MountTypesAt(mountpoint_);
-      if (std::find(types.begin(), types.end(), "fuse.accelfs_netfs") != types.end()) {
-        return ::testing::AssertionSuccess();
-      }
-      if (ProcessGone(pid_)) break;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    return ::testing::AssertionFailure() << "no accelfs_netfs mount appeared; log:\n" << Log();
-  }
-
-  std::string Log() const {
-    std::ifstream in(log_path_);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
-  // The child's exit code (128 + signal when it had to be killed), or -1 without a child.
-  int Stop() {
-    int code = -1;
-    if (pid_ > 0) {
-      UnmountAll(mountpoint_);
-      int status = 0;
-      bool reaped = WaitProcessGone(pid_, kExitWait) && waitpid(pid_, &status, 0) == pid_;
-      if (!reaped) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-      }
-      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      pid_ = -1;
-    }
-    if (!mountpoint_.empty()) UnmountAll(mountpoint_);
-    return code;
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::string mountpoint_;
-  std::string log_path_;
-};
-
 class NetfsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -122,7 +52,9 @@ class NetfsTest : public ::testing::Test {
   }
 
   void Mount(const std::vector<std::string>& extra = kFastNet) {
-    ASSERT_TRUE(netfs_.Start(source_, mountpoint_, dir_ / "netfs.log", extra));
+    std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source_, mountpoint_, "-f"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_TRUE(netfs_.StartDaemon(args, mountpoint_, "fuse.accelfs_netfs", dir_ / "netfs.log"));
     started_ = true;
   }
 
@@ -132,7 +64,7 @@ class NetfsTest : public ::testing::Test {
   TempDir dir_{"accelfs-netfs"};  // declared first: removed after the mount is gone
   std::string source_;
   std::string mountpoint_;
-  NetfsProcess netfs_;
+  AccelfsProcess netfs_;  // any foreground FUSE daemon; here accelfs_netfs
   bool started_ = false;
 };
 

@@ -256,9 +256,6 @@ AccelfsProcess::~AccelfsProcess() { Stop(); }
                                                  const std::string& mountpoint,
                                                  const std::string& log_path,
                                                  const std::vector<std::string>& extra) {
-  if (pid_ > 0) return ::testing::AssertionFailure() << "already started";
-  mountpoint_ = CanonicalPath(mountpoint);
-  log_path_ = log_path;
   std::vector<std::string> args = {ACCELFS_BINARY, source, mountpoint, "-f"};
   for (const auto& [option, value] : {std::pair{"--cache-size", "512M"}, {"--log-level", "warn"}}) {
     if (std::find(extra.begin(), extra.end(), option) == extra.end()) {
@@ -267,6 +264,17 @@ AccelfsProcess::~AccelfsProcess() { Stop(); }
     }
   }
   args.insert(args.end(), extra.begin(), extra.end());
+  return StartDaemon(args, mountpoint, "fuse.accelfs", log_path);
+}
+
+::testing::AssertionResult AccelfsProcess::StartDaemon(const std::vector<std::string>& args,
+                                                       const std::string& mountpoint,
+                                                       const std::string& fstype,
+                                                       const std::string& log_path) {
+  if (pid_ > 0) return ::testing::AssertionFailure() << "already started";
+  mountpoint_ = CanonicalPath(mountpoint);
+  fstype_ = fstype;
+  log_path_ = log_path;
   std::vector<char*> argv = ArgvOf(args);
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) return ::testing::AssertionFailure() << "cannot create " << log_path;
@@ -284,23 +292,28 @@ AccelfsProcess::~AccelfsProcess() { Stop(); }
   pid_ = pid;
   const auto deadline = Clock::now() + kMountWait;
   for (;;) {
-    if (IsAccelfsMounted(mountpoint_)) return ::testing::AssertionSuccess();
+    if (Mounted()) return ::testing::AssertionSuccess();
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
       return ::testing::AssertionFailure()
-             << "accelfs exited (code " << ExitCodeOf(status) << ") before mounting " << mountpoint_
-             << "; its output:\n"
+             << args[0] << " exited (code " << ExitCodeOf(status) << ") before mounting "
+             << mountpoint_ << "; its output:\n"
              << Log();
     }
     if (Clock::now() > deadline) {
       Stop();
-      return ::testing::AssertionFailure() << "no fuse.accelfs mount on " << mountpoint_
+      return ::testing::AssertionFailure() << "no " << fstype_ << " mount on " << mountpoint_
                                            << " after " << kMountWait.count() << " s; output:\n"
                                            << Log();
     }
     std::this_thread::sleep_for(kPoll);
   }
+}
+
+bool AccelfsProcess::Mounted() const {
+  const auto types = MountTypesAt(mountpoint_);
+  return std::find(types.begin(), types.end(), fstype_) != types.end();
 }
 
 std::string AccelfsProcess::Log() const { return ReadFileText(log_path_); }
@@ -321,7 +334,7 @@ bool AccelfsProcess::Wait(milliseconds timeout, int* status) {
 int AccelfsProcess::Stop() {
   int exit_code = -1;
   if (pid_ > 0) {
-    if (IsAccelfsMounted(mountpoint_)) UnmountAll(mountpoint_);
+    if (Mounted()) UnmountAll(mountpoint_);
     int status = 0;
     if (!Wait(kExitWait, &status)) {
       kill(pid_, SIGTERM);
@@ -334,7 +347,7 @@ int AccelfsProcess::Stop() {
     exit_code = ExitCodeOf(status);
   }
   // A daemon that died leaves a stale mount; one that would not unmount leaves a busy one.
-  if (!mountpoint_.empty() && IsAccelfsMounted(mountpoint_)) UnmountAll(mountpoint_);
+  if (!mountpoint_.empty() && Mounted()) UnmountAll(mountpoint_);
   return exit_code;
 }
 

@@ -78,6 +78,12 @@ class AccelfsProcess {
                                    const std::string& log_path,
                                    const std::vector<std::string>& extra = {});
 
+  // The same for any FUSE daemon that stays in the foreground: runs `argv` (argv[0] a path) and
+  // waits for a mount of type `fstype` on `mountpoint`. Stop() then unmounts mounts of that type.
+  ::testing::AssertionResult StartDaemon(const std::vector<std::string>& argv,
+                                         const std::string& mountpoint, const std::string& fstype,
+                                         const std::string& log_path);
+
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0; }
   std::string Log() const;
@@ -91,8 +97,11 @@ class AccelfsProcess {
   int Stop();
 
  private:
+  bool Mounted() const;
+
   pid_t pid_ = -1;
   std::string mountpoint_;  // canonical
+  std::string fstype_;
   std::string log_path_;
 };
 

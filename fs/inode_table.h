@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,10 +34,11 @@ struct Inode {
   bool opened_before = false;  // GUARDED_BY(mu)
   // The kernel keeps an inode either in cached mode or in passthrough mode, never both, and wants
   // one backing file per inode: the open handles of each mode, and the backing id in use.
-  int cached_opens = 0;          // GUARDED_BY(mu)
-  int passthrough_opens = 0;     // GUARDED_BY(mu)
-  int backing_id = 0;            // GUARDED_BY(mu) registered while passthrough_opens > 0
-  FileKey passthrough_identity;  // GUARDED_BY(mu)
+  int cached_opens = 0;       // GUARDED_BY(mu)
+  int passthrough_opens = 0;  // GUARDED_BY(mu)
+  int backing_id = 0;         // GUARDED_BY(mu) registered while passthrough_opens > 0
+  std::condition_variable passthrough_closed;  // notified when passthrough_opens drops to 0
+  FileKey passthrough_identity;                // GUARDED_BY(mu)
 };
 
 class InodeTable {

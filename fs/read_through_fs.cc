@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <mutex>
 
@@ -30,6 +31,10 @@ struct ReadThroughFs::DirHandle {
 };
 
 namespace {
+
+// How long an open of a changed file waits for the RELEASE of the passthrough handles of its old
+// contents: the kernel sends RELEASE after close() returns, in the background, within milliseconds.
+constexpr std::chrono::seconds kReleaseWait{1};
 
 // One READ that spans one or more blocks; replies once every block has answered.
 struct PendingRead {
@@ -207,11 +212,14 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   OpenOut out;
   {
     Inode& node = **inode;
-    std::lock_guard lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
+    std::unique_lock lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
     if (node.passthrough_opens > 0 && node.passthrough_identity != handle->identity) {
       // The file changed while open in passthrough mode: the kernel takes one backing file per
-      // inode, so the new contents can be served only once the old handles are closed.
-      return Error(EBUSY);
+      // inode, so the new contents can be served only once the old handles are closed. The kernel
+      // sends RELEASE asynchronously, so a handle closed just now may still count: wait a little.
+      node.passthrough_closed.wait_for(lock, kReleaseWait,
+                                       [&] { return node.passthrough_opens == 0; });
+      if (node.passthrough_opens > 0) return Error(EBUSY);
     }
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
@@ -317,6 +325,7 @@ void ReadThroughFs::Release(uint64_t fh) {
       if (--node.passthrough_opens == 0) {
         registry_->Close(node.backing_id);
         node.backing_id = 0;
+        node.passthrough_closed.notify_all();
       }
     } else {
       --node.cached_opens;

@@ -1,5 +1,7 @@
 #include "cache/block_cache.h"
 
+#include "cache/block.h"
+
 #include <algorithm>
 #include <cerrno>
 
@@ -111,7 +113,7 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
 }
 
 bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
-  const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
+  const uint64_t blocks = BlockCount(file.size, options_.block_size);
   std::vector<Entry*> pinned;
   {
     std::lock_guard lock(mu_);
@@ -134,7 +136,7 @@ void BlockCache::DropFile(const FileKey& file) {
   Freed freed;
   {
     std::lock_guard lock(mu_);
-    const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
+    const uint64_t blocks = BlockCount(file.size, options_.block_size);
     for (uint64_t i = 0; i < blocks; ++i) {
       auto it = map_.find(BlockKey{file, i});
       if (it == map_.end() || it->second->state != State::kReady) continue;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "fs/errno_map.h"
 #include "fs/fuse_passthrough_abi.h"
@@ -81,29 +82,35 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
   return n;
 }
 
+// Writes a two-part reply (header, then `Reply`) with `patch` applied to a copy of the reply.
+template <typename Reply, typename Patch>
+ssize_t WritePatched(int fd, const iovec* iov, Patch patch) {
+  Reply out;
+  std::memcpy(&out, iov[1].iov_base, sizeof(out));
+  patch(out);
+  iovec patched[2] = {iov[0], {&out, sizeof(out)}};
+  return writev(fd, patched, 2);
+}
+
 ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
   auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
   if (tls_init_reply && count == 2 && iov[1].iov_len == sizeof(fuse_abi::InitOut)) {
     tls_init_reply = false;
-    fuse_abi::InitOut out;
-    std::memcpy(&out, iov[1].iov_base, sizeof(out));
-    if (ctx.options.passthrough && ctx.kernel_offers_passthrough) {
-      out.flags |= fuse_abi::kInitExt;
-      out.flags2 |= fuse_abi::kPassthroughFlags2;
-      out.max_stack_depth = 1;  // our backing files live on tmpfs, which stacks on nothing
-      ctx.passthrough = true;
-    }
-    iovec patched[2] = {iov[0], {&out, sizeof(out)}};
-    return writev(fd, patched, 2);
+    return WritePatched<fuse_abi::InitOut>(fd, iov, [&](fuse_abi::InitOut& out) {
+      if (ctx.options.passthrough && ctx.kernel_offers_passthrough) {
+        out.flags |= fuse_abi::kInitExt;
+        out.flags2 |= fuse_abi::kPassthroughFlags2;
+        out.max_stack_depth = 1;  // our backing files live on tmpfs, which stacks on nothing
+        ctx.passthrough = true;
+      }
+    });
   }
   if (tls_backing_id > 0 && count == 2 && iov[1].iov_len == sizeof(fuse_abi::OpenOut)) {
-    fuse_abi::OpenOut out;
-    std::memcpy(&out, iov[1].iov_base, sizeof(out));
-    out.open_flags |= fuse_abi::kOpenPassthrough;
-    out.backing_id = tls_backing_id;
-    tls_backing_id = 0;
-    iovec patched[2] = {iov[0], {&out, sizeof(out)}};
-    return writev(fd, patched, 2);
+    const int backing_id = std::exchange(tls_backing_id, 0);
+    return WritePatched<fuse_abi::OpenOut>(fd, iov, [&](fuse_abi::OpenOut& out) {
+      out.open_flags |= fuse_abi::kOpenPassthrough;
+      out.backing_id = backing_id;
+    });
   }
   return writev(fd, iov, count);
 }

@@ -40,7 +40,7 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
     if (size > 0 && offset < file.size) {
       const uint64_t end = std::min(offset + size, file.size);
       NoteStreamRead(stream->state, offset / options_.block_size,
-                     (end + options_.block_size - 1) / options_.block_size, options_.limits);
+                     BlockCount(end, options_.block_size), options_.limits);
     }
     if (stream->state.done()) return true;
   }

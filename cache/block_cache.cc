@@ -112,6 +112,17 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
   return fetches.empty() ? PrefetchResult::kNoRoom : PrefetchResult::kStarted;
 }
 
+std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return std::nullopt;
+  Entry* e = it->second.get();
+  if (e->state != State::kReady || !e->unread) return std::nullopt;
+  e->unread = false;
+  ++e->pins;
+  return Ref(this, e);
+}
+
 bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
   const uint64_t blocks = BlockCount(file.size, options_.block_size);
   std::vector<Entry*> pinned;

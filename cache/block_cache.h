@@ -17,6 +17,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -76,6 +77,11 @@ class BlockCache {
   PrefetchResult Prefetch(const BlockKey& key, uint32_t expected,
                           const std::shared_ptr<BackingFile>& file,
                           std::function<void()> done = nullptr);
+
+  // When `key` is ready and was prefetched but nobody has asked for it yet, marks it read (it may
+  // now be evicted like any block that was read) and returns it pinned; otherwise nothing. Used to
+  // hand prefetched data to the kernel's page cache, which then serves it instead of the cache.
+  std::optional<Ref> ClaimUnread(const BlockKey& key);
 
   // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
   // true; otherwise changes nothing. A file passed through to the store's file stays whole while

@@ -51,6 +51,10 @@ struct Config {
   // them without the daemon, at tmpfs speed). Needs root and kernel >= 6.9; off falls back cleanly.
   bool passthrough = true;
 
+  // Push blocks the stream fetched into the kernel's page cache of files open in cached mode, so
+  // that mmap faults find them there instead of waiting for READs (fs/page_pusher.h).
+  bool push = true;
+
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };

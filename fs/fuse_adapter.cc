@@ -18,7 +18,7 @@
 
 namespace accelfs {
 
-struct FuseSession::Impl final : BackingRegistry {
+struct FuseSession::Impl final : BackingRegistry, KernelCache {
   Impl(ReadThroughFs& fs, SessionOptions options) : fs(fs), options(std::move(options)) {}
 
   bool Enabled() const override { return passthrough.load(std::memory_order_relaxed); }
@@ -43,6 +43,14 @@ struct FuseSession::Impl final : BackingRegistry {
   void Close(int backing_id) override {
     const uint32_t id = static_cast<uint32_t>(backing_id);
     ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingClose, &id);
+  }
+
+  int Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
+    fuse_bufvec buf = FUSE_BUFVEC_INIT(data.size());
+    buf.buf[0].mem = const_cast<std::byte*>(data.data());  // libfuse only reads it
+    const int rc = fuse_lowlevel_notify_store(session, ino, static_cast<off_t>(offset), &buf,
+                                              static_cast<fuse_buf_copy_flags>(0));
+    return rc < 0 ? -rc : 0;
   }
 
   ReadThroughFs& fs;
@@ -433,6 +441,8 @@ Status FuseSession::Mount() {
 }
 
 bool FuseSession::passthrough() const { return impl_->Enabled(); }
+
+KernelCache& FuseSession::kernel_cache() { return *impl_; }
 
 int FuseSession::Loop() {
   fuse_loop_config* config = fuse_loop_cfg_create();

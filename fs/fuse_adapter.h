@@ -38,6 +38,8 @@ class FuseSession {
   void Unmount();
   // Whether the kernel agreed to passthrough (known once INIT is done).
   bool passthrough() const;
+  // The mount's page cache, for pushing data ahead of readers. Valid while the session lives.
+  KernelCache& kernel_cache();
 
   struct Impl;
 

@@ -126,6 +126,19 @@ int Run(const Config& config) {
   session_options.passthrough = config.passthrough && store_in_files;
   auto session = FuseSession::Create(**fs, session_options);
   if (!session.ok()) return Fail("cannot create the FUSE session (bad -o option?)");
+  // Streamed blocks go into the kernel's page cache ahead of mmap faults. Stopped before the
+  // session goes.
+  std::unique_ptr<PagePusher> pusher;
+  if (config.push && config.stream_threshold > 0) {
+    PagePusher::Options push;
+    push.block_size = config.block_size;
+    push.hole_every = std::max<uint64_t>(1, prefetch.limits.ahead / 4);
+    push.pushed = [&prefetcher](const FileKey& file) { prefetcher.Resume(file); };
+    pusher = std::make_unique<PagePusher>(cache, (*session)->kernel_cache(), std::move(push));
+    prefetcher.SetFetchedHook(
+        [p = pusher.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
+    (*fs)->EnablePagePush(pusher.get());
+  }
   if (!(*session)->Mount().ok()) {
     return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
   }
@@ -169,9 +182,10 @@ int Run(const Config& config) {
     }
     spdlog::debug(
         "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in "
-        "flight; attr_timeout {} s, entry_timeout {} s, max_background {}",
+        "flight, {}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, "
+        "max_background {}",
         config.readahead_blocks, FormatBytes(config.stream_threshold), prefetch.limits.ahead,
-        prefetch.limits.max_in_flight, config.attr_timeout, config.entry_timeout,
+        prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout, config.entry_timeout,
         session_options.max_background);
     ReportReady(ready_fd);
   });
@@ -181,6 +195,14 @@ int Run(const Config& config) {
   // Finish what the backend has in flight (those READs get their replies), cancel what waits
   // for room, then unmount while the session can still answer.
   reader->Stop();
+  const CacheStats stats = cache.Stats();
+  const PushStats pushed = pusher ? pusher->Stats() : PushStats{};
+  spdlog::info(
+      "served {} block reads from the cache and {} by fetching; read {} from the backend ({} "
+      "prefetches, {} failed); pushed {} into the page cache",
+      stats.hits, stats.misses, FormatBytes(stats.fetched_bytes), stats.prefetches,
+      stats.failed_fetches, FormatBytes(pushed.pushed_bytes));
+  pusher.reset();
   cache.Shutdown();
   (*session)->Unmount();  // also ends a starter still waiting in statfs
   starter.join();

@@ -17,6 +17,7 @@ namespace accelfs {
 
 struct ReadThroughFs::Handle {
   std::shared_ptr<Inode> inode;
+  uint64_t ino = 0;  // the FUSE inode number
   std::shared_ptr<BackingFile> file;
   FileKey identity;
   int backing_id = 0;                   // passthrough mode when > 0
@@ -208,6 +209,7 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   handle->identity = FileKeyFromStat(st);
 
   handle->inode = *inode;
+  handle->ino = ino;
 
   OpenOut out;
   {
@@ -226,6 +228,8 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     if (out.changed) {
       cache_.DropFile(node.opened_identity);
       if (prefetcher_ != nullptr) prefetcher_->Forget(node.opened_identity);
+      // Before the reply drops the kernel's pages: none of the old data may be pushed after it.
+      if (pusher_ != nullptr) pusher_->Forget(node.opened_identity);
     }
     node.opened_identity = handle->identity;
     node.opened_before = true;
@@ -247,6 +251,7 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     } else {
       handle->pinned.clear();
       ++node.cached_opens;
+      if (pusher_ != nullptr) pusher_->Watch(handle->identity, ino);
     }
   }
   out.backing_id = handle->backing_id;
@@ -329,6 +334,7 @@ void ReadThroughFs::Release(uint64_t fh) {
       }
     } else {
       --node.cached_opens;
+      if (pusher_ != nullptr) pusher_->Unwatch(handle->identity, handle->ino);
     }
   }
   open_files_.fetch_sub(1, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
 #include "fs/inode_table.h"
+#include "fs/page_pusher.h"
 
 namespace accelfs {
 
@@ -96,6 +97,10 @@ class ReadThroughFs {
   // outlives this; called before the first Open.
   void EnablePassthrough(BackingRegistry* registry) { registry_ = registry; }
 
+  // From now on, blocks streamed in for files open in cached mode are pushed into the kernel's
+  // page cache. REQUIRES: pusher outlives this; called before the first Open.
+  void EnablePagePush(PagePusher* pusher) { pusher_ = pusher; }
+
   Result<OpenOut> Open(uint64_t ino, int flags);
   // Answers through `done`; never blocks on the backend.
   void Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done);
@@ -122,6 +127,7 @@ class ReadThroughFs {
   InodeTable inodes_;
   Prefetcher* const prefetcher_;
   BackingRegistry* registry_ = nullptr;
+  PagePusher* pusher_ = nullptr;
   std::atomic<size_t> open_files_{0};
   std::atomic<size_t> passthrough_files_{0};
   // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the

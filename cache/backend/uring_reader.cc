@@ -31,6 +31,13 @@ class UringReader final : public BackendReader {
     const int rc = io_uring_queue_init(depth_ + 1, &ring_, 0);
     if (rc < 0) return Error(-rc);
     ring_ready_ = true;
+    // Reads of files that cannot be read without blocking (buffered reads that miss the page
+    // cache, every read of a FUSE or network filesystem) run on io_uring's worker threads, which
+    // the kernel caps at 4 per CPU for regular files: 8 on a 2-core machine, far below the depth a
+    // latency-bound store needs. Allow one worker per request in flight (best effort: kernels
+    // before 5.15 keep their cap).
+    unsigned workers[2] = {depth_, depth_};  // bounded (regular files), unbounded
+    io_uring_register_iowq_max_workers(&ring_, workers);
     thread_ = std::thread([this] { Run(); });
     return Status::Ok();
   }

@@ -95,7 +95,7 @@ void Prefetcher::Pump(const FileKey& file) {
     for (uint64_t b = range.first; b < range.end; ++b) {
       const auto result =
           cache_.Prefetch(BlockKey{file, b}, BlockBytes(b, file.size, options_.block_size), backing,
-                          [this, file] { OnFetched(file); });
+                          [this, file, b] { OnFetched(file, b); });
       if (result == BlockCache::PrefetchResult::kStarted) continue;
       ++given_back;  // no completion will come for this one
       if (result == BlockCache::PrefetchResult::kNoRoom) {
@@ -118,7 +118,8 @@ void Prefetcher::Pump(const FileKey& file) {
   }
 }
 
-void Prefetcher::OnFetched(const FileKey& file) {
+void Prefetcher::OnFetched(const FileKey& file, uint64_t block) {
+  if (fetched_hook_) fetched_hook_(file, block);
   {
     std::lock_guard lock(mu_);
     auto it = streams_.find(file);

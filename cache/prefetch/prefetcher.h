@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -39,6 +40,15 @@ class Prefetcher {
   bool OnRead(const FileKey& file, const std::shared_ptr<BackingFile>& backing, uint64_t offset,
               uint64_t size);
 
+  // Called (on the backend's thread, no lock held) each time a stream's fetch of `block` of `file`
+  // has finished, well or not. REQUIRES: set before the first OnOpen/OnRead.
+  using FetchedHook = std::function<void(const FileKey& file, uint64_t block)>;
+  void SetFetchedHook(FetchedHook hook) { fetched_hook_ = std::move(hook); }
+
+  // Room was made in the cache other than by a read (prefetched blocks were handed on): let the
+  // stream of `file`, if paused, go on.
+  void Resume(const FileKey& file) { Pump(file); }
+
   // `file` is an identity no reader will ask for again (the file changed): stop its stream.
   void Forget(const FileKey& file);
 
@@ -58,10 +68,11 @@ class Prefetcher {
   Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
   // Asks the cache for what the policy allows now. Takes mu_; never holds it across the cache.
   void Pump(const FileKey& file);
-  void OnFetched(const FileKey& file);
+  void OnFetched(const FileKey& file, uint64_t block);
 
   BlockCache& cache_;
   const PrefetcherOptions options_;
+  FetchedHook fetched_hook_;
   // Lock order: mu_ is taken without the cache's lock held, and released before calling the cache
   // (whose fetches can complete synchronously and call OnFetched).
   mutable std::mutex mu_;

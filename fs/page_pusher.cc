@@ -1,0 +1,125 @@
+#include "fs/page_pusher.h"
+
+#include <vector>
+
+namespace accelfs {
+
+namespace {
+constexpr uint32_t kPage = 4096;
+}  // namespace
+
+PagePusher::PagePusher(BlockCache& cache, KernelCache& kernel, Options options)
+    : cache_(cache), kernel_(kernel), options_(std::move(options)), thread_([this] { Run(); }) {}
+
+PagePusher::~PagePusher() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void PagePusher::Watch(const FileKey& file, uint64_t ino) {
+  std::lock_guard lock(mu_);
+  auto [first, last] = watchers_.equal_range(file);
+  for (auto it = first; it != last; ++it) {
+    if (it->second.ino == ino) {
+      ++it->second.opens;
+      return;
+    }
+  }
+  watchers_.emplace(file, Watcher{ino, 1});
+}
+
+void PagePusher::Unwatch(const FileKey& file, uint64_t ino) {
+  std::lock_guard lock(mu_);
+  auto [first, last] = watchers_.equal_range(file);
+  for (auto it = first; it != last; ++it) {
+    if (it->second.ino == ino) {
+      if (--it->second.opens == 0) watchers_.erase(it);
+      return;
+    }
+  }
+}
+
+void PagePusher::OnFetched(const FileKey& file, uint64_t block) {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ || !watchers_.contains(file)) return;
+    queue_.push_back(BlockKey{file, block});
+  }
+  wake_.notify_one();
+}
+
+void PagePusher::Drain() {
+  std::unique_lock lock(mu_);
+  drained_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
+}
+
+PushStats PagePusher::Stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void PagePusher::Forget(const FileKey& file) {
+  std::lock_guard push(push_mu_);
+  std::lock_guard lock(mu_);
+  watchers_.erase(file);
+}
+
+void PagePusher::Run() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) break;
+    }
+    std::lock_guard push(push_mu_);
+    std::unique_lock lock(mu_);
+    if (queue_.empty()) continue;
+    const BlockKey key = queue_.front();
+    queue_.pop_front();
+    std::vector<uint64_t> inodes;
+    auto [first, last] = watchers_.equal_range(key.file);
+    for (auto it = first; it != last; ++it) inodes.push_back(it->second.ino);
+    busy_ = true;
+    lock.unlock();
+    // Claimed only when nobody has read the block yet: a block a READ already took is in the
+    // kernel's pages, and one the cache dropped has nothing to push.
+    int failed = 0;
+    uint64_t bytes = 0;
+    if (!inodes.empty()) {
+      if (std::optional<BlockCache::Ref> block = cache_.ClaimUnread(key)) {
+        std::span<const std::byte> data(block->data(), block->size());
+        uint64_t offset = key.index * options_.block_size;
+        if (options_.hole_every > 0 && key.index % options_.hole_every == 0 &&
+            data.size() > kPage) {
+          data = data.subspan(kPage);  // the reader's READ of this page reports its position
+          offset += kPage;
+        }
+        for (uint64_t ino : inodes) {
+          if (kernel_.Store(ino, offset, data) == 0) {
+            bytes += data.size();
+          } else {
+            ++failed;  // the kernel forgot the inode, or the mount is going away
+          }
+        }
+      }
+    }
+    if (bytes > 0 && options_.pushed) options_.pushed(key.file);
+    lock.lock();
+    busy_ = false;
+    if (bytes > 0) {
+      stats_.pushed_bytes += bytes;
+      ++stats_.pushed_blocks;
+    }
+    stats_.failed_pushes += failed;
+    if (queue_.empty()) drained_.notify_all();
+  }
+  std::lock_guard lock(mu_);
+  queue_.clear();
+  drained_.notify_all();
+}
+
+}  // namespace accelfs

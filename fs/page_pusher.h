@@ -1,0 +1,100 @@
+// Pushes prefetched blocks into the kernel's page cache ahead of the reader (DESIGN.md §2:
+// fuse_lowlevel_notify_store). A loader that mmaps a shard faults its pages in; each fault that
+// misses the page cache waits for a READ round trip through the daemon, and the kernel's
+// read-around keeps only a few of those in flight. Blocks the stream fetched before anyone asked
+// for them are written into the page cache of every inode that has the file open in cached mode, so
+// those faults find their pages already there. A pushed block counts as read in the block cache
+// (the kernel holds it now), so it may be evicted like any block that was read.
+//
+// Pushed pages are read without a READ, so the daemon no longer sees where the reader is, and a
+// stream runs only a window ahead of its reader. Every `hole_every`-th block is therefore pushed
+// without its first page: the reader's fault on that page sends one small READ (answered from the
+// cache), which tells the stream where the reader is. After each push the stream is resumed
+// (`pushed`), since the push made room that no READ will report.
+//
+// Only files open in cached mode are pushed to: the kernel must know the inode, and a file open in
+// passthrough mode is read from the store's file instead. Thread safety: every method may be called
+// from any thread; pushes run on the pusher's own thread, so a push that waits for a page lock held
+// by a READ in progress never stalls a backend completion.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <unordered_map>
+
+#include "cache/block_cache.h"
+
+namespace accelfs {
+
+// The kernel's page cache of the mount. Implemented by the FUSE adapter.
+class KernelCache {
+ public:
+  virtual ~KernelCache() = default;
+  // Stores `data` at `offset` of inode `ino`'s pages. Returns 0 or an errno.
+  virtual int Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) = 0;
+};
+
+struct PushStats {
+  uint64_t pushed_bytes = 0;
+  uint64_t pushed_blocks = 0;
+  uint64_t failed_pushes = 0;
+};
+
+class PagePusher {
+ public:
+  struct Options {
+    uint32_t block_size = 4u << 20;
+    uint64_t hole_every = 0;  // 0: push whole blocks only
+    std::function<void(const FileKey&)> pushed;  // called after each push, no lock held
+  };
+  // REQUIRES: cache and kernel outlive this.
+  PagePusher(BlockCache& cache, KernelCache& kernel, Options options);
+  ~PagePusher();  // stops the thread; queued pushes are dropped
+  PagePusher(const PagePusher&) = delete;
+  PagePusher& operator=(const PagePusher&) = delete;
+
+  // Inode `ino` has `file` open in cached mode once more (Watch) or once less (Unwatch).
+  void Watch(const FileKey& file, uint64_t ino);
+  void Unwatch(const FileKey& file, uint64_t ino);
+
+  // `file` changed: nothing more is pushed for it. When this returns no push of it is under way,
+  // so a later open that drops the inode's pages cannot get old data pushed back.
+  void Forget(const FileKey& file);
+
+  // A stream fetched `block` of `file`: push it if someone has the file open in cached mode.
+  void OnFetched(const FileKey& file, uint64_t block);
+
+  // Waits until every push queued so far is done (tests).
+  void Drain();
+
+  PushStats Stats() const;
+
+ private:
+  struct Watcher {
+    uint64_t ino = 0;
+    int opens = 0;
+  };
+  void Run();
+
+  BlockCache& cache_;
+  KernelCache& kernel_;
+  const Options options_;
+  // Lock order: push_mu_ (held across one push), then mu_ (a leaf: no push or cache call under it).
+  std::mutex push_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;     // a push was queued, or stop
+  std::condition_variable drained_;  // the queue emptied and no push runs
+  std::unordered_multimap<FileKey, Watcher, FileKeyHash> watchers_;  // GUARDED_BY(mu_)
+  std::deque<BlockKey> queue_;                                       // GUARDED_BY(mu_)
+  bool busy_ = false;                                                // GUARDED_BY(mu_)
+  bool stop_ = false;                                                // GUARDED_BY(mu_)
+  PushStats stats_;                                                  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace accelfs

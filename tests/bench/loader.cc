@@ -7,17 +7,25 @@
 //   accelfs_loader mmap [--threads N] DIR|FILE...
 //       safetensors style: mmap(PROT_READ, MAP_SHARED) each shard and copy every tensor out, in
 //       header order, into one buffer per thread
-//   accelfs_loader dp N [--stagger-ms M] [--threads T] DIR|FILE...
+//   accelfs_loader dp N [--stagger-ms M] [--drop-caches] [--threads T] DIR|FILE...
 //       N processes (data-parallel replicas), each running the mmap loader over every shard;
 //       process i starts i*M ms after process 0
-//   accelfs_loader tp N [--stagger-ms M] [--threads T] DIR|FILE...
+//   accelfs_loader tp N [--stagger-ms M] [--drop-caches] [--threads T] DIR|FILE...
 //       N processes (tensor-parallel ranks), each mapping every shard and copying only its 1/N
 //       slice of every tensor: rank r takes [begin + r*len/N, begin + (r+1)*len/N)
+//   --drop-caches (root): every process but the first drops the kernel's page cache (writes 3 to
+//       /proc/sys/vm/drop_caches) right before it starts loading, after its stagger: replicas
+//       that start later find none of the pages the earlier ones faulted in. The drops are
+//       inside the timed wall clock.
 //
 // --threads N: N threads over the shards, each taking the next shard from a shared counter
 // (SGLang's multithread load); default 1.
+// --dest-mib M (mmap, dp, tp): each thread copies tensors into an M MiB buffer, allocated and
+// touched before the clock starts (default 256). Touching it costs seconds per GiB on a VM with
+// slow page faults; smoke runs of tiny models use a smaller one.
 // Prints one line: "<mode> <bytes> <seconds> <GB/s>" (GB = 1e9 bytes). For dp and tp, bytes are
 // those all processes copied and seconds the wall time from the first start to the last finish.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -37,8 +45,9 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUsage[] =
     "usage: accelfs_loader gen DIR --shards N --shard-size BYTES [--seed S] "
     "[--tensor-mix small|mixed|large]\n"
-    "       accelfs_loader read|mmap [--threads N] PATH...\n"
-    "       accelfs_loader dp|tp N [--stagger-ms M] [--threads T] PATH...";
+    "       accelfs_loader read|mmap [--threads N] [--dest-mib M] PATH...\n"
+    "       accelfs_loader dp|tp N [--stagger-ms M] [--drop-caches] [--threads T] [--dest-mib M] "
+    "PATH...";
 
 uint64_t ParseNumber(const std::string& text, const std::string& what, uint64_t min) {
   char* end = nullptr;
@@ -49,18 +58,29 @@ uint64_t ParseNumber(const std::string& text, const std::string& what, uint64_t 
   return v;
 }
 
-// Splits argv[first..] into "--name value" options (only those in `known`) and positional args.
+// Splits argv[first..] into "--name value" options (only those in `known`), "--name" flags (only
+// those in `flags`) and positional args.
 struct Args {
   std::map<std::string, std::string> options;
+  std::vector<std::string> flags;
   std::vector<std::string> positional;
+
+  [[nodiscard]] bool Flag(const std::string& name) const {
+    return std::ranges::find(flags, name) != flags.end();
+  }
 };
 
-Args ParseArgs(int argc, char** argv, int first, const std::vector<std::string>& known) {
+Args ParseArgs(int argc, char** argv, int first, const std::vector<std::string>& known,
+               const std::vector<std::string>& flags = {}) {
   Args args;
   for (int i = first; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--", 0) != 0) {
       args.positional.push_back(a);
+      continue;
+    }
+    if (std::ranges::find(flags, a) != flags.end()) {
+      args.flags.push_back(a);
       continue;
     }
     bool ok = false;
@@ -104,9 +124,12 @@ int main(int argc, char** argv) {
         ParseArgs(argc, argv, 2, {"--shards", "--shard-size", "--seed", "--tensor-mix"}));
   const bool processes = mode == "dp" || mode == "tp";
   if (!processes && mode != "read" && mode != "mmap") Die("unknown mode " + mode + "\n" + kUsage);
-  const Args args = processes ? ParseArgs(argc, argv, 3, {"--threads", "--stagger-ms"})
-                              : ParseArgs(argc, argv, 2, {"--threads"});
+  const Args args =
+      processes
+          ? ParseArgs(argc, argv, 3, {"--threads", "--stagger-ms", "--dest-mib"}, {"--drop-caches"})
+          : ParseArgs(argc, argv, 2, {"--threads", "--dest-mib"});
   const auto threads = static_cast<int>(Option(args, "--threads", 1, 1));
+  const size_t dest_bytes = Option(args, "--dest-mib", accelfs::bench::kDestBytes >> 20, 1) << 20;
   const auto files = accelfs::bench::Shards(args.positional);
   uint64_t bytes = 0;
   double seconds = 0;
@@ -116,9 +139,11 @@ int main(int argc, char** argv) {
     options.threads = threads;
     options.stagger_ms = static_cast<int>(Option(args, "--stagger-ms", 0));
     options.slice = mode == "tp";
+    options.drop_caches = args.Flag("--drop-caches");
+    options.dest_bytes = dest_bytes;
     bytes = accelfs::bench::LoadProcesses(files, options, seconds);
   } else {
-    auto dest = accelfs::bench::DestBuffers(mode == "mmap" ? threads : 0);
+    auto dest = accelfs::bench::DestBuffers(mode == "mmap" ? threads : 0, dest_bytes);
     const auto start = Clock::now();
     bytes = mode == "read" ? accelfs::bench::LoadRead(files, threads)
                            : accelfs::bench::LoadMmap(files, dest, accelfs::bench::Slice{});

@@ -26,8 +26,8 @@ struct Slice {
 // starts, so that a loader measures the read path and not the allocator's page faults.
 constexpr size_t kDestBytes = 256 << 20;
 
-// Destination buffers for `threads` mmap loader threads, touched.
-std::vector<std::vector<char>> DestBuffers(int threads);
+// Destination buffers of `bytes` each for `threads` mmap loader threads, touched.
+std::vector<std::vector<char>> DestBuffers(int threads, size_t bytes = kDestBytes);
 
 // Sequential read() of every shard, 1 MiB at a time. With several threads, each thread takes the
 // next shard from a shared counter (SGLang's multithread load). Counts every byte of the files.
@@ -44,6 +44,9 @@ struct ProcessOptions {
   int threads = 1;     // mmap loader threads in each process
   int stagger_ms = 0;  // process i starts i * stagger_ms after process 0
   bool slice = false;  // false: every process loads everything (dp); true: rank i of n (tp)
+  // Processes 1..n-1 drop the kernel's page cache (root) after their stagger, before loading.
+  bool drop_caches = false;
+  size_t dest_bytes = kDestBytes;  // each thread's destination buffer
 };
 
 // Forks `processes` children that each run the mmap loader over every shard, releases them at

@@ -3,6 +3,7 @@
 //
 //   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
 //                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]
+//                 [--stats-file PATH]
 //
 // Every READ of n bytes completes at max(arrival + latency + n / request bandwidth, the time the
 // store's shared link has carried it at the aggregate bandwidth): per-request cost, plus a
@@ -15,6 +16,9 @@
 // direct_io), so mmap works and the kernel's read-ahead shapes the READs, 1 MiB at most.
 //
 // Prints one line at exit: READs served, bytes, mean READ size and the most READs in flight.
+// With --stats-file, the same line is also kept current in PATH while it serves (rewritten, by a
+// rename, within 20 ms of any change, and once more at exit), so that a benchmark can take the
+// bytes a case read from the store without unmounting it.
 #define FUSE_USE_VERSION 312
 #include <dirent.h>
 #include <fcntl.h>
@@ -30,8 +34,10 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,6 +66,7 @@ struct Options {
   unsigned threads = 64;
   unsigned max_background = 64;
   unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
+  std::string stats_file;                  // empty: none
 };
 
 // The store's timing model. Thread-safe.
@@ -347,6 +354,70 @@ constexpr fuse_lowlevel_ops kOps = [] {
   return ops;
 }();
 
+// The counters in one line, as printed at exit: "accelfs_netfs: N READs, B bytes, ...".
+std::string StatsLine(const Net& net) {
+  const uint64_t reads = net.reads.load();
+  const uint64_t bytes = net.bytes.load();
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight\n",
+                static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes),
+                reads ? static_cast<double>(bytes) / static_cast<double>(reads) / 1024 : 0.0,
+                net.max_in_flight.load());
+  return line;
+}
+
+// Keeps --stats-file current: every 20 ms, if the line changed, writes it to PATH.tmp and renames
+// that over PATH, so that a reader never sees half a line. Stop() writes it a last time.
+class StatsWriter {
+ public:
+  StatsWriter(const Net& net, std::string path) : net_(net), path_(std::move(path)) {
+    if (!path_.empty()) thread_ = std::thread([this] { Run(); });
+  }
+  ~StatsWriter() { Stop(); }
+  StatsWriter(const StatsWriter&) = delete;
+  StatsWriter& operator=(const StatsWriter&) = delete;
+
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+    Write(StatsLine(net_));
+  }
+
+ private:
+  void Run() {
+    std::string written;
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (std::string line = StatsLine(net_); line != written) {
+        Write(line);
+        written = std::move(line);
+      }
+      wake_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+  void Write(const std::string& line) const {
+    const std::string tmp = path_ + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    const bool ok = f != nullptr && std::fputs(line.c_str(), f) >= 0;
+    if (f != nullptr && std::fclose(f) != 0) return;
+    if (ok) std::rename(tmp.c_str(), path_.c_str());
+  }
+
+  const Net& net_;
+  const std::string path_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;  // GUARDED_BY(mutex_)
+  std::thread thread_;
+};
+
 // Raises the mount's read_ahead_kb (INIT lowers it to the kernel's 128 KiB offer; only root may
 // raise it). Called once INIT is through.
 void SetReadAhead(const Options& o) {
@@ -368,6 +439,7 @@ int Serve(const Options& o, int ready_fd) {
     return 1;
   }
   Net net(o, root_fd, root);
+  StatsWriter stats(net, o.stats_file);
   std::vector<std::string> args = {
       "accelfs_netfs", "-o", "ro,default_permissions,fsname=accelfs_netfs,subtype=accelfs_netfs"};
   std::vector<char*> argv;
@@ -409,12 +481,8 @@ int Serve(const Options& o, int ready_fd) {
     fuse_remove_signal_handlers(se);
   }
   fuse_session_destroy(se);
-  const uint64_t reads = net.reads.load();
-  std::fprintf(
-      stderr, "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight\n",
-      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(net.bytes.load()),
-      reads ? static_cast<double>(net.bytes.load()) / static_cast<double>(reads) / 1024 : 0.0,
-      net.max_in_flight.load());
+  stats.Stop();
+  std::fputs(StatsLine(net).c_str(), stderr);
   return rc;
 }
 
@@ -442,6 +510,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-background", o.max_background, "kernel cap on background READs")
       ->check(CLI::Range(1, 65535));
   app.add_option("--readahead-kb", o.readahead_kb, "the mount's read_ahead_kb (0: kernel's)");
+  app.add_option("--stats-file", o.stats_file,
+                 "keep the exit line's counters current in this file while serving");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -453,6 +523,7 @@ int main(int argc, char** argv) {
     if (realpath(path->c_str(), resolved) == nullptr) return 2;
     *path = resolved;
   }
+  if (!o.stats_file.empty()) o.stats_file = std::filesystem::absolute(o.stats_file).string();
 
   if (o.foreground) return Serve(o, -1);
   // Detach, returning once the mount is ready: the parent waits for the child's word.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -197,6 +198,40 @@ TEST_F(NetfsTest, ListsLinksAndRefusesWrites) {
   EXPECT_EQ(errno, EROFS);
   EXPECT_EQ(open(Mnt("missing").c_str(), O_RDONLY), -1);
   EXPECT_EQ(errno, ENOENT);
+}
+
+// The number of bytes in --stats-file's line ("accelfs_netfs: N READs, B bytes, ..."), or -1.
+int64_t StatsBytes(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  unsigned long long reads = 0, bytes = 0;
+  if (std::sscanf(line.c_str(), "accelfs_netfs: %llu READs, %llu bytes", &reads, &bytes) != 2) {
+    return -1;
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+TEST_F(NetfsTest, StatsFileFollowsTheBytesServed) {
+  const TestFile f{"weights.bin", (2 << 20) + 3, 6};
+  WriteTestFile(Src(f.name), f.size, f.seed);
+  const std::string stats = dir_ / "stats";
+  std::vector<std::string> args = kFastNet;
+  args.insert(args.end(), {"--stats-file", stats});
+  ASSERT_NO_FATAL_FAILURE(Mount(args));
+  auto wait_for = [&](int64_t want) {
+    for (int i = 0; i < 250 && StatsBytes(stats) != want; ++i) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return StatsBytes(stats);
+  };
+  EXPECT_EQ(wait_for(0), 0);
+  int error = 0;
+  ASSERT_TRUE(ReadWholeFile(Mnt(f.name), &error) == Bytes(f.seed, 0, f.size));
+  EXPECT_EQ(wait_for(static_cast<int64_t>(f.size)), static_cast<int64_t>(f.size));
+  // Every open starts cold: a second read is served again.
+  ASSERT_TRUE(ReadWholeFile(Mnt(f.name), &error) == Bytes(f.seed, 0, f.size));
+  EXPECT_EQ(wait_for(2 * static_cast<int64_t>(f.size)), 2 * static_cast<int64_t>(f.size));
 }
 
 TEST_F(NetfsTest, DetachesOnceMounted) {

@@ -1,0 +1,594 @@
+#!/usr/bin/env bash
+# The issue-3 benchmark suite (DESIGN.md §5) in one invocation, one results table. Run as root on
+# an otherwise idle machine, from anywhere in the checkout:
+#
+#   tests/bench/suite.sh [--model-size-mib 4096] [--shards 4] [--tensor-mix mixed]
+#                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
+#                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
+#                        [--dest-mib 256] [--case-timeout 900] [--quick]
+#
+# BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
+# and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
+# destination buffers (--dest-mib: touching 256 MiB per loader thread before the clock starts
+# takes seconds on this VM, longer than a tiny model's load). The results
+# (markdown: machine, command, one table, the goals) go to --out (default DIR/results.md) and to
+# stdout; every row also goes to the same name with .tsv, and the daemons' logs to DIR/logs.
+#
+# The model: `accelfs_loader gen` shards in DIR (kept for the next run with the same shape), copied
+# to /dev/shm. That copy is both the memory ceiling (the loaders on a local tmpfs copy) and NET's
+# backing store (tmpfs: dropping the page cache does not evict it, so NET's emulated link is all
+# that slows it).
+#
+# Backends:
+#   NET   accelfs_netfs over the /dev/shm copy: 5 ms per READ, 200 MB/s per READ, 2000 MB/s in all,
+#         64 worker threads and max_background 64 (FUSE's defaults would cap it, see
+#         net_scaling.sh); no caching across opens. Bytes read from it: its --stats-file counter.
+#   DISK  disk_backend.sh: an ext4 image on a loop device, reads capped at --disk-mbps by the
+#         cgroup blkio throttle; the loaders read it and accelfs's daemon runs inside the throttled
+#         cgroup. Bytes read from it: /sys/block/loopN/stat sectors read × 512. Skipped with one
+#         line where the kernel has no usable io/blkio controller.
+#
+# Loaders (accelfs_loader): mmap + copy per tensor (1 thread); read() whole files, 1 MiB at a time
+# (eager); --threads threads over the shards (multithread, mmap); --procs processes each loading
+# every shard (data parallel), at once and staggered by --stagger-ms with the page cache dropped
+# before each later start (`dp --drop-caches`); --procs processes each copying 1/procs of every
+# tensor (tensor parallel).
+#
+# Cases, per backend:
+#   ceiling         accelfs_ceiling (N threads × 4 MiB preads, each chunk once) on the backend:
+#                   the yardstick; the best of its runs is the backend's ceiling
+#   direct          each loader on the backend itself, page cache dropped
+#   accelfs cold    each loader through a new accelfs daemon mounted over the backend, page
+#                   cache dropped (--cache-size 1.5× the model + 256 MiB)
+#   accelfs warm    the same daemon again (its cache full), page cache dropped
+#   accelfs repeat  the same daemon again, page cache kept
+#   cache ½ model   the mmap loader through a new daemon with --cache-size half the model, cold;
+#                   the daemon's VmRSS sampled every 50 ms (and its VmHWM) against budget + 64 MiB
+# and once for all backends, tmpfs: each loader on the /dev/shm copy (the memory ceiling).
+#
+# Everything the suite mounts, the loop device and the cgroup are undone on exit, error or Ctrl-C.
+set -euo pipefail
+invoked_from=$PWD
+cd "$(dirname "$0")/../.."
+repo=$PWD
+
+command_line="$(printf '%q ' "$0" "$@")"
+command_line=${command_line% }
+[[ -n ${BUILD:-} ]] && command_line="BUILD=$(printf '%q' "$BUILD") $command_line"
+
+# ---- options ----------------------------------------------------------------------------------
+model_mib=
+shards=4
+mix=mixed
+backends=net,disk
+dir=/var/tmp/accelfs-suite
+out=
+threads=4
+procs=4
+stagger_ms=
+disk_mbps=200
+case_timeout=900
+dest_mib=
+quick=0
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while (($#)); do
+  case $1 in
+    --model-size-mib) model_mib=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --tensor-mix) mix=$2; shift 2 ;;
+    --backends) backends=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --procs) procs=$2; shift 2 ;;
+    --stagger-ms) stagger_ms=$2; shift 2 ;;
+    --disk-mbps) disk_mbps=$2; shift 2 ;;
+    --case-timeout) case_timeout=$2; shift 2 ;;
+    --dest-mib) dest_mib=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "suite: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+# --quick: a tiny model and short stagger, unless given.
+if ((quick)); then model_mib=${model_mib:-128} stagger_ms=${stagger_ms:-100} dest_mib=${dest_mib:-16}; fi
+model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:-256}
+for v in model_mib shards threads procs disk_mbps case_timeout dest_mib; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --${v//_/-} must be a positive integer" >&2; exit 2; }
+done
+[[ $stagger_ms =~ ^[0-9]+$ ]] || { echo "suite: --stagger-ms must be an integer" >&2; exit 2; }
+[[ $mix =~ ^(small|mixed|large)$ ]] || { echo "suite: --tensor-mix is small, mixed or large" >&2; exit 2; }
+((model_mib % shards == 0)) || { echo "suite: --model-size-mib must be a multiple of --shards" >&2; exit 2; }
+run_net=0 run_disk=0
+for b in ${backends//,/ }; do
+  case $b in
+    net) run_net=1 ;;
+    disk) run_disk=1 ;;
+    *) echo "suite: unknown backend $b (net, disk)" >&2; exit 2 ;;
+  esac
+done
+[[ $(id -u) == 0 ]] || { echo "suite: run as root (it drops the page cache, mounts and throttles)" >&2; exit 1; }
+
+build=${BUILD:-build}
+bench=$build/tests/bench
+accelfs=$build/accelfs
+loader=$bench/accelfs_loader
+netfs=$bench/accelfs_netfs
+ceiling=$bench/accelfs_ceiling
+disk_sh=$repo/tests/bench/disk_backend.sh
+for b in "$accelfs" "$loader" "$netfs" "$ceiling"; do
+  [[ -x $b ]] || { echo "suite: build first (missing $b)" >&2; exit 1; }
+done
+probe=$("$netfs" --help 2>&1 || true)
+[[ $probe == *--stats-file* ]] || { echo "suite: $netfs is older than --stats-file: rebuild it" >&2; exit 1; }
+probe=$("$loader" dp 1 --drop-caches --dest-mib 1 2>&1 || true)
+[[ $probe != *"unknown option"* ]] || { echo "suite: $loader is older than dp --drop-caches and --dest-mib: rebuild it" >&2; exit 1; }
+
+# --dir and --out are taken relative to where the suite was started.
+[[ $dir == /* ]] || dir=$invoked_from/$dir
+[[ -z $out || $out == /* ]] || out=$invoked_from/$out
+mkdir -p "$dir"
+dir=$(realpath "$dir")
+out=${out:-$dir/results.md}
+tsv=${out%.md}.tsv
+logs=$dir/logs
+shard_mib=$((model_mib / shards))
+model=$dir/model-${shards}x${shard_mib}M-$mix
+shm=/dev/shm/accelfs-suite-$$
+net_mnt=$dir/net
+net_stats=$dir/net.stats
+disk_dir=$dir/disk
+disk_img=$dir/disk.img
+acc_mnt=$dir/acc
+mkdir -p "$logs" "$net_mnt" "$acc_mnt"
+exec 9>"$dir/.lock"
+flock -n 9 || { echo "suite: another suite run holds $dir/.lock" >&2; exit 1; }
+
+# The loaders, in table order: key → accelfs_loader arguments, and their names in the table.
+loaders=(mmap eager mt dp dp-stagger tp)
+dest="--dest-mib $dest_mib"
+declare -A loader_args=(
+  [mmap]="mmap $dest"
+  [eager]="read"
+  [mt]="mmap --threads $threads $dest"
+  [dp]="dp $procs $dest"
+  [dp-stagger]="dp $procs --stagger-ms $stagger_ms --drop-caches $dest"
+  [tp]="tp $procs $dest"
+)
+declare -A loader_name=(
+  [mmap]="mmap + copy per tensor, 1 thread"
+  [eager]="read() whole files (eager)"
+  [mt]="mmap, $threads threads over shards"
+  [dp]="dp: $procs processes at once"
+  [dp-stagger]="dp: $procs processes, ${stagger_ms} ms apart, page cache dropped before each"
+  [tp]="tp: $procs processes, 1/$procs of every tensor"
+)
+
+say() { printf 'suite [%4ds]: %s\n' "$SECONDS" "$*" >&2; }
+die() { say "$*"; exit 1; }
+# The model's pages are clean (nothing here writes them after the copies, which are synced), so
+# no sync first: other people's dirty pages are not ours to wait for.
+drop_caches() { echo 3 > /proc/sys/vm/drop_caches; }
+mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
+
+# ---- cleanup: whatever is up, in reverse order; runs on every exit ----------------------------
+case_pid='' sampler_pid='' acc_pid='' net_pid='' disk_up=0 results_written=0 incomplete=''
+
+# Waits up to 10 s for process $1 to exit, then kills it.
+reap() {
+  local pid=$1 i
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+unmount() {
+  mounted "$1" || return 0
+  fusermount3 -u "$1" 2>/dev/null || umount "$1" 2>/dev/null || umount -l "$1" || true
+}
+
+cleanup() {
+  local rc=$?
+  set +eu
+  # Ignored, not reset: timeout(1) signals the child and then its whole group, and an impatient
+  # Ctrl-C comes twice; a second signal must not cut the cleanup short (every wait here is bounded).
+  trap '' INT TERM
+  # A case still running (interrupted): its timeout is the leader of the case's process group.
+  [[ -n $case_pid ]] && { kill -TERM -- "-$case_pid" 2>/dev/null; reap "$case_pid"; }
+  [[ -n $sampler_pid ]] && { kill "$sampler_pid" 2>/dev/null; wait "$sampler_pid" 2>/dev/null; }
+  unmount "$acc_mnt"  # accelfs first: it may sit on NET or DISK
+  [[ -n $acc_pid ]] && reap "$acc_pid"
+  unmount "$net_mnt"
+  [[ -n $net_pid ]] && reap "$net_pid"
+  ((disk_up)) && mounted "$disk_dir" && "$disk_sh" down "$disk_dir" >&2
+  rm -rf "$shm"
+  # An error or an interrupt: still write the rows measured so far, marked as such.
+  if ((!results_written && ${#rows[@]} > 0)); then
+    incomplete="exit status $rc"
+    format_results > "$out" 2>/dev/null && say "incomplete results ($incomplete) in $out"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---- results: rows are recorded here and formatted in one place (format_results) --------------
+rows=()  # "backend|case|loader" in run order
+declare -A GBPS SECS BBYTES RSS NOTE
+declare -A CEIL  # backend → its best ceiling, GB/s
+
+# record BACKEND CASE LOADER GBPS SECONDS BACKEND_BYTES RSS_KIB NOTE
+record() {
+  local key="$1|$2|$3"
+  rows+=("$key")
+  GBPS[$key]=$4 SECS[$key]=$5 BBYTES[$key]=$6 RSS[$key]=$7 NOTE[$key]=$8
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$tsv"
+  say "$(printf '%-5s %-16s %-28s %6s GB/s %8s s  backend bytes %s%s' "$1" "$2" "$3" "$4" "$5" \
+    "${6:--}" "${8:+  ($8)}")"
+}
+
+# ---- backend byte counters --------------------------------------------------------------------
+loop_name=
+backend_bytes() {
+  local a b c d
+  case $1 in
+    # "accelfs_netfs: N READs, B bytes, ...", rewritten by NET within 20 ms of any change.
+    NET) read -r a b c d _ < "$net_stats"; echo "$d" ;;
+    # Field 3 of a block device's stat: sectors (512 bytes) read.
+    DISK) read -r a b c _ < "/sys/block/$loop_name/stat"; echo $((c * 512)) ;;
+    *) echo "" ;;
+  esac
+}
+
+# The counter once it has stopped moving for 200 ms (read-ahead still in flight, NET's file).
+settled_bytes() {
+  local a b i
+  a=$(backend_bytes "$1")
+  [[ -n $a ]] || return 0
+  for ((i = 0; i < 50; i++)); do
+    sleep 0.2
+    b=$(backend_bytes "$1")
+    [[ $a == "$b" ]] && break
+    a=$b
+  done
+  echo "$a"
+}
+
+# ---- running one measured command -------------------------------------------------------------
+# measure BACKEND IN_CGROUP CMD... : runs CMD (its output one "<mode> <bytes> <seconds> <GB/s>"
+# line) under --case-timeout, inside DISK's throttled cgroup when IN_CGROUP is 1, and sets
+# m_gbps, m_secs, m_bytes (read from the backend during it) and m_note (why it failed).
+measure() {
+  local backend=$1 in_cgroup=$2 before after rc=0 outf=$logs/case.out errf=$logs/case.err
+  shift 2
+  ((in_cgroup)) && set -- "$disk_sh" run "$@"
+  before=$(settled_bytes "$backend")
+  # timeout leads its own process group, so that an interrupt can end the case with its children.
+  timeout -k 10 "$case_timeout" "$@" > "$outf" 2> "$errf" &
+  case_pid=$!
+  wait "$case_pid" || rc=$?
+  case_pid=
+  after=$(settled_bytes "$backend")
+  m_gbps=- m_secs=- m_note='' m_bytes=''
+  [[ -n $before ]] && m_bytes=$((after - before))
+  if ((rc != 0)); then
+    m_note="failed (exit $rc"
+    ((rc != 124)) || m_note+=", over --case-timeout"
+    m_note+="): $(tail -1 "$errf" | cut -c1-120)"
+    cat "$errf" >> "$logs/errors.log"
+    return 0
+  fi
+  read -r _ _ m_secs m_gbps < "$outf"
+}
+
+# ---- backends ---------------------------------------------------------------------------------
+# The model: generated once per shape in DIR, copied to /dev/shm for this run.
+prepare_model() {
+  if [[ ! -f $model/config.json ]]; then
+    say "generating $shards × $shard_mib MiB shards ($mix tensors) in $model"
+    rm -rf "$model"
+    "$loader" gen "$model" --shards "$shards" --shard-size $((shard_mib << 20)) --tensor-mix "$mix"
+  fi
+  cp -r "$model" "$shm"
+  local f
+  model_bytes=0
+  for f in "$shm"/*.safetensors; do model_bytes=$((model_bytes + $(stat -c %s "$f"))); done
+}
+
+start_net() {
+  rm -f "$net_stats"
+  "$netfs" "$shm" "$net_mnt" -f --latency-ms 5 --request-mbps 200 --total-mbps 2000 \
+    --threads 64 --max-background 64 --readahead-kb 1024 --stats-file "$net_stats" \
+    2> "$logs/netfs.log" &
+  net_pid=$!
+  local i
+  for ((i = 0; i < 100; i++)); do
+    grep -q serving "$logs/netfs.log" && [[ -f $net_stats ]] && break
+    kill -0 "$net_pid" 2>/dev/null || die "NET did not mount: $(cat "$logs/netfs.log")"
+    sleep 0.1
+  done
+  grep -q serving "$logs/netfs.log" || die "NET did not mount in 10 s"
+  net_params=$(grep serving "$logs/netfs.log" | sed 's/^accelfs_netfs: serving [^:]*: //')
+}
+
+stop_net() {
+  unmount "$net_mnt"
+  reap "$net_pid"
+  net_pid=
+}
+
+# Returns 1 (after one line on stderr) where DISK cannot be throttled here.
+start_disk() {
+  local rc=0 msg
+  # An image left by an interrupted run that nothing uses any more.
+  if [[ -e $disk_img ]] && ! mounted "$disk_dir" && [[ -z $(losetup -j "$disk_img") ]]; then
+    rm -f "$disk_img"
+  fi
+  msg=$(DISK_BACKEND_IMG=$disk_img "$disk_sh" up "$disk_dir" $((model_mib + model_mib / 8 + 64)) \
+    "$disk_mbps" 2>&1) || rc=$?
+  if ((rc == 77)); then
+    say "DISK skipped: ${msg#disk_backend: }"
+    disk_skipped=${msg#disk_backend: }
+    return 1
+  fi
+  ((rc == 0)) || die "DISK did not come up: $msg"
+  disk_up=1
+  say "$msg"
+  disk_params=${msg#disk_backend: }
+  loop_name=$(basename "$(findmnt -n -o SOURCE --mountpoint "$disk_dir")")
+  cp -r "$model" "$disk_dir/model"
+  sync
+}
+
+stop_disk() {
+  "$disk_sh" down "$disk_dir" >&2
+  disk_up=0
+}
+
+# start_accelfs BACKEND SOURCE CACHE_BYTES: a new daemon in the foreground (so its pid is known),
+# inside DISK's throttled cgroup for DISK (the daemon is what reads the device).
+start_accelfs() {
+  local backend=$1 src=$2 cache=$3 log=$logs/accelfs-$((++accelfs_runs)).log i
+  local cmd=("$accelfs" "$src" "$acc_mnt" -f --cache-size "$cache" --log-level warn)
+  [[ $backend == DISK ]] && cmd=("$disk_sh" run "${cmd[@]}")
+  "${cmd[@]}" 2> "$log" &
+  acc_pid=$!
+  for ((i = 0; i < 100; i++)); do
+    findmnt -n -t fuse.accelfs --mountpoint "$acc_mnt" >/dev/null && return 0
+    kill -0 "$acc_pid" 2>/dev/null || die "accelfs did not mount: $(cat "$log")"
+    sleep 0.1
+  done
+  die "accelfs did not mount in 10 s: $(cat "$log")"
+}
+
+stop_accelfs() {
+  unmount "$acc_mnt"
+  reap "$acc_pid"
+  acc_pid=
+}
+
+# The daemon's peak resident set so far, KiB.
+daemon_hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$acc_pid/status" 2>/dev/null || true; }
+
+# ---- cases ------------------------------------------------------------------------------------
+# tmpfs: each loader on the /dev/shm copy — the memory ceiling every other row is held against.
+case_tmpfs() {
+  local l
+  for l in "${loaders[@]}"; do
+    # shellcheck disable=SC2086  # loader_args are words
+    measure tmpfs 0 "$loader" ${loader_args[$l]} "$shm"
+    record tmpfs "local copy" "$l" "$m_gbps" "$m_secs" "" "" "$m_note"
+  done
+}
+
+# ceiling BACKEND PATH IN_CGROUP THREADS...: accelfs_ceiling, each chunk read once, page cache
+# dropped; the best is the backend's ceiling.
+case_ceiling() {
+  local backend=$1 path=$2 in_cgroup=$3 t
+  shift 3
+  CEIL[$backend]=0
+  for t in "$@"; do
+    drop_caches
+    measure "$backend" "$in_cgroup" "$ceiling" --threads "$t" "$path"
+    record "$backend" ceiling "ceiling-$t" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
+    [[ $m_gbps != - ]] && CEIL[$backend]=$(awk -v a="$m_gbps" -v b="${CEIL[$backend]}" \
+      'BEGIN {print (a > b ? a : b)}')
+  done
+}
+
+# direct BACKEND PATH IN_CGROUP: each loader on the backend itself, page cache dropped.
+case_direct() {
+  local backend=$1 path=$2 in_cgroup=$3 l
+  for l in "${loaders[@]}"; do
+    drop_caches
+    # shellcheck disable=SC2086
+    measure "$backend" "$in_cgroup" "$loader" ${loader_args[$l]} "$path"
+    record "$backend" direct "$l" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
+  done
+}
+
+# accelfs BACKEND SOURCE: per loader, a new daemon over the backend: cold (page cache dropped),
+# warm (page cache dropped, daemon cache full), repeat (page cache kept). The RSS column is the
+# daemon's VmHWM after the case.
+case_accelfs() {
+  local backend=$1 src=$2 l c
+  for l in "${loaders[@]}"; do
+    start_accelfs "$backend" "$src" "$cache_bytes"
+    for c in cold warm repeat; do
+      [[ $c != repeat ]] && drop_caches
+      # shellcheck disable=SC2086
+      measure "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+      record "$backend" "accelfs $c" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    done
+    stop_accelfs
+  done
+}
+
+# cache ½ model BACKEND SOURCE: the model twice the cache; mmap loader, cold. The daemon's VmRSS is
+# sampled every 50 ms; the row's RSS is the larger of the samples' peak and VmHWM.
+case_small_cache() {
+  local backend=$1 src=$2 samples=$logs/rss-samples peak hwm
+  start_accelfs "$backend" "$src" "$small_cache_bytes"
+  : > "$samples"
+  (while [[ -r /proc/$acc_pid/status ]]; do
+    awk '/^VmRSS/ {print $2}' "/proc/$acc_pid/status"
+    sleep 0.05
+  done) >> "$samples" 2>/dev/null &
+  sampler_pid=$!
+  drop_caches
+  # shellcheck disable=SC2086
+  measure "$backend" 0 "$loader" ${loader_args[mmap]} "$acc_mnt"
+  hwm=$(daemon_hwm_kib)
+  kill "$sampler_pid" 2>/dev/null || true
+  wait "$sampler_pid" 2>/dev/null || true
+  sampler_pid=
+  peak=$( (cat "$samples"; echo "${hwm:-0}") | sort -n | tail -1)
+  record "$backend" "cache ½ model" mmap "$m_gbps" "$m_secs" "$m_bytes" "$peak" \
+    "${m_note:-$(wc -l < "$samples") RSS samples}"
+  stop_accelfs
+}
+
+bench_net() {
+  start_net
+  case_ceiling NET "$net_mnt" 0 16 64
+  case_direct NET "$net_mnt" 0
+  case_accelfs NET "$net_mnt"
+  case_small_cache NET "$net_mnt"
+  stop_net
+}
+
+bench_disk() {
+  start_disk || return 0
+  case_ceiling DISK "$disk_dir/model" 1 64
+  case_direct DISK "$disk_dir/model" 1
+  case_accelfs DISK "$disk_dir/model"
+  case_small_cache DISK "$disk_dir/model"
+  stop_disk
+}
+
+# ---- formatting: the one place that turns rows into the table and the goals -------------------
+# ratio A B: A / B to 2 places, or "-".
+ratio() {
+  [[ $1 =~ ^[0-9.]+$ && $2 =~ ^[0-9.]+$ ]] || { echo -; return; }
+  awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}'
+}
+mib() { [[ -n $1 ]] && awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}' || echo -; }
+# at_least VALUE LIMIT / at_most VALUE LIMIT: PASS, FAIL or "n/a".
+at_least() { [[ $1 =~ ^[0-9.]+$ ]] && awk -v a="$1" -v b="$2" 'BEGIN {print (a >= b ? "PASS" : "FAIL")}' || echo n/a; }
+at_most() { [[ $1 =~ ^[0-9.]+$ ]] && awk -v a="$1" -v b="$2" 'BEGIN {print (a <= b ? "PASS" : "FAIL")}' || echo n/a; }
+
+format_table() {
+  local key b c l tmpfs_key
+  echo "| backend | case | loader | GB/s | × ceiling | × tmpfs | seconds | backend MiB read | × model | daemon peak RSS MiB | note |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  for key in "${rows[@]}"; do
+    IFS='|' read -r b c l <<< "$key"
+    tmpfs_key="tmpfs|local copy|$l"
+    local name=${loader_name[$l]:-"accelfs_ceiling, ${l#ceiling-} threads × 4 MiB pread"}
+    local rss=-
+    [[ -n ${RSS[$key]:-} ]] && rss=$((RSS[$key] / 1024))
+    echo "| $b | $c | $name | ${GBPS[$key]:-} | $(ratio "${GBPS[$key]:-}" "${CEIL[$b]:-}") |" \
+      "$(ratio "${GBPS[$key]:-}" "${GBPS[$tmpfs_key]:-}") | ${SECS[$key]:-} | $(mib "${BBYTES[$key]:-}") |" \
+      "$(ratio "${BBYTES[$key]:-}" "$model_bytes") | $rss | ${NOTE[$key]:-} |"
+  done
+}
+
+# goal TEXT MEASURED VERDICT: one line of the goals table.
+goal() {
+  if [[ $3 == n/a ]]; then echo "| $1 | not measured | n/a |"; else echo "| $1 | $2 | **$3** |"; fi
+}
+
+format_goals() {
+  local b k r l base target
+  if [[ -z ${!CEIL[*]} ]]; then
+    echo "No backend ran: no goal to check."
+    return
+  fi
+  echo "| goal | measured | verdict |"
+  echo "|---|---|---|"
+  for b in NET DISK; do
+    [[ -n ${CEIL[$b]:-} ]] || continue
+    # Cold loads against the backend: NET's measured ceiling, DISK's throttle (its bandwidth).
+    if [[ $b == NET ]]; then
+      base=${CEIL[NET]} target=0.9
+      for l in mmap mt eager; do
+        k="$b|accelfs cold|$l" r=$(ratio "${GBPS[$k]:-}" "$base")
+        goal "$b cold, ${loader_name[$l]}: ≥$target× ceiling ($base GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" $target)"
+      done
+    else
+      base=$(awk -v m="$disk_mbps" 'BEGIN {print m / 1000}') target=0.95
+      for l in mmap mt eager; do
+        k="$b|accelfs cold|$l" r=$(ratio "${GBPS[$k]:-}" "$base")
+        goal "$b cold, ${loader_name[$l]}: ≥$target× the throttle ($base GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" $target)"
+      done
+    fi
+    # Data parallel, cold: one backend read of the model, and not much slower than one process.
+    for l in dp dp-stagger; do
+      k="$b|accelfs cold|$l" r=$(ratio "${BBYTES[$k]:-}" "$model_bytes")
+      goal "$b cold, ${loader_name[$l]}: backend bytes ≤1.05× model" "$(mib "${BBYTES[$k]:-}") MiB = $r×" "$(at_most "$r" 1.05)"
+    done
+    k="$b|accelfs cold|dp" r=$(ratio "${SECS[$k]:-}" "${SECS[$b|accelfs cold|mmap]:-}")
+    goal "$b cold, ${loader_name[dp]}: wall ≤1.2× one process (mmap, ${SECS[$b|accelfs cold|mmap]:-} s)" "${SECS[$k]:-} s = $r×" "$(at_most "$r" 1.2)"
+    # Warm and repeat against the same loader on the local tmpfs copy.
+    for l in mmap eager; do
+      k="$b|accelfs warm|$l" r=$(ratio "${GBPS[$k]:-}" "${GBPS[tmpfs|local copy|$l]:-}")
+      goal "$b warm, ${loader_name[$l]}: ≥0.9× tmpfs (${GBPS[tmpfs|local copy|$l]:-} GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 0.9)"
+      k="$b|accelfs repeat|$l" r=$(ratio "${GBPS[$k]:-}" "${GBPS[tmpfs|local copy|$l]:-}")
+      goal "$b repeat, ${loader_name[$l]}: ≥0.95× tmpfs" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 0.95)"
+    done
+    # The model twice the cache: still fast, and the daemon within its budget.
+    k="$b|cache ½ model|mmap" r=$(ratio "${GBPS[$k]:-}" "${CEIL[$b]}")
+    goal "$b model 2× the cache, mmap, cold: ≥0.8× ceiling (${CEIL[$b]} GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 0.8)"
+    local limit=$(((small_cache_bytes >> 10) + 65536))
+    goal "$b model 2× the cache: daemon RSS ≤ budget + 64 MiB ($((limit >> 10)) MiB)" \
+      "peak $(( ${RSS[$k]:-0} >> 10)) MiB" "$(at_most "${RSS[$k]:-}" "$limit")"
+  done
+}
+
+format_results() {
+  local src_dir commit
+  src_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+  commit=$(git -C "${src_dir:-.}" log -1 --format='%h %s' 2>/dev/null || echo unknown)
+  git -C "${src_dir:-.}" diff --quiet HEAD 2>/dev/null || commit+=" (with uncommitted changes)"
+  echo "# accelfs benchmark suite, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  [[ -z $incomplete ]] || { echo "**Incomplete run ($incomplete): only the rows measured before it stopped.**"; echo; }
+  echo "Command (root, from $invoked_from):"
+  echo
+  echo "    $command_line"
+  echo
+  echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, Linux $(uname -r); load average at the start $load_start, at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "- binaries: $build, built from ${src_dir:-?} at \`$commit\`"
+  echo "- model: $model_bytes bytes of tensors in $shards shards ($mix tensor mix), generated in $model, copied to /dev/shm (the tmpfs peer and NET's backing store)"
+  echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model)"
+  ((run_net)) && echo "- NET: accelfs_netfs, ${net_params:-not run}"
+  ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
+  echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"
+  echo "- ceiling: the best accelfs_ceiling run on the backend (NET: 16 and 64 threads, DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
+  echo "- one run per row; GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the same daemon as cold)"
+  echo
+  format_table
+  echo
+  echo "## Goals (DESIGN.md §5, issue 3)"
+  echo
+  format_goals
+}
+
+# ---- main -------------------------------------------------------------------------------------
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+: > "$tsv"
+accelfs_runs=0
+for m in "$acc_mnt" "$net_mnt" "$disk_dir"; do
+  ! mounted "$m" || die "$m is mounted (another run, or left over): unmount it first"
+done
+prepare_model
+cache_bytes=$((model_bytes * 3 / 2 + (256 << 20)))
+small_cache_bytes=$((model_bytes / 2))
+say "model $model_bytes bytes; results to $out"
+case_tmpfs
+((run_net)) && bench_net
+((run_disk)) && bench_disk
+format_results > "$out"
+results_written=1
+cat "$out"

@@ -178,7 +178,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_option("--cache-size", cache_size,
                  "Cache budget: bytes with K/M/G/T, or a % of RAM (default: half of MemAvailable)");
   app.add_option("--block-size", block_size, "Cache block size, a power of two (default 4M)");
-  app.add_option("--backend-depth", backend_depth, "Most backend reads in flight (default 64)");
+  app.add_option("--backend-depth", backend_depth,
+                 "Most backend reads in flight; the daemon adapts the depth below it (default 64)");
   app.add_option("--readahead", readahead,
                  "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (default 8M; 0 keeps "
                  "the kernel's)");

@@ -96,7 +96,7 @@ int Run(const Config& config) {
   }
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
-  if (auto uring = MakeUringReader(config.backend_depth); uring.ok()) {
+  if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true); uring.ok()) {
     reader = std::move(uring.value());
   } else {
     spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",
@@ -199,9 +199,9 @@ int Run(const Config& config) {
   const PushStats pushed = pusher ? pusher->Stats() : PushStats{};
   spdlog::info(
       "served {} block reads from the cache and {} by fetching; read {} from the backend ({} "
-      "prefetches, {} failed); pushed {} into the page cache",
+      "prefetches, {} failed) at depth {}; pushed {} into the page cache",
       stats.hits, stats.misses, FormatBytes(stats.fetched_bytes), stats.prefetches,
-      stats.failed_fetches, FormatBytes(pushed.pushed_bytes));
+      stats.failed_fetches, reader->CurrentDepth(), FormatBytes(pushed.pushed_bytes));
   pusher.reset();
   cache.Shutdown();
   (*session)->Unmount();  // also ends a starter still waiting in statfs

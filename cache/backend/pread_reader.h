@@ -18,6 +18,8 @@ class PreadReader final : public BackendReader {
   ~PreadReader() override;
   void Submit(ReadRequest request) override;
   void Stop() override;
+  // One read per thread: a fixed depth.
+  unsigned CurrentDepth() const override { return static_cast<unsigned>(threads_.size()); }
 
  private:
   void Run();

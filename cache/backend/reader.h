@@ -60,6 +60,8 @@ class BackendReader {
   virtual void Submit(ReadRequest request) = 0;
   // Finishes every submitted request (callbacks run), then refuses new ones with ECANCELED.
   virtual void Stop() = 0;
+  // Reads it lets in flight now (adaptive readers change it as they measure the backend).
+  virtual unsigned CurrentDepth() const = 0;
 };
 
 // Requests waiting for a reader, demand first, each kind in submission order. Not thread-safe: the

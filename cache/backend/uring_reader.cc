@@ -3,12 +3,15 @@
 #include <liburing.h>
 #include <sys/eventfd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "cache/backend/depth_policy.h"
 #include "cache/block.h"
 
 namespace accelfs {
@@ -24,7 +27,14 @@ struct Op {
 
 class UringReader final : public BackendReader {
  public:
-  UringReader(unsigned depth, int event_fd) : depth_(depth), event_fd_(event_fd) {}
+  UringReader(unsigned depth, bool adaptive, int event_fd)
+      : depth_(depth),
+        adaptive_(adaptive),
+        event_fd_(event_fd),
+        controller_({1, depth, std::min(depth, 16u), 0.10, 20}),
+        limit_(adaptive ? controller_.depth() : depth) {
+    current_depth_ = limit_;
+  }
 
   Status Start() {
     // One slot more than the depth for the wake-up read on the eventfd.
@@ -59,6 +69,8 @@ class UringReader final : public BackendReader {
     }
     request.done(Error(ECANCELED));
   }
+
+  unsigned CurrentDepth() const override { return current_depth_.load(std::memory_order_relaxed); }
 
   void Stop() override {
     {
@@ -119,6 +131,8 @@ class UringReader final : public BackendReader {
 
   void Finish(Op* op, Result<size_t> result) {
     if (!op->request.demand) --prefetch_in_flight_;
+    if (result.ok()) interval_bytes_ += result.value();
+    ++interval_ops_;
     if (!op->direct && result.ok()) DropBackingPageCache(op->request, result.value());
     op->request.done(std::move(result));
     delete op;
@@ -129,15 +143,18 @@ class UringReader final : public BackendReader {
     for (;;) {
       std::vector<ReadRequest> batch;
       bool stopping;
+      bool idle;
       {
         std::lock_guard lock(mu_);
         // Prefetch may fill at most a prefetch share of the depth, so that a demand miss that
         // arrives behind a long stream finds a free slot at once.
-        while (in_flight_ + batch.size() < depth_ && !pending_.empty()) {
+        while (in_flight_ + batch.size() < limit_ && !pending_.empty()) {
           if (!pending_.has_demand() && prefetch_in_flight_ >= PrefetchSlots()) break;
           batch.push_back(pending_.Pop());
           if (!batch.back().demand) ++prefetch_in_flight_;
         }
+        if (!pending_.empty()) saturated_ = true;  // requests wait for a slot
+        idle = pending_.empty() && batch.empty() && in_flight_ == 0;
         stopping = stopping_ && pending_.empty();
       }
       for (auto& request : batch) {
@@ -147,6 +164,7 @@ class UringReader final : public BackendReader {
         ++in_flight_;
       }
       if (stopping && in_flight_ == 0) return;
+      if (idle) StartInterval();  // time with nothing to read measures nothing
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
         FailQueued(-rc);
@@ -168,7 +186,29 @@ class UringReader final : public BackendReader {
           --in_flight_;
         }
       }
+      if (adaptive_) MaybeAdapt();
     }
+  }
+
+  using Clock = std::chrono::steady_clock;
+
+  void StartInterval() {
+    interval_start_ = Clock::now();
+    interval_bytes_ = 0;
+    interval_ops_ = 0;
+    saturated_ = false;
+  }
+
+  // Ends an interval once it has lasted kInterval and seen a round of completions, and lets the
+  // controller choose the depth for the next one.
+  void MaybeAdapt() {
+    static constexpr auto kInterval = std::chrono::milliseconds(100);
+    const Clock::time_point now = Clock::now();
+    if (now - interval_start_ < kInterval || interval_ops_ < std::max(4u, limit_ / 2)) return;
+    const double seconds = std::chrono::duration<double>(now - interval_start_).count();
+    limit_ = controller_.Update({interval_bytes_, seconds, saturated_});
+    current_depth_.store(limit_, std::memory_order_relaxed);
+    StartInterval();
   }
 
   // Submitting to the ring failed: answer what is queued rather than let it wait on a ring that
@@ -184,11 +224,19 @@ class UringReader final : public BackendReader {
 
   // Three quarters of the depth (at least 1, and 1 less than the depth when it can be).
   unsigned PrefetchSlots() const {
-    return depth_ <= 1 ? 1 : std::max(1u, std::min(depth_ - 1, depth_ * 3 / 4));
+    return limit_ <= 1 ? 1 : std::max(1u, std::min(limit_ - 1, limit_ * 3 / 4));
   }
 
   const unsigned depth_;
+  const bool adaptive_;
   const int event_fd_;
+  DepthController controller_;       // ring thread only
+  unsigned limit_;                   // ring thread only: reads allowed in flight now
+  std::atomic<unsigned> current_depth_{0};
+  Clock::time_point interval_start_ = Clock::now();  // ring thread only, as the three below
+  uint64_t interval_bytes_ = 0;
+  unsigned interval_ops_ = 0;
+  bool saturated_ = false;
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only
   io_uring ring_{};
@@ -203,10 +251,10 @@ class UringReader final : public BackendReader {
 
 }  // namespace
 
-Result<std::unique_ptr<BackendReader>> MakeUringReader(unsigned depth) {
+Result<std::unique_ptr<BackendReader>> MakeUringReader(unsigned depth, bool adaptive) {
   const int event_fd = eventfd(0, EFD_CLOEXEC);
   if (event_fd < 0) return Error(errno);
-  auto reader = std::make_unique<UringReader>(depth, event_fd);
+  auto reader = std::make_unique<UringReader>(depth, adaptive, event_fd);
   if (Status s = reader->Start(); !s.ok()) return s.error();
   return std::unique_ptr<BackendReader>(std::move(reader));
 }

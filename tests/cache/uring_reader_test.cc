@@ -83,10 +83,15 @@ Done Submit(BackendReader& reader, const std::shared_ptr<BackingFile>& file, uin
   return done;
 }
 
-enum class Kind { kUring, kPread };
+enum class Kind { kUring, kUringAdaptive, kPread };
 
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
-  return info.param == Kind::kUring ? "Uring" : "Pread";
+  switch (info.param) {
+    case Kind::kUring: return "Uring";
+    case Kind::kUringAdaptive: return "UringAdaptive";
+    case Kind::kPread: return "Pread";
+  }
+  return "?";
 }
 
 class ReaderTest : public ::testing::TestWithParam<Kind> {
@@ -99,7 +104,7 @@ class ReaderTest : public ::testing::TestWithParam<Kind> {
   // nullptr (and skip_reason_) when this kernel has no io_uring.
   std::unique_ptr<BackendReader> Make(unsigned depth) {
     if (GetParam() == Kind::kPread) return std::make_unique<PreadReader>(depth);
-    auto uring = MakeUringReader(depth);
+    auto uring = MakeUringReader(depth, GetParam() == Kind::kUringAdaptive);
     if (!uring.ok()) {
       skip_reason_ = "io_uring is unavailable in this kernel (" + uring.error().Message() +
                      "); the io_uring reader cannot be tested here";
@@ -256,6 +261,8 @@ TEST_P(ReaderTest, ManyMoreRequestsThanDepthAllComplete) {
       EXPECT_EQ(CompareBytes(buffers[i].get(), 27, uint64_t{kSmall} * i, want), "")
           << "request " << i;
     }
+    EXPECT_GE(reader->CurrentDepth(), 1u);
+    EXPECT_LE(reader->CurrentDepth(), depth);
   }
 }
 
@@ -290,7 +297,8 @@ TEST_P(ReaderTest, StopFinishesEverythingSubmittedThenRefuses) {
   reader->Stop();  // a second Stop is harmless
 }
 
-INSTANTIATE_TEST_SUITE_P(Readers, ReaderTest, ::testing::Values(Kind::kUring, Kind::kPread),
+INSTANTIATE_TEST_SUITE_P(Readers, ReaderTest, ::testing::Values(Kind::kUring, Kind::kUringAdaptive,
+                                                           Kind::kPread),
                          KindName);
 
 // PreadBlock directly, the shared read loop of both readers' fallbacks.

@@ -20,6 +20,7 @@ class FakeBackend final : public BackendReader {
 
   void Submit(ReadRequest request) override;
   void Stop() override;
+  unsigned CurrentDepth() const override { return 1; }  // one request at a time
 
   // Serve demand requests before queued prefetch ones, as the real readers do (RequestQueue).
   // Off by default: requests are then served in submission order.

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -39,6 +40,9 @@ struct Inode {
   int backing_id = 0;         // GUARDED_BY(mu) registered while passthrough_opens > 0
   std::condition_variable passthrough_closed;  // notified when passthrough_opens drops to 0
   FileKey passthrough_identity;                // GUARDED_BY(mu)
+  // Where the kernel first looked this inode up: its directory and name (for shard sets).
+  std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)
+  std::string name;               // GUARDED_BY(mu)
 };
 
 class InodeTable {

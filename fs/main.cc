@@ -112,6 +112,7 @@ int Run(const Config& config) {
   prefetch.stream_threshold = config.stream_threshold;
   prefetch.limits.ahead = std::clamp<uint64_t>(config.cache_size / 4 / config.block_size, 2, 256);
   prefetch.limits.max_in_flight = config.backend_depth;
+  prefetch.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
   Prefetcher prefetcher(cache, prefetch);
   auto fs = ReadThroughFs::Create(paths->source, cache,
                                   {config.block_size, config.readahead_blocks}, &prefetcher);

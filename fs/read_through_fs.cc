@@ -74,7 +74,8 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
                 fstat(root_fd, &st);
                 return st;
               }()),
-      prefetcher_(prefetcher) {}
+      prefetcher_(prefetcher),
+      shard_opener_(prefetcher != nullptr ? std::make_unique<ShardOpener>(*prefetcher) : nullptr) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 
@@ -105,7 +106,15 @@ Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
     close(fd);
     return Error(err);
   }
-  out.ino = inodes_.Lookup(fd, out.attr).first;
+  auto [ino, node] = inodes_.Lookup(fd, out.attr);
+  out.ino = ino;
+  if (S_ISREG(out.attr.st_mode)) {
+    std::lock_guard lock(node->mu);
+    if (!node->parent) {
+      node->parent = *dir;
+      node->name = child;
+    }
+  }
   return out;
 }
 
@@ -256,8 +265,27 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   }
   out.backing_id = handle->backing_id;
   // A file served by the daemon starts streaming in at its first open, before any READ.
-  if (prefetcher_ != nullptr && handle->backing_id == 0) {
-    prefetcher_->OnOpen(handle->identity, handle->file);
+  if (prefetcher_ != nullptr) {
+    std::shared_ptr<Inode> dir;
+    std::string name;
+    {
+      std::lock_guard lock(handle->inode->mu);
+      dir = handle->inode->parent;
+      name = handle->inode->name;
+    }
+    const bool safetensors = name.ends_with(".safetensors");
+    if (handle->backing_id == 0) prefetcher_->OnOpen(handle->identity, handle->file, safetensors);
+    // The shard a loader opens after this one streams in once this one's stream is done, or at
+    // once when this one is already cached (passed through).
+    if (safetensors && dir) {
+      if (handle->backing_id > 0) {
+        shard_opener_->StartNextAfter(dir, name);
+      } else {
+        prefetcher_->SetSuccessor(handle->identity, [opener = shard_opener_.get(), dir, name] {
+          opener->StartNextAfter(dir, name);
+        });
+      }
+    }
   }
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {

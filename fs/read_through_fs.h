@@ -22,6 +22,7 @@
 #include "cache/result.h"
 #include "fs/inode_table.h"
 #include "fs/page_pusher.h"
+#include "fs/shard_opener.h"
 
 namespace accelfs {
 
@@ -126,6 +127,7 @@ class ReadThroughFs {
   const FsOptions options_;
   InodeTable inodes_;
   Prefetcher* const prefetcher_;
+  std::unique_ptr<ShardOpener> shard_opener_;  // with a prefetcher
   BackingRegistry* registry_ = nullptr;
   PagePusher* pusher_ = nullptr;
   std::atomic<size_t> open_files_{0};

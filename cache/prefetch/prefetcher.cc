@@ -1,33 +1,121 @@
 #include "cache/prefetch/prefetcher.h"
 
+#include <algorithm>
+
 #include "cache/block.h"
+#include "cache/prefetch/safetensors.h"
 
 namespace accelfs {
 
 Prefetcher::Stream* Prefetcher::StreamFor(const FileKey& file,
-                                          const std::shared_ptr<BackingFile>& backing) {
+                                          const std::shared_ptr<BackingFile>& backing,
+                                          bool* created) {
+  if (created != nullptr) *created = false;
   auto it = streams_.find(file);
   if (it != streams_.end()) return &it->second;
   if (options_.stream_threshold == 0 || file.size < options_.stream_threshold) return nullptr;
   Stream& stream = streams_[file];
   stream.state.blocks = BlockCount(file.size, options_.block_size);
   stream.backing = backing;
+  if (created != nullptr) *created = true;
   return &stream;
 }
 
-void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing) {
+void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                        bool safetensors) {
+  bool created = false;
   {
     std::lock_guard lock(mu_);
-    Stream* stream = StreamFor(file, backing);
+    Stream* stream = StreamFor(file, backing, &created);
     if (stream == nullptr) return;
-    if (stream->state.done()) {
-      // Opened again after its stream finished (a second load; blocks may have been evicted since):
-      // walk it again from the start. Cached blocks are skipped without a fetch.
+    if (stream->state.done() || !stream->opened) {
+      // Opened again after its stream finished (a second load; blocks may have been evicted
+      // since), or opened after streaming speculatively (the reader's own stream now): walk it
+      // again from the start. Cached and in-flight blocks are skipped without a fetch.
       stream->state.next = 0;
       stream->state.reader_end = 0;
       stream->backing = backing;
     }
+    stream->opened = true;
   }
+  if (created && safetensors) LearnOrder(file, backing);
+  Pump(file);
+}
+
+void Prefetcher::StartSpeculative(const FileKey& file,
+                                  const std::shared_ptr<BackingFile>& backing, bool safetensors) {
+  bool created = false;
+  {
+    std::lock_guard lock(mu_);
+    if (StreamFor(file, backing, &created) == nullptr || !created) return;
+  }
+  if (safetensors) LearnOrder(file, backing);
+  Pump(file);
+}
+
+void Prefetcher::SetSuccessor(const FileKey& file, Successor start) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = streams_.find(file);
+    if (it == streams_.end()) return;
+    it->second.successor = std::move(start);
+  }
+  Pump(file);  // runs it at once when every block was asked for already
+}
+
+std::vector<uint32_t> Prefetcher::OrderOf(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  auto it = streams_.find(file);
+  return it == streams_.end() ? std::vector<uint32_t>() : it->second.order;
+}
+
+void Prefetcher::LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing) {
+  if (!options_.tensor_order) return;
+  // A demand read of the first block: the loader reads the header first anyway.
+  cache_.Get(BlockKey{file, 0}, BlockBytes(0, file.size, options_.block_size), backing,
+             [this, file](Result<BlockCache::Ref> block) {
+               if (block.ok()) ApplyHeader(file, block.value());
+             });
+}
+
+void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block) {
+  const std::span<const std::byte> head(first_block.data(), first_block.size());
+  const auto log = [&](const std::string& why) {
+    if (options_.debug_log) options_.debug_log(why);
+  };
+  Result<uint64_t> need = SafetensorsHeaderBytes(head.first(std::min<size_t>(8, head.size())),
+                                                 file.size);
+  if (!need.ok()) return;  // not safetensors: front to back
+  if (need.value() > head.size()) {
+    log("safetensors header of " + std::to_string(need.value()) +
+        " bytes is larger than a block: streaming front to back");
+    return;
+  }
+  Result<SafetensorsLayout> layout = ParseSafetensorsHeader(head.first(need.value()), file.size);
+  if (!layout.ok()) {
+    log("invalid safetensors header (" + layout.error().Message() +
+        "): streaming front to back");
+    return;
+  }
+  std::vector<uint32_t> order = SafetensorsBlockOrder(layout.value(), file.size,
+                                                      options_.block_size);
+  bool identity = true;
+  for (size_t i = 0; i < order.size() && identity; ++i) identity = order[i] == i;
+  if (identity || order.empty()) return;
+  std::vector<uint32_t> rank(order.size());
+  for (size_t i = 0; i < order.size(); ++i) rank[order[i]] = static_cast<uint32_t>(i);
+  {
+    std::lock_guard lock(mu_);
+    auto it = streams_.find(file);
+    if (it == streams_.end() || it->second.state.blocks != order.size()) return;
+    Stream& stream = it->second;
+    // Walk again from the first position in the new order: blocks asked for already are skipped.
+    // The readers' progress so far was noted as block numbers: keep it as positions.
+    stream.order = std::move(order);
+    stream.rank = std::move(rank);
+    stream.state.next = 0;
+  }
+  log("streaming in tensor order");
   Pump(file);
 }
 
@@ -37,10 +125,22 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
     std::lock_guard lock(mu_);
     Stream* stream = StreamFor(file, backing);
     if (stream == nullptr) return false;
+    stream->opened = true;
     if (size > 0 && offset < file.size) {
       const uint64_t end = std::min(offset + size, file.size);
-      NoteStreamRead(stream->state, offset / options_.block_size,
-                     BlockCount(end, options_.block_size), options_.limits);
+      uint64_t first = offset / options_.block_size;
+      uint64_t last = BlockCount(end, options_.block_size);  // one past
+      if (!stream->rank.empty()) {
+        // Positions in the stream's order of the blocks read.
+        uint64_t lo = stream->rank[first], hi = stream->rank[first];
+        for (uint64_t b = first + 1; b < last; ++b) {
+          lo = std::min<uint64_t>(lo, stream->rank[b]);
+          hi = std::max<uint64_t>(hi, stream->rank[b]);
+        }
+        first = lo;
+        last = hi + 1;
+      }
+      NoteStreamRead(stream->state, first, last, options_.limits);
     }
     if (stream->state.done()) return true;
   }
@@ -52,8 +152,11 @@ void Prefetcher::Forget(const FileKey& file) {
   std::lock_guard lock(mu_);
   auto it = streams_.find(file);
   // A stream with fetches outstanding stays until they finish (OnFetched finds it), but asks for
-  // nothing more.
-  if (it != streams_.end()) it->second.state.next = it->second.state.blocks;
+  // nothing more, and starts no successor.
+  if (it != streams_.end()) {
+    it->second.state.next = it->second.state.blocks;
+    it->second.successor = nullptr;
+  }
 }
 
 size_t Prefetcher::stream_count() const {
@@ -72,16 +175,23 @@ void Prefetcher::Pump(const FileKey& file) {
     }
     it->second.pumping = true;
   }
+  Successor successor;
   for (;;) {
     BlockRange range;
     std::shared_ptr<BackingFile> backing;
+    std::vector<uint64_t> blocks;
     {
       std::lock_guard lock(mu_);
       Stream& stream = streams_.at(file);
       range = NextStreamBlocks(stream.state, options_.limits);
+      if (range.empty() && stream.state.next >= stream.state.blocks && stream.opened &&
+          stream.successor) {
+        successor = std::move(stream.successor);  // every block asked for: the next shard's turn
+        stream.successor = nullptr;
+      }
       if (range.empty() && !stream.again) {
         stream.pumping = false;
-        return;
+        break;
       }
       stream.again = false;
       if (range.empty()) continue;
@@ -89,10 +199,14 @@ void Prefetcher::Pump(const FileKey& file) {
       stream.state.next = range.end;
       stream.state.in_flight += static_cast<uint32_t>(range.end - range.first);
       backing = stream.backing;
+      for (uint64_t p = range.first; p < range.end; ++p) {
+        blocks.push_back(stream.order.empty() ? p : stream.order[p]);
+      }
     }
     uint64_t given_back = 0;
     bool no_room = false;
-    for (uint64_t b = range.first; b < range.end; ++b) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const uint64_t b = blocks[i];
       const auto result =
           cache_.Prefetch(BlockKey{file, b}, BlockBytes(b, file.size, options_.block_size), backing,
                           [this, file, b] { OnFetched(file, b); });
@@ -100,11 +214,11 @@ void Prefetcher::Pump(const FileKey& file) {
       ++given_back;  // no completion will come for this one
       if (result == BlockCache::PrefetchResult::kNoRoom) {
         // Backpressure: the budget is full of blocks nobody has read yet. Stop here; the next
-        // read or completion asks again from this block.
-        given_back += range.end - b - 1;
+        // read or completion asks again from this position.
+        given_back += blocks.size() - i - 1;
         no_room = true;
         std::lock_guard lock(mu_);
-        streams_.at(file).state.next = b;
+        streams_.at(file).state.next = range.first + i;
         break;
       }
     }
@@ -113,9 +227,10 @@ void Prefetcher::Pump(const FileKey& file) {
     stream.state.in_flight -= static_cast<uint32_t>(given_back);
     if (no_room && !stream.again) {
       stream.pumping = false;
-      return;
+      break;
     }
   }
+  if (successor) successor();
 }
 
 void Prefetcher::OnFetched(const FileKey& file, uint64_t block) {
@@ -125,7 +240,7 @@ void Prefetcher::OnFetched(const FileKey& file, uint64_t block) {
     auto it = streams_.find(file);
     if (it == streams_.end()) return;
     --it->second.state.in_flight;
-    if (it->second.state.done()) {
+    if (it->second.state.done() && !it->second.successor) {
       it->second.backing.reset();  // the stream needs the descriptors no more
       return;
     }

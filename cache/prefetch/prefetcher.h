@@ -1,5 +1,10 @@
 // Whole-file streaming: the first open (or read) of a large file starts fetching all of it in
-// order, many block-sized requests in flight, staying a window ahead of its furthest reader. One
+// order, many block-sized requests in flight, staying a window ahead of its furthest reader. "In
+// order" is the order a loader will touch the blocks: front to back, or for a safetensors file the
+// header and then each tensor in the order loaders take them (by name; see safetensors.h), once
+// the stream has parsed the header from the file's first block. When an opened file's stream has
+// asked for its last block, the next shard of its set (SetSuccessor) starts streaming before anyone
+// opens it, at most one shard ahead of the files being read. One
 // stream per file identity, shared by every handle and process that reads it; the cache's single
 // in-flight fetch per block means nothing is fetched twice. Stream fetches go to the backend after
 // every demand read, and never evict prefetched data nobody has read yet: when the budget is full
@@ -10,6 +15,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -23,6 +30,8 @@ struct PrefetcherOptions {
   uint32_t block_size = 4u << 20;
   uint64_t stream_threshold = 64u << 20;  // files at least this big are streamed; 0: none
   StreamLimits limits{64, 32};
+  bool tensor_order = true;  // parse safetensors headers and stream in tensor order
+  std::function<void(const std::string&)> debug_log;  // why a header was not used, etc.
 };
 
 class Prefetcher {
@@ -31,8 +40,10 @@ class Prefetcher {
   // completions call back into it).
   Prefetcher(BlockCache& cache, PrefetcherOptions options) : cache_(cache), options_(options) {}
 
-  // A file was opened: start streaming it from its start when it is large enough.
-  void OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
+  // A file was opened: start streaming it from its start when it is large enough. A file named
+  // *.safetensors (`safetensors`) is streamed in tensor order once its header is read.
+  void OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+              bool safetensors = false);
 
   // A reader asked for [offset, offset + size) of `file` (after its own demand fetches were
   // started). Moves the stream along; starts one if the file is large enough and has none. Returns
@@ -49,6 +60,19 @@ class Prefetcher {
   // stream of `file`, if paused, go on.
   void Resume(const FileKey& file) { Pump(file); }
 
+  // Starts streaming `file` though nobody has opened it (the next shard of a set that is being
+  // loaded). Nothing when it already has a stream or is too small to stream.
+  void StartSpeculative(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                        bool safetensors = false);
+
+  // `start` runs once (with no lock held, on any thread, possibly at once) when the stream of the
+  // opened file `file` has asked for its last block: it should StartSpeculative the next shard.
+  using Successor = std::function<void()>;
+  void SetSuccessor(const FileKey& file, Successor start);
+
+  // The block order of `file`'s stream: a permutation of its blocks, or empty for front to back.
+  std::vector<uint32_t> OrderOf(const FileKey& file) const;
+
   // `file` is an identity no reader will ask for again (the file changed): stop its stream.
   void Forget(const FileKey& file);
 
@@ -56,16 +80,25 @@ class Prefetcher {
 
  private:
   struct Stream {
-    StreamState state;
+    StreamState state;  // in stream positions: position p is block order[p] (p when no order)
     std::shared_ptr<BackingFile> backing;
+    std::vector<uint32_t> order;  // empty: front to back
+    std::vector<uint32_t> rank;   // block -> position, when there is an order
+    bool opened = false;          // false while speculative (nobody opened the file yet)
+    Successor successor;          // run once every block was asked for, if opened
     // One Pump at a time per stream keeps its requests in file order; a Pump asked for while one
     // runs is done by that one (`again`).
     bool pumping = false;
     bool again = false;
   };
 
-  // Finds or creates the stream of a large file. REQUIRES: mu_ held.
-  Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
+  // Finds or creates the stream of a large file (`created` says which). REQUIRES: mu_ held.
+  Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                    bool* created = nullptr);
+  // Reads the file's first block and, when it starts with a valid safetensors header, orders the
+  // stream by tensors. Takes no lock itself before the block arrives.
+  void LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
+  void ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block);
   // Asks the cache for what the policy allows now. Takes mu_; never holds it across the cache.
   void Pump(const FileKey& file);
   void OnFetched(const FileKey& file, uint64_t block);

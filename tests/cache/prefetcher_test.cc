@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -159,6 +162,124 @@ TEST_F(PrefetcherTest, ForgetStopsTheStream) {
   backend_.ReleaseAll();
   ASSERT_TRUE(backend_.WaitCompleted(2));
   EXPECT_EQ(backend_.submitted(), 2u) << "only what was already in flight";
+}
+
+// A safetensors file whose header fills block 0 exactly and whose tensors each fill one block,
+// laid out in `offset_rank` order: tensor "t<i>" is the (offset_rank[i])-th tensor in the file.
+// Returns the blocks in the order a loader reads them (block 0, then t0, t1, ... by name).
+std::vector<uint64_t> WriteSafetensors(const std::string& path, const std::vector<int>& offset_rank,
+                                       uint64_t seed) {
+  std::string json = "{";
+  std::vector<uint64_t> order = {0};
+  for (size_t i = 0; i < offset_rank.size(); ++i) {
+    const uint64_t begin = static_cast<uint64_t>(offset_rank[i]) * kBlock;
+    json += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
+            "\":{\"dtype\":\"BF16\",\"shape\":[" + std::to_string(kBlock / 2) +
+            "],\"data_offsets\":[" + std::to_string(begin) + "," +
+            std::to_string(begin + kBlock) + "]}";
+    order.push_back(1 + offset_rank[i]);
+  }
+  json += "}";
+  json.resize(kBlock - 8, ' ');  // pad the header to the end of block 0
+  const uint64_t n = json.size();
+  std::vector<uint8_t> bytes(8 + n);
+  for (int b = 0; b < 8; ++b) bytes[b] = static_cast<uint8_t>(n >> (8 * b));
+  std::memcpy(bytes.data() + 8, json.data(), n);
+  const std::vector<uint8_t> data = testing::Bytes(seed, 0, offset_rank.size() * kBlock);
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  return order;
+}
+
+class PrefetcherSafetensorsTest : public PrefetcherTest {
+ protected:
+  void MakeFile(const std::string& name, const std::vector<int>& offset_rank) {
+    path_ = dir_ / name;
+    order_ = WriteSafetensors(path_, offset_rank, 9);
+    size_ = (1 + offset_rank.size()) * kBlock;
+    backing_ = testing::OpenBackingFile(path_);
+    key_ = testing::KeyOf(*backing_);
+    cache_ = std::make_unique<BlockCache>(store_, backend_, BlockCache::Options{64 * kBlock, kBlock});
+    PrefetcherOptions options;
+    options.block_size = kBlock;
+    options.stream_threshold = kBlock;
+    options.limits = {64, 1};
+    prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  }
+  std::vector<uint64_t> order_;
+};
+
+TEST_F(PrefetcherSafetensorsTest, StreamFollowsTensorOrderOnceTheHeaderIsRead) {
+  // Offsets: t0 is the 5th tensor in the file, t1 the 2nd, ...: name order is not file order.
+  MakeFile("model.safetensors", {4, 1, 6, 0, 3, 5, 2, 7});
+  backend_.Hold();
+  prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
+  backend_.Release(1);  // block 0, the header: the order is known from here on
+  ASSERT_TRUE(backend_.WaitCompleted(1));
+  backend_.ReleaseAll();
+  ASSERT_TRUE(backend_.WaitCompleted(9));
+  // Block 1 was asked for (front to back) before the header was read; the rest follow the tensors.
+  std::vector<uint64_t> want = {0, 1};
+  for (uint64_t b : order_) {
+    if (b != 0 && b != 1) want.push_back(b);
+  }
+  EXPECT_EQ(ServedBlocks(), want);
+  EXPECT_EQ(backend_.submitted(), 9u) << "no block twice";
+  const std::vector<uint32_t> order = prefetcher_->OrderOf(key_);
+  ASSERT_EQ(order.size(), order_.size());
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], order_[i]) << i;
+}
+
+TEST_F(PrefetcherSafetensorsTest, CorruptHeaderStreamsFrontToBack) {
+  MakeFile("model.safetensors", {3, 2, 1, 0});
+  // Break the JSON: the stream must still fetch every block once, in file order.
+  FILE* f = std::fopen(path_.c_str(), "r+b");
+  std::fseek(f, 8, SEEK_SET);
+  std::fputs("{\"t0\":[", f);
+  std::fclose(f);
+  std::vector<std::string> logged;
+  PrefetcherOptions options;
+  options.block_size = kBlock;
+  options.stream_threshold = kBlock;
+  options.limits = {64, 1};
+  options.debug_log = [&](const std::string& line) { logged.push_back(line); };
+  prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
+  ASSERT_TRUE(backend_.WaitCompleted(5));
+  EXPECT_EQ(ServedBlocks(), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(prefetcher_->OrderOf(key_).empty());
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("invalid safetensors header"), std::string::npos) << logged[0];
+}
+
+TEST_F(PrefetcherTest, SuccessorStartsOnceWhenAnOpenedStreamHasAskedForEverything) {
+  Make(64, 6, {64, 2});
+  int started = 0;
+  prefetcher_->OnOpen(key_, backing_);
+  prefetcher_->SetSuccessor(key_, [&] { ++started; });
+  ASSERT_TRUE(backend_.WaitCompleted(6));
+  prefetcher_->OnRead(key_, backing_, 0, kBlock);  // more pumps run no second successor
+  EXPECT_EQ(started, 1);
+}
+
+TEST_F(PrefetcherTest, SpeculativeStreamStaysAWindowAheadAndStartsNoSuccessor) {
+  Make(256, 40, {/*ahead=*/8, /*max_in_flight=*/4});
+  int started = 0;
+  prefetcher_->StartSpeculative(key_, backing_);
+  prefetcher_->SetSuccessor(key_, [&] { ++started; });
+  ASSERT_TRUE(backend_.WaitCompleted(8));
+  EXPECT_EQ(backend_.submitted(), 8u) << "a window's worth before anyone opens the file";
+  // Opened: the reader's stream now, from the start (cached blocks skipped), to the end.
+  prefetcher_->OnOpen(key_, backing_);
+  for (uint64_t i = 0; i < 40; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Consume(i));
+    prefetcher_->OnRead(key_, backing_, i * kBlock, kBlock);
+  }
+  ASSERT_TRUE(backend_.WaitCompleted(40));
+  EXPECT_EQ(backend_.submitted(), 40u) << "no block twice";
+  EXPECT_EQ(started, 1) << "the successor runs once the opened stream has asked for everything";
 }
 
 }  // namespace

@@ -1,0 +1,144 @@
+// Sharded safetensors models through a real mount: every shard reads (read() and mmap) equal to
+// its backing file; opening a shard of a set starts the next one streaming (from the index file,
+// or from the -0000k-of-0000N names when there is none); a corrupt header, a truncated shard, a
+// hostile index and a missing index change nothing a reader can see.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "tests/mount/mount_fixture.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string ShardName(int k, int n) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", k, n);
+  return name;
+}
+
+// A safetensors file of `tensors` tensors of `tensor_bytes` each, named so that name order is
+// not file order (t<i> is stored in reverse).
+void WriteShard(const std::string& path, int tensors, uint64_t tensor_bytes, uint64_t seed) {
+  std::string json = "{\"__metadata__\":{\"format\":\"pt\"}";
+  for (int i = 0; i < tensors; ++i) {
+    const uint64_t begin = static_cast<uint64_t>(tensors - 1 - i) * tensor_bytes;
+    json += ",\"t" + std::to_string(i) + "\":{\"dtype\":\"BF16\",\"shape\":[" +
+            std::to_string(tensor_bytes / 2) + "],\"data_offsets\":[" + std::to_string(begin) +
+            "," + std::to_string(begin + tensor_bytes) + "]}";
+  }
+  json += "}";
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = json.size();
+  for (int b = 0; b < 8; ++b) out.put(static_cast<char>(n >> (8 * b)));
+  out << json;
+  const std::vector<uint8_t> data = Bytes(seed, 0, tensors * tensor_bytes);
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+void WriteIndex(const std::string& path, const std::vector<std::string>& files) {
+  std::ofstream out(path, std::ios::trunc);
+  out << "{\"metadata\":{},\"weight_map\":{";
+  for (size_t i = 0; i < files.size(); ++i) {
+    out << (i ? "," : "") << "\"w" << i << "\":\"" << files[i] << "\"";
+  }
+  out << "}}";
+}
+
+// Every byte of `mounted` equals `backing`, read with read() and through a shared mapping.
+void ExpectSameBytes(const std::string& mounted, const std::string& backing) {
+  int error = 0;
+  const std::vector<uint8_t> want = ReadWholeFile(backing, &error);
+  ASSERT_EQ(error, 0);
+  const std::vector<uint8_t> got = ReadWholeFile(mounted, &error);
+  ASSERT_EQ(error, 0) << mounted << ": " << std::strerror(error);
+  ASSERT_EQ(got.size(), want.size()) << mounted;
+  EXPECT_TRUE(got == want) << mounted << ": read() differs from the backing file";
+  const int fd = open(mounted.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  void* map = mmap(nullptr, want.size(), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  EXPECT_EQ(std::memcmp(map, want.data(), want.size()), 0)
+      << mounted << ": the mapping differs from the backing file";
+  munmap(map, want.size());
+}
+
+// Waits up to 10 s for `text` in the daemon's log.
+bool LogShows(const AccelfsProcess& daemon, const std::string& text) {
+  for (int i = 0; i < 200; ++i) {
+    if (daemon.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+class ShardSetTest : public MountTest {
+ protected:
+  std::vector<std::string> shards_;
+  void MakeModel(int n, bool index) {
+    for (int k = 1; k <= n; ++k) {
+      shards_.push_back(ShardName(k, n));
+      WriteShard(Src(shards_.back()), 12, kMiB, 40 + k);
+    }
+    if (index) WriteIndex(Src("model.safetensors.index.json"), shards_);
+  }
+  void Mount() {
+    ASSERT_NO_FATAL_FAILURE(StartMount(
+        {"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "debug"}));
+  }
+};
+
+TEST_F(ShardSetTest, OpeningAShardStreamsTheNextOneFromTheIndex) {
+  MakeModel(3, /*index=*/true);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
+  EXPECT_TRUE(LogShows(daemon_, "streaming in tensor order")) << daemon_.Log();
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+}
+
+TEST_F(ShardSetTest, WithoutAnIndexTheNamesGiveTheNextShard) {
+  MakeModel(2, /*index=*/false);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[1]), Src(shards_[1])));
+}
+
+TEST_F(ShardSetTest, CorruptHeaderTruncatedShardAndHostileIndexReadTheSame) {
+  MakeModel(4, /*index=*/false);
+  // Shard 1: its JSON broken. Shard 2: cut short, so its tensors run past the end of the file.
+  // Shard 3: a header length far past the file. The index names files outside the directory.
+  {
+    std::fstream f(Src(shards_[0]), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f << "{\"t0\":[";
+  }
+  ASSERT_EQ(truncate(Src(shards_[1]).c_str(), static_cast<off_t>(5 * kMiB + 3)), 0);
+  {
+    std::fstream f(Src(shards_[2]), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    const char huge[8] = {0, 0, 0, 0, 0, 0, 0, 0x7f};
+    f.write(huge, 8);
+  }
+  WriteIndex(Src("model.safetensors.index.json"), {"../../etc/passwd", shards_[0]});
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  EXPECT_TRUE(LogShows(daemon_, "invalid safetensors header")) << daemon_.Log();
+  EXPECT_EQ(daemon_.Log().find("passwd"), std::string::npos)
+      << "a hostile index must not make the daemon open files outside the model";
+}
+
+}  // namespace
+}  // namespace accelfs::testing

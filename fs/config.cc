@@ -197,9 +197,10 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   bool no_passthrough = false;
   app.add_flag("--no-passthrough", no_passthrough,
                "Serve fully cached files through the daemon too (no FUSE passthrough)");
-  bool no_push = false;
-  app.add_flag("--no-push", no_push,
-               "Do not push streamed data into the kernel's page cache ahead of the reader");
+  bool push = false;
+  app.add_flag("--push", push,
+               "Push streamed data into the kernel's page cache ahead of the reader (off: on the "
+               "2-core machine measured it cost more CPU than it saved; see docs/BENCHMARKS.md)");
   app.add_flag("-V,--version", version, "Print the version and exit");
 
   auto usage_error = [](const std::string& what) {
@@ -246,8 +247,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
         config.foreground = true;
       } else if (key == "no_passthrough") {
         no_passthrough = true;
-      } else if (key == "no_push") {
-        no_push = true;
+      } else if (key == "push") {
+        push = true;
       } else if (IsFuseOption(opt)) {
         config.fuse_options.push_back(opt);
       } else if (!IsIgnoredMountOption(opt)) {
@@ -328,7 +329,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   }
   config.log_level = log_level;
   config.passthrough = !no_passthrough;
-  config.push = !no_push;
+  config.push = push;
   ParseOutcome out;
   out.config = std::move(config);
   return out;

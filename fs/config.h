@@ -52,8 +52,9 @@ struct Config {
   bool passthrough = true;
 
   // Push blocks the stream fetched into the kernel's page cache of files open in cached mode, so
-  // that mmap faults find them there instead of waiting for READs (fs/page_pusher.h).
-  bool push = true;
+  // that mmap faults find them there instead of waiting for READs (fs/page_pusher.h). Off by
+  // default: measured slower on a 2-core machine, where the push's copies compete with the loader.
+  bool push = false;
 
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;

@@ -310,13 +310,13 @@ TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->stream_threshold, 0u) << "0 turns streaming off";
   EXPECT_FALSE(c->passthrough);
+  EXPECT_FALSE(c->push) << "off by default";
+  c = ParseOk({"--push"});
+  ASSERT_TRUE(c);
   EXPECT_TRUE(c->push);
-  c = ParseOk({"--no-push"});
+  c = ParseOk({"-o", "push"});
   ASSERT_TRUE(c);
-  EXPECT_FALSE(c->push);
-  c = ParseOk({"-o", "no_push"});
-  ASSERT_TRUE(c);
-  EXPECT_FALSE(c->push);
+  EXPECT_TRUE(c->push);
   ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
 }
 

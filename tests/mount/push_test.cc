@@ -1,6 +1,6 @@
 // Streamed files pushed into the kernel's page cache (fs/page_pusher.h), through a real mount:
 // mmap and read() of a file whose stream pushes blocks while the reader faults equal the backing
-// bytes; the daemon's exit line says data was pushed (and none with --no-push); a file rewritten
+// bytes; the daemon's exit line says data was pushed (and none without --push); a file rewritten
 // while an old handle is still open and pushing reads as its new content at the next open.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -57,7 +57,8 @@ class PushTest : public MountTest {};
 TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
   for (int i = 0; i < 3; ++i) WriteTestFile(Src("shard" + std::to_string(i)), kSize, 10 + i);
   ASSERT_NO_FATAL_FAILURE(
-      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info"}));
+      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info",
+                  "--push"}));
   // shard0 and shard1 mapped by two threads at once, shard2 read() beside them.
   std::thread other([&] { ExpectMappedContent(Mnt("shard1"), 11, kSize); });
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard0"), 10, kSize));
@@ -72,10 +73,10 @@ TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
   EXPECT_NE(pushed, "(no exit line)") << daemon_.Log();
 }
 
-TEST_F(PushTest, NoPushPushesNothingAndReadsTheSame) {
+TEST_F(PushTest, WithoutPushNothingIsPushedAndReadsTheSame) {
   WriteTestFile(Src("shard"), kSize, 20);
-  ASSERT_NO_FATAL_FAILURE(StartMount(
-      {"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info", "--no-push"}));
+  ASSERT_NO_FATAL_FAILURE(
+      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info"}));
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard"), 20, kSize));
   EXPECT_EQ(daemon_.Stop(), 0);
   EXPECT_EQ(PushedAmount(daemon_.Log()), "0 B") << daemon_.Log();
@@ -85,7 +86,8 @@ TEST_F(PushTest, NoPushPushesNothingAndReadsTheSame) {
 // opened again: the new open must see only new bytes, never old ones pushed after it.
 TEST_F(PushTest, FileRewrittenWhileAnOldHandleStreamsReadsNewContent) {
   WriteTestFile(Src("shard"), kSize, 30);
-  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--cache-size", "256M"}));
+  ASSERT_NO_FATAL_FAILURE(
+      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--push"}));
   const int old_fd = open(Mnt("shard").c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(old_fd, 0) << std::strerror(errno);
   std::vector<uint8_t> page(4096);

@@ -350,7 +350,10 @@ stop_disk() {
 # inside DISK's throttled cgroup for DISK (the daemon is what reads the device).
 start_accelfs() {
   local backend=$1 src=$2 cache=$3 log=$logs/accelfs-$((++accelfs_runs)).log i
-  local cmd=("$accelfs" "$src" "$acc_mnt" -f --cache-size "$cache" --log-level warn)
+  local cmd=("$accelfs" "$src" "$acc_mnt" -f --cache-size "$cache" --log-level info)
+  # ACCELFS_OPTS: extra daemon options for every accelfs case (e.g. "--push"), word-split.
+  # shellcheck disable=SC2206
+  cmd+=(${ACCELFS_OPTS:-})
   [[ $backend == DISK ]] && cmd=("$disk_sh" run "${cmd[@]}")
   "${cmd[@]}" 2> "$log" &
   acc_pid=$!
@@ -561,7 +564,7 @@ format_results() {
   echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, Linux $(uname -r); load average at the start $load_start, at the end $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "- binaries: $build, built from ${src_dir:-?} at \`$commit\`"
   echo "- model: $model_bytes bytes of tensors in $shards shards ($mix tensor mix), generated in $model, copied to /dev/shm (the tmpfs peer and NET's backing store)"
-  echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model)"
+  echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model); ACCELFS_OPTS=\`${ACCELFS_OPTS:-}\`"
   ((run_net)) && echo "- NET: accelfs_netfs, ${net_params:-not run}"
   ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
   echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"

@@ -8,63 +8,69 @@ DepthController::DepthController(Options options)
     : options_(options),
       depth_(std::clamp(options.start_depth, options.min_depth, options.max_depth)) {}
 
-void DepthController::Move(unsigned to, Phase phase) {
-  depth_ = std::clamp(to, options_.min_depth, options_.max_depth);
-  phase_ = phase;
+void DepthController::Hold(unsigned at) {
+  depth_ = at;
+  phase_ = Phase::kHolding;
+  held_ = 0;
 }
 
 unsigned DepthController::Update(const DepthSample& sample) {
   // Throughput measured while the depth did not limit anything says nothing about the depth.
   if (!sample.saturated || sample.seconds <= 0) return depth_;
   const double rate = static_cast<double>(sample.bytes) / sample.seconds;
-  const double up = 1 + options_.gain;
-  const double down = 1 - options_.gain;
+  const double latency = sample.latency;
+  // A step up pays when throughput rises; it is harmless when latency does not climb.
+  const auto up_pays = [&] { return rate > base_rate_ * (1 + options_.gain); };
+  const auto up_queues = [&] { return latency > base_latency_ * options_.climb; };
+  const auto start_step = [&](unsigned to, Phase phase) {
+    base_depth_ = depth_;
+    base_rate_ = rate;
+    base_latency_ = latency;
+    depth_ = std::clamp(to, options_.min_depth, options_.max_depth);
+    phase_ = phase;
+  };
   switch (phase_) {
     case Phase::kClimbing:
-      if (base_depth_ != 0 && rate <= base_rate_ * up) {
-        // The last doubling did not pay: settle on the depth before it.
-        Move(base_depth_, Phase::kHolding);
-        held_ = 0;
-        break;
-      }
-      base_depth_ = depth_;
-      base_rate_ = rate;
-      if (depth_ >= options_.max_depth) {
-        phase_ = Phase::kHolding;
-        held_ = 0;
+    case Phase::kProbingUp:
+      if (base_depth_ == 0) {  // the very first measurement: the first step up starts here
+        if (depth_ >= options_.max_depth) {
+          Hold(depth_);
+        } else {
+          start_step(depth_ * 2, Phase::kClimbing);
+        }
+      } else if (up_pays()) {
+        if (depth_ >= options_.max_depth) {
+          Hold(depth_);
+        } else {
+          start_step(depth_ * 2, Phase::kClimbing);
+        }
+      } else if (up_queues()) {
+        Hold(base_depth_);  // no more throughput, only queueing: back off
       } else {
-        Move(depth_ * 2, Phase::kClimbing);
+        Hold(depth_);  // no gain, no cost: keep it
       }
       break;
-    case Phase::kHolding:
+    case Phase::kHolding: {
       if (++held_ < options_.probe_every) break;
       held_ = 0;
-      base_depth_ = depth_;
-      base_rate_ = rate;
-      probe_down_next_ = !probe_down_next_;
-      if (probe_down_next_ && depth_ > options_.min_depth) {
-        Move(std::max(options_.min_depth, depth_ * 3 / 4), Phase::kProbingDown);
-      } else if (depth_ < options_.max_depth) {
-        Move(depth_ + std::max(1u, depth_ / 2), Phase::kProbingUp);
-      }
-      break;
-    case Phase::kProbingUp:
-      // More in flight and more throughput: climb from here. Otherwise back to where we were.
-      if (rate > base_rate_ * up) {
-        base_depth_ = depth_;
-        base_rate_ = rate;
-        Move(depth_ * 2, Phase::kClimbing);
-        if (depth_ == base_depth_) phase_ = Phase::kHolding;
+      const bool can_down = depth_ > options_.min_depth;
+      const bool can_up = depth_ < options_.max_depth;
+      if (!can_down && !can_up) break;
+      const bool down = can_down && (down_next_ || !can_up);
+      down_next_ = !down;
+      if (down) {
+        start_step(depth_ * 3 / 4, Phase::kProbingDown);
       } else {
-        Move(base_depth_, Phase::kHolding);
+        start_step(depth_ + std::max(1u, depth_ / 2), Phase::kProbingUp);
       }
       break;
+    }
     case Phase::kProbingDown:
-      // Fewer in flight at (almost) the same throughput: keep the lower depth.
-      if (rate >= base_rate_ * down) {
-        phase_ = Phase::kHolding;
+      // Fewer in flight, (almost) the same throughput, faster requests: the device was queueing.
+      if (rate >= base_rate_ * (1 - options_.keep) && latency < base_latency_ * options_.faster) {
+        Hold(depth_);
       } else {
-        Move(base_depth_, Phase::kHolding);
+        Hold(base_depth_);
       }
       break;
   }

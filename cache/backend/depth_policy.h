@@ -1,14 +1,16 @@
-// How many backend reads to keep in flight: a hill climber on measured throughput, pure and
-// table-tested; cache/backend/uring_reader.cc feeds it.
+// How many backend reads to keep in flight, pure and table-tested; cache/backend/uring_reader.cc
+// feeds it one sample per interval in which requests waited for a slot.
 //
-// A network store gives more with every request added until its bandwidth cap; a throttled disk
-// gives the same at depth 4 as at 64, and every request beyond that only queues in the device,
-// where a demand read that jumps our queue still waits behind it. So the reader measures throughput
-// over intervals in which the depth was the limit (requests waited for a slot) and:
-//   - climbing: doubles the depth while throughput rises by more than `gain`; when a step brings
-//     less, goes back to the depth before it and holds;
-//   - holding: every `probe_every` intervals tries a step up and a step down (three quarters);
-//     a lower depth that keeps all but `gain` of the throughput is kept (same speed, less queueing).
+// A network store gives more with every request added until its bandwidth cap, at the same
+// latency per request; a throttled disk gives the same at depth 2 as at 64, and every request
+// beyond that only queues in the device, so latency climbs with depth, and a demand read that jumps
+// our queue still waits behind the device's. Hence:
+//   - raise while throughput rises: from the start depth, double while a step raises throughput by
+//     more than `gain`;
+//   - back off when latency climbs: a step up that brings no such gain but makes requests take
+//     `climb` times longer is taken back (a step that costs nothing is kept: deeper is free then);
+//   - every `probe_every` intervals try half as much again, or three quarters (by turns); a lower
+//     depth is kept when throughput holds within `keep` and requests get faster (less queueing).
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
 #pragma once
 
@@ -17,9 +19,10 @@
 namespace accelfs {
 
 struct DepthSample {
-  uint64_t bytes = 0;       // completed in the interval
-  double seconds = 0;       // the interval's length
-  bool saturated = false;   // requests waited for a slot at some point in the interval
+  uint64_t bytes = 0;      // completed in the interval
+  double seconds = 0;      // the interval's length
+  double latency = 0;      // mean seconds from submission to completion of its requests
+  bool saturated = false;  // requests waited for a slot at some point in the interval
 };
 
 class DepthController {
@@ -27,8 +30,11 @@ class DepthController {
   struct Options {
     unsigned min_depth = 1;
     unsigned max_depth = 64;
-    unsigned start_depth = 16;
-    double gain = 0.10;         // a change must win (or lose) more than this fraction to count
+    unsigned start_depth = 32;
+    double gain = 0.10;         // a step up must raise throughput by more than this fraction,
+    double climb = 1.3;         // or else not make requests this many times slower;
+    double keep = 0.05;         // a step down may lose at most this fraction of throughput,
+    double faster = 0.85;       // and must bring latency below this fraction
     unsigned probe_every = 20;  // holding intervals between probes
   };
 
@@ -42,15 +48,16 @@ class DepthController {
  private:
   enum class Phase { kClimbing, kHolding, kProbingUp, kProbingDown };
 
-  void Move(unsigned to, Phase phase);
+  void Hold(unsigned at);
 
   const Options options_;
   unsigned depth_;
   Phase phase_ = Phase::kClimbing;
-  unsigned base_depth_ = 0;    // the depth a probe or climb step started from
-  double base_rate_ = 0;       // its throughput, bytes per second
-  unsigned held_ = 0;          // saturated intervals since the last probe
-  bool probe_down_next_ = false;
+  unsigned base_depth_ = 0;   // the depth the current step started from (0: none yet)
+  double base_rate_ = 0;      // its throughput, bytes per second
+  double base_latency_ = 0;   // its mean request latency
+  unsigned held_ = 0;         // saturated intervals since the last probe
+  bool down_next_ = true;     // which way the next probe goes
 };
 
 }  // namespace accelfs

@@ -23,6 +23,7 @@ struct Op {
   ReadRequest request;
   size_t done = 0;
   bool direct = false;
+  std::chrono::steady_clock::time_point submitted{};
 };
 
 class UringReader final : public BackendReader {
@@ -31,7 +32,7 @@ class UringReader final : public BackendReader {
       : depth_(depth),
         adaptive_(adaptive),
         event_fd_(event_fd),
-        controller_({1, depth, std::min(depth, 16u), 0.10, 20}),
+        controller_({1, depth, std::min(depth, 32u), 0.10, 1.3, 0.05, 0.85, 20}),
         limit_(adaptive ? controller_.depth() : depth) {
     current_depth_ = limit_;
   }
@@ -133,6 +134,7 @@ class UringReader final : public BackendReader {
     if (!op->request.demand) --prefetch_in_flight_;
     if (result.ok()) interval_bytes_ += result.value();
     ++interval_ops_;
+    interval_latency_ += std::chrono::duration<double>(Clock::now() - op->submitted).count();
     if (!op->direct && result.ok()) DropBackingPageCache(op->request, result.value());
     op->request.done(std::move(result));
     delete op;
@@ -158,7 +160,7 @@ class UringReader final : public BackendReader {
         stopping = stopping_ && pending_.empty();
       }
       for (auto& request : batch) {
-        auto* op = new Op{std::move(request), 0, false};
+        auto* op = new Op{std::move(request), 0, false, Clock::now()};
         op->direct = op->request.file->direct();
         Prep(op);
         ++in_flight_;
@@ -196,6 +198,7 @@ class UringReader final : public BackendReader {
     interval_start_ = Clock::now();
     interval_bytes_ = 0;
     interval_ops_ = 0;
+    interval_latency_ = 0;
     saturated_ = false;
   }
 
@@ -206,7 +209,8 @@ class UringReader final : public BackendReader {
     const Clock::time_point now = Clock::now();
     if (now - interval_start_ < kInterval || interval_ops_ < std::max(4u, limit_ / 2)) return;
     const double seconds = std::chrono::duration<double>(now - interval_start_).count();
-    limit_ = controller_.Update({interval_bytes_, seconds, saturated_});
+    limit_ = controller_.Update(
+        {interval_bytes_, seconds, interval_latency_ / interval_ops_, saturated_});
     current_depth_.store(limit_, std::memory_order_relaxed);
     StartInterval();
   }
@@ -236,6 +240,7 @@ class UringReader final : public BackendReader {
   Clock::time_point interval_start_ = Clock::now();  // ring thread only, as the three below
   uint64_t interval_bytes_ = 0;
   unsigned interval_ops_ = 0;
+  double interval_latency_ = 0;  // seconds, summed over the interval's completed requests
   bool saturated_ = false;
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only

@@ -10,7 +10,7 @@ namespace accelfs {
 
 // One ring served by one thread, at most `depth` reads in flight; more are queued in order. With
 // `adaptive`, the reads in flight follow a DepthController (cache/backend/depth_policy.h) between 1
-// and `depth`, starting at 16. Error when the kernel refuses io_uring (callers fall back to
+// and `depth`, starting at `depth`. Error when the kernel refuses io_uring (callers fall back to
 // PreadReader).
 Result<std::unique_ptr<BackendReader>> MakeUringReader(unsigned depth, bool adaptive = false);
 

@@ -18,12 +18,18 @@ namespace {
 // A backend: throughput (bytes/s) as a function of the requests in flight.
 using Backend = std::function<double(unsigned depth)>;
 
-// Runs `intervals` saturated one-second intervals; returns the depth after each.
-std::vector<unsigned> Simulate(DepthController& c, const Backend& backend, int intervals) {
+constexpr double kRequest = 4 << 20;
+
+// Runs `intervals` saturated one-second intervals; returns the depth after each. Each request
+// takes depth × size / throughput (Little's law), unless `latency` gives it.
+std::vector<unsigned> Simulate(DepthController& c, const Backend& backend, int intervals,
+                               const Backend& latency = nullptr) {
   std::vector<unsigned> path;
   for (int i = 0; i < intervals; ++i) {
-    const double rate = backend(c.depth());
-    path.push_back(c.Update({static_cast<uint64_t>(rate), 1.0, true}));
+    const unsigned d = c.depth();
+    const double rate = backend(d);
+    const double lat = latency ? latency(d) : d * kRequest / rate;
+    path.push_back(c.Update({static_cast<uint64_t>(rate), 1.0, lat, true}));
   }
   return path;
 }
@@ -44,14 +50,21 @@ struct Case {
   unsigned max_settled;
 };
 
+DepthController::Options Opts(unsigned start, unsigned probe_every) {
+  DepthController::Options o;
+  o.start_depth = start;
+  o.probe_every = probe_every;
+  return o;
+}
+
 TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
   constexpr double kMB = 1e6;
   const std::vector<Case> cases = {
       // 5 ms latency, 200 MB/s per request: 4 MiB takes 26 ms, so each request adds ~160 MB/s
-      // until the 2 GB/s cap at ~13: depth 16 reaches it, 8 does not.
+      // until the 2 GB/s cap at ~13; past it requests only queue.
       {"net capped at 2 GB/s", [](unsigned d) { return std::min(d * 160 * kMB, 2000 * kMB); }, 12,
-       24},
-      // Grows all the way: the maximum.
+       20},
+      // Grows all the way, at the same latency: the maximum.
       {"net never capped", [](unsigned d) { return d * 50 * kMB; }, 64, 64},
       // A throttled disk: the same at any depth from 2 on; one request alone gets half.
       {"disk at 200 MB/s", [](unsigned d) { return d >= 2 ? 200 * kMB : 100 * kMB; }, 2, 3},
@@ -60,7 +73,7 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    DepthController controller({1, 64, 16, 0.10, 5});
+    DepthController controller(Opts(32, 5));
     const std::vector<unsigned> path = Simulate(controller, c.backend, 200);
     const unsigned settled = Settled(path);
     EXPECT_GE(settled, c.min_settled);
@@ -73,29 +86,57 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
 }
 
 TEST(DepthControllerTest, ClimbsByDoublingWhileThroughputRises) {
-  DepthController c({1, 64, 4, 0.10, 1000});
+  DepthController c(Opts(4, 1000));
   const std::vector<unsigned> path = Simulate(c, [](unsigned d) { return d * 1e6; }, 5);
   EXPECT_EQ(path, (std::vector<unsigned>{8, 16, 32, 64, 64}));
 }
 
-TEST(DepthControllerTest, StepThatDoesNotPayIsTakenBack) {
-  DepthController c({1, 64, 8, 0.10, 1000});
-  // 8 -> 16 gains, 16 -> 32 gains under 10%: back to 16, and hold there.
+TEST(DepthControllerTest, StepThatOnlyQueuesIsTakenBack) {
+  DepthController c(Opts(8, 1000));
+  // Flat throughput: twice the requests take twice as long each.
+  const std::vector<unsigned> path = Simulate(c, [](unsigned) { return 200e6; }, 4);
+  EXPECT_EQ(path, (std::vector<unsigned>{16, 8, 8, 8}));
+}
+
+TEST(DepthControllerTest, StepThatCostsNothingIsKept) {
+  DepthController c(Opts(8, 1000));
+  // Flat throughput at the same latency (the limit is elsewhere, e.g. the client's CPU).
   const std::vector<unsigned> path =
-      Simulate(c, [](unsigned d) { return d <= 8 ? 100.0 : d <= 16 ? 180.0 : 190.0; }, 6);
-  EXPECT_EQ(path, (std::vector<unsigned>{16, 32, 16, 16, 16, 16}));
+      Simulate(c, [](unsigned) { return 200e6; }, 3, [](unsigned) { return 0.03; });
+  EXPECT_EQ(path, (std::vector<unsigned>{16, 16, 16}));
+}
+
+TEST(DepthControllerTest, FewerRequestsAreKeptOnlyWhenTheyAreFaster) {
+  // From 16, probing every interval: down (12) then up (18) by turns.
+  DepthController queueing(Opts(16, 1));
+  // Flat 200 MB/s: at 12 requests are faster (less queueing): kept.
+  EXPECT_EQ(Simulate(queueing, [](unsigned) { return 200e6; }, 1)[0], 32u);  // first climb
+  Simulate(queueing, [](unsigned) { return 200e6; }, 1);                      // back to 16
+  EXPECT_EQ(Simulate(queueing, [](unsigned) { return 200e6; }, 2),
+            (std::vector<unsigned>{12, 12}));
+  DepthController network(Opts(16, 1));
+  // Throughput proportional to depth at a fixed latency: 12 loses a quarter: back to 16.
+  const Backend net = [](unsigned d) { return d * 50e6; };
+  const Backend fixed = [](unsigned) { return 0.08; };
+  Simulate(network, net, 1, fixed);  // 16 -> 32: pays
+  Simulate(network, net, 1, fixed);  // 32 -> 64: pays
+  EXPECT_EQ(Simulate(network, net, 1, fixed)[0], 64u);  // at the maximum: hold
+  EXPECT_EQ(Simulate(network, net, 2, fixed), (std::vector<unsigned>{48, 64}));
 }
 
 TEST(DepthControllerTest, UnsaturatedIntervalsChangeNothing) {
-  DepthController c({1, 64, 16, 0.10, 1});
+  DepthController c(Opts(16, 1));
   for (int i = 0; i < 50; ++i) {
-    EXPECT_EQ(c.Update({static_cast<uint64_t>(1e9), 1.0, /*saturated=*/false}), 16u);
+    EXPECT_EQ(c.Update({static_cast<uint64_t>(1e9), 1.0, 0.01, /*saturated=*/false}), 16u);
   }
-  EXPECT_EQ(c.Update({1000, 0.0, true}), 16u) << "an empty interval is no measurement";
+  EXPECT_EQ(c.Update({1000, 0.0, 0.01, true}), 16u) << "an empty interval is no measurement";
 }
 
 TEST(DepthControllerTest, StaysWithinItsBounds) {
-  DepthController c({4, 8, 100, 0.10, 1});
+  DepthController::Options o = Opts(100, 1);
+  o.min_depth = 4;
+  o.max_depth = 8;
+  DepthController c(o);
   EXPECT_EQ(c.depth(), 8u) << "the start depth is clamped";
   const std::vector<unsigned> path = Simulate(c, [](unsigned) { return 1e6; }, 100);
   for (unsigned d : path) {
@@ -106,10 +147,10 @@ TEST(DepthControllerTest, StaysWithinItsBounds) {
 
 TEST(DepthControllerTest, FollowsABackendThatGetsFaster) {
   // A disk (flat at 200 MB/s) that becomes a network store (grows to 64): the up probes find it.
-  DepthController c({1, 64, 16, 0.10, 3});
+  DepthController c(Opts(32, 3));
   bool fast = false;
   const Backend backend = [&](unsigned d) { return fast ? d * 50e6 : 200e6; };
-  EXPECT_LE(Settled(Simulate(c, backend, 60)), 3u);
+  EXPECT_LE(Settled(Simulate(c, backend, 100)), 3u);
   fast = true;
   EXPECT_EQ(Settled(Simulate(c, backend, 200)), 64u);
 }

@@ -61,15 +61,18 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
       e->unread = false;
       if (e->state == State::kReady) {
         ++stats_.hits;
+        stats_.hit_bytes += e->expected;
         ++e->pins;
         lru_.splice(lru_.begin(), lru_, e->lru_pos);
         hit = e;
       } else {
         ++stats_.misses;
+        stats_.miss_bytes += e->expected;
         e->waiters.push_back(std::move(waiter));
       }
     } else {
       ++stats_.misses;
+      stats_.miss_bytes += expected;
       auto entry = std::make_unique<Entry>();
       entry->key = key;
       entry->expected = expected;
@@ -121,6 +124,19 @@ std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
   e->unread = false;
   ++e->pins;
   return Ref(this, e);
+}
+
+uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  uint64_t bytes = 0;
+  const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    auto it = map_.find(BlockKey{file, b});
+    if (it != map_.end() && it->second->state == State::kReady && !it->second->zombie) {
+      bytes += it->second->expected;
+    }
+  }
+  return bytes;
 }
 
 bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
@@ -188,6 +204,7 @@ CacheStats BlockCache::Stats() const {
   s.used_bytes = used_;
   s.ready_blocks = lru_.size();
   s.fetching_blocks = fetching_;
+  s.fetching_bytes = fetching_bytes_;
   s.queued_blocks = queued_.size();
   return s;
 }
@@ -239,6 +256,7 @@ void BlockCache::BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetch
   entry->charged = store_.CapacityFor(entry->expected);
   used_ += entry->charged;
   ++fetching_;
+  fetching_bytes_ += entry->expected;
   fetches->push_back({entry, entry->file, demand});
 }
 
@@ -276,6 +294,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   {
     std::lock_guard lock(mu_);
     --fetching_;
+    fetching_bytes_ -= entry->expected;
     entry->file.reset();
     waiters.swap(entry->waiters);
     prefetched.swap(entry->prefetched);

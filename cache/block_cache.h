@@ -33,8 +33,13 @@ struct CacheStats {
   uint64_t ready_blocks = 0;
   uint64_t fetching_blocks = 0;
   uint64_t queued_blocks = 0;
+  // Counters for the tools (issue 5). They are updated under the lock the cache takes anyway, so
+  // they add no lock to the read path; Stats() copies them under it.
   uint64_t hits = 0;           // Get calls answered from a ready block
   uint64_t misses = 0;         // Get calls that started or joined a fetch
+  uint64_t hit_bytes = 0;      // bytes of the blocks those hits returned
+  uint64_t miss_bytes = 0;     // bytes of the blocks those misses waited for
+  uint64_t fetching_bytes = 0;  // bytes of backend reads in flight
   uint64_t fetched_bytes = 0;  // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
@@ -82,6 +87,9 @@ class BlockCache {
   // now be evicted like any block that was read) and returns it pinned; otherwise nothing. Used to
   // hand prefetched data to the kernel's page cache, which then serves it instead of the cache.
   std::optional<Ref> ClaimUnread(const BlockKey& key);
+
+  // Bytes of `file` ready in the cache (per-file residency). Walks the file's blocks: for stats.
+  uint64_t ResidentBytes(const FileKey& file) const;
 
   // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
   // true; otherwise changes nothing. A file passed through to the store's file stays whole while
@@ -175,6 +183,7 @@ class BlockCache {
   std::vector<std::unique_ptr<Entry>> zombies_;  // GUARDED_BY(mu_)
   uint64_t used_ = 0;                            // GUARDED_BY(mu_)
   uint64_t fetching_ = 0;                        // GUARDED_BY(mu_)
+  uint64_t fetching_bytes_ = 0;                  // GUARDED_BY(mu_)
   CacheStats stats_;                             // GUARDED_BY(mu_) counters only
 };
 

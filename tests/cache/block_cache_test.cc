@@ -153,6 +153,33 @@ TEST_F(BlockCacheTest, MissThenHit) {
   EXPECT_EQ(s.misses, 1u);
 }
 
+TEST_F(BlockCacheTest, CountersForTheToolsAddUp) {
+  MakeCache(16);
+  const TestFile& f = AddFile("counted", 3 * kBlock + 100, 3);
+  EXPECT_EQ(cache_->ResidentBytes(f.key), 0u);
+  backend_.Hold();
+  Got first = Get(f, 3);  // the 100-byte tail block
+  Got second = Get(f, 3);  // joins the same fetch
+  CacheStats s = cache_->Stats();
+  EXPECT_EQ(s.fetching_blocks, 1u);
+  EXPECT_EQ(s.fetching_bytes, 100u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.miss_bytes, 200u);
+  backend_.ReleaseAll();
+  ASSERT_TRUE(first.Wait());
+  ASSERT_TRUE(second.Wait());
+  { BlockCache::Ref a = GetChecked(f, 0); }
+  { BlockCache::Ref b = GetChecked(f, 0); }  // a hit
+  s = cache_->Stats();
+  EXPECT_EQ(s.fetching_bytes, 0u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.hit_bytes, kBlock);
+  EXPECT_EQ(s.miss_bytes, 200u + kBlock);
+  EXPECT_EQ(cache_->ResidentBytes(f.key), kBlock + 100u) << "blocks 0 and 3 of 4";
+  cache_->DropFile(f.key);
+  EXPECT_EQ(cache_->ResidentBytes(f.key), 0u);
+}
+
 TEST_F(BlockCacheTest, ShortTailBlockHoldsOnlyFileBytes) {
   MakeCache(16);
   const TestFile& f = AddFile("tail", 2 * kBlock + 123, 2);

@@ -19,6 +19,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
   if (!sample.saturated || sample.seconds <= 0) return depth_;
   const double rate = static_cast<double>(sample.bytes) / sample.seconds;
   const double latency = sample.latency;
+  best_rate_ = std::max(rate, best_rate_ * 0.99);
   // A step up pays when throughput rises; it is harmless when latency does not climb.
   const auto up_pays = [&] { return rate > base_rate_ * (1 + options_.gain); };
   const auto up_queues = [&] { return latency > base_latency_ * options_.climb; };
@@ -67,7 +68,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
     }
     case Phase::kProbingDown:
       // Fewer in flight, (almost) the same throughput, faster requests: the device was queueing.
-      if (rate >= base_rate_ * (1 - options_.keep) && latency < base_latency_ * options_.faster) {
+      if (rate >= best_rate_ * (1 - options_.keep) && latency < base_latency_ * options_.faster) {
         Hold(depth_);
       } else {
         Hold(base_depth_);

@@ -10,7 +10,9 @@
 //   - back off when latency climbs: a step up that brings no such gain but makes requests take
 //     `climb` times longer is taken back (a step that costs nothing is kept: deeper is free then);
 //   - every `probe_every` intervals try half as much again, or three quarters (by turns); a lower
-//     depth is kept when throughput holds within `keep` and requests get faster (less queueing).
+//     depth is kept when requests get faster (less queueing) and throughput stays within `keep` of
+//     the best seen lately (a peak that decays by 1% an interval), so that noise on a busy client
+//     cannot walk the depth down step by step.
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
 #pragma once
 
@@ -56,6 +58,7 @@ class DepthController {
   unsigned base_depth_ = 0;   // the depth the current step started from (0: none yet)
   double base_rate_ = 0;      // its throughput, bytes per second
   double base_latency_ = 0;   // its mean request latency
+  double best_rate_ = 0;      // the best throughput lately, decaying
   unsigned held_ = 0;         // saturated intervals since the last probe
   bool down_next_ = true;     // which way the next probe goes
 };

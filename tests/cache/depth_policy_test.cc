@@ -70,6 +70,16 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
       {"disk at 200 MB/s", [](unsigned d) { return d >= 2 ? 200 * kMB : 100 * kMB; }, 2, 3},
       // Deeper is worse (seek storms): back to few.
       {"disk that degrades", [](unsigned d) { return 300 * kMB / (1 + d / 16.0); }, 1, 2},
+      // A store behind a busy 2-core client: 75 MB/s per request up to 1.2 GB/s at 16, and then
+      // flat give or take 15% of noise; fewer requests always look faster. It must not walk down
+      // below where the store still gives.
+      {"noisy net on a busy client",
+       [noise = 0u](unsigned d) mutable {
+         noise = noise * 1103515245u + 12345u;
+         const double jitter = 0.85 + 0.3 * ((noise >> 8) % 1000) / 1000.0;
+         return std::min(d * 75 * kMB, 1200 * kMB) * jitter;
+       },
+       16, 64},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -8,11 +8,11 @@
 //   - raise while throughput rises: from the start depth, double while a step raises throughput by
 //     more than `gain`;
 //   - back off when latency climbs: a step up that brings no such gain but makes requests take
-//     `climb` times longer is taken back (a step that costs nothing is kept: deeper is free then);
+//     `climb` times longer is taken back, and a descent starts from there at once (a step that
+//     costs nothing is kept: deeper is free then);
 //   - every `probe_every` intervals try half as much again, or three quarters (by turns); a lower
-//     depth is kept when requests get faster (less queueing) and throughput stays within `keep` of
-//     the best seen lately (a peak that decays by 1% an interval), so that noise on a busy client
-//     cannot walk the depth down step by step.
+//     depth is kept, and the next three quarters tried at once, while requests get faster (less
+//     queueing) and throughput stays within `keep` of where the descent began.
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
 #pragma once
 
@@ -37,7 +37,7 @@ class DepthController {
     double climb = 1.3;         // or else not make requests this many times slower;
     double keep = 0.05;         // a step down may lose at most this fraction of throughput,
     double faster = 0.85;       // and must bring latency below this fraction
-    unsigned probe_every = 20;  // holding intervals between probes
+    unsigned probe_every = 10;  // holding intervals between probes
   };
 
   explicit DepthController(Options options);
@@ -58,7 +58,7 @@ class DepthController {
   unsigned base_depth_ = 0;   // the depth the current step started from (0: none yet)
   double base_rate_ = 0;      // its throughput, bytes per second
   double base_latency_ = 0;   // its mean request latency
-  double best_rate_ = 0;      // the best throughput lately, decaying
+  double descent_rate_ = 0;   // the throughput when the current descent began
   unsigned held_ = 0;         // saturated intervals since the last probe
   bool down_next_ = true;     // which way the next probe goes
 };

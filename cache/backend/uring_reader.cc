@@ -9,6 +9,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cache/backend/depth_policy.h"
@@ -24,6 +25,7 @@ struct Op {
   size_t done = 0;
   bool direct = false;
   std::chrono::steady_clock::time_point submitted{};
+  unsigned epoch = 0;  // the depth setting it was submitted under
 };
 
 class UringReader final : public BackendReader {
@@ -32,7 +34,7 @@ class UringReader final : public BackendReader {
       : depth_(depth),
         adaptive_(adaptive),
         event_fd_(event_fd),
-        controller_({1, depth, std::min(depth, 32u), 0.10, 1.3, 0.05, 0.85, 20}),
+        controller_({1, depth, std::min(depth, 32u), 0.10, 1.3, 0.10, 0.85, 10}),
         limit_(adaptive ? controller_.depth() : depth) {
     current_depth_ = limit_;
   }
@@ -133,8 +135,11 @@ class UringReader final : public BackendReader {
   void Finish(Op* op, Result<size_t> result) {
     if (!op->request.demand) --prefetch_in_flight_;
     if (result.ok()) interval_bytes_ += result.value();
-    ++interval_ops_;
-    interval_latency_ += std::chrono::duration<double>(Clock::now() - op->submitted).count();
+    // Latency says something about the depth in force only for requests submitted under it.
+    if (op->epoch == epoch_) {
+      ++interval_ops_;
+      interval_latency_ += std::chrono::duration<double>(Clock::now() - op->submitted).count();
+    }
     if (!op->direct && result.ok()) DropBackingPageCache(op->request, result.value());
     op->request.done(std::move(result));
     delete op;
@@ -160,13 +165,16 @@ class UringReader final : public BackendReader {
         stopping = stopping_ && pending_.empty();
       }
       for (auto& request : batch) {
-        auto* op = new Op{std::move(request), 0, false, Clock::now()};
+        auto* op = new Op{std::move(request), 0, false, Clock::now(), epoch_};
         op->direct = op->request.file->direct();
         Prep(op);
         ++in_flight_;
       }
       if (stopping && in_flight_ == 0) return;
-      if (idle) StartInterval();  // time with nothing to read measures nothing
+      if (idle) {
+        StartInterval();  // time with nothing to read measures nothing,
+        warming_ = true;  // and the first interval after it is a ramp, not the backend
+      }
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
         FailQueued(-rc);
@@ -202,17 +210,26 @@ class UringReader final : public BackendReader {
     saturated_ = false;
   }
 
-  // Ends an interval once it has lasted kInterval and seen a round of completions, and lets the
-  // controller choose the depth for the next one.
+  // Ends an interval once it has lasted kInterval and completed at least 16 requests (and half the
+  // depth) submitted under the depth in force, so that one request more or less moves its
+  // throughput by a few percent, and lets the controller choose the depth for the next one. The
+  // first interval after idle time is a ramp and is dropped; requests submitted under an earlier
+  // depth count for throughput but not for latency (epoch).
   void MaybeAdapt() {
     static constexpr auto kInterval = std::chrono::milliseconds(100);
     const Clock::time_point now = Clock::now();
-    if (now - interval_start_ < kInterval || interval_ops_ < std::max(4u, limit_ / 2)) return;
+    if (now - interval_start_ < kInterval || interval_ops_ < std::max(16u, limit_ / 2)) return;
     const double seconds = std::chrono::duration<double>(now - interval_start_).count();
+    if (std::exchange(warming_, false)) {
+      StartInterval();
+      return;
+    }
+    const unsigned before = limit_;
     limit_ = controller_.Update(
         {interval_bytes_, seconds, interval_latency_ / interval_ops_, saturated_});
     current_depth_.store(limit_, std::memory_order_relaxed);
     StartInterval();
+    if (limit_ != before) ++epoch_;
   }
 
   // Submitting to the ring failed: answer what is queued rather than let it wait on a ring that
@@ -242,6 +259,8 @@ class UringReader final : public BackendReader {
   unsigned interval_ops_ = 0;
   double interval_latency_ = 0;  // seconds, summed over the interval's completed requests
   bool saturated_ = false;
+  bool warming_ = true;  // ring thread only: the next interval is discarded
+  unsigned epoch_ = 0;   // ring thread only: bumped at each depth change
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only
   io_uring ring_{};

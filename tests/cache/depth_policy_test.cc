@@ -104,8 +104,9 @@ TEST(DepthControllerTest, ClimbsByDoublingWhileThroughputRises) {
 TEST(DepthControllerTest, StepThatOnlyQueuesIsTakenBack) {
   DepthController c(Opts(8, 1000));
   // Flat throughput: twice the requests take twice as long each.
+  // Taken back to 8, and the descent from there pays as well (fewer requests, same throughput).
   const std::vector<unsigned> path = Simulate(c, [](unsigned) { return 200e6; }, 4);
-  EXPECT_EQ(path, (std::vector<unsigned>{16, 8, 8, 8}));
+  EXPECT_EQ(path, (std::vector<unsigned>{16, 6, 4, 3}));
 }
 
 TEST(DepthControllerTest, StepThatCostsNothingIsKept) {
@@ -117,20 +118,23 @@ TEST(DepthControllerTest, StepThatCostsNothingIsKept) {
 }
 
 TEST(DepthControllerTest, FewerRequestsAreKeptOnlyWhenTheyAreFaster) {
-  // From 16, probing every interval: down (12) then up (18) by turns.
-  DepthController queueing(Opts(16, 1));
-  // Flat 200 MB/s: at 12 requests are faster (less queueing): kept.
-  EXPECT_EQ(Simulate(queueing, [](unsigned) { return 200e6; }, 1)[0], 32u);  // first climb
-  Simulate(queueing, [](unsigned) { return 200e6; }, 1);                      // back to 16
-  EXPECT_EQ(Simulate(queueing, [](unsigned) { return 200e6; }, 2),
-            (std::vector<unsigned>{12, 12}));
+  // A throttled disk: flat throughput, so fewer requests queue less. From 16 (probing every
+  // interval): 32 only queues, so back and down, on while it pays.
+  DepthController disk(Opts(16, 1));
+  const std::vector<unsigned> path = Simulate(disk, [](unsigned d) {
+    return d >= 2 ? 200e6 : 100e6;
+  }, 12);
+  EXPECT_EQ(path[0], 32u) << "the first step up";
+  EXPECT_EQ(path[1], 12u) << "taken back, as it only queued, and a descent begun";
+  EXPECT_LE(*std::max_element(path.begin() + 1, path.end()), 16u);
+  EXPECT_EQ(path[7], 1u) << "tried";
+  EXPECT_EQ(path[8], 2u) << "descended to where one request alone would lose half";
+
+  // Throughput proportional to depth at a fixed latency: 48 loses a quarter: back to 64.
   DepthController network(Opts(16, 1));
-  // Throughput proportional to depth at a fixed latency: 12 loses a quarter: back to 16.
   const Backend net = [](unsigned d) { return d * 50e6; };
   const Backend fixed = [](unsigned) { return 0.08; };
-  Simulate(network, net, 1, fixed);  // 16 -> 32: pays
-  Simulate(network, net, 1, fixed);  // 32 -> 64: pays
-  EXPECT_EQ(Simulate(network, net, 1, fixed)[0], 64u);  // at the maximum: hold
+  EXPECT_EQ(Simulate(network, net, 3, fixed), (std::vector<unsigned>{32, 64, 64}));
   EXPECT_EQ(Simulate(network, net, 2, fixed), (std::vector<unsigned>{48, 64}));
 }
 

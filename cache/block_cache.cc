@@ -129,8 +129,7 @@ std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
 uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
   std::lock_guard lock(mu_);
   uint64_t bytes = 0;
-  const uint64_t blocks = (file.size + options_.block_size - 1) / options_.block_size;
-  for (uint64_t b = 0; b < blocks; ++b) {
+  for (uint64_t b = 0; b < BlockCount(file.size, options_.block_size); ++b) {
     auto it = map_.find(BlockKey{file, b});
     if (it != map_.end() && it->second->state == State::kReady && !it->second->zombie) {
       bytes += it->second->expected;

@@ -221,6 +221,8 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   handle->ino = ino;
 
   OpenOut out;
+  std::shared_ptr<Inode> dir;  // where the kernel first found the file, and its name there
+  std::string name;
   {
     Inode& node = **inode;
     std::unique_lock lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
@@ -242,6 +244,8 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     }
     node.opened_identity = handle->identity;
     node.opened_before = true;
+    dir = node.parent;
+    name = node.name;
     // Passthrough when every block is cached (and stays pinned while the handle is open) and no
     // handle of the inode is open in cached mode: the kernel keeps an inode in one mode at a time.
     if (registry_ != nullptr && registry_->Enabled() && node.cached_opens == 0 &&
@@ -266,13 +270,6 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   out.backing_id = handle->backing_id;
   // A file served by the daemon starts streaming in at its first open, before any READ.
   if (prefetcher_ != nullptr) {
-    std::shared_ptr<Inode> dir;
-    std::string name;
-    {
-      std::lock_guard lock(handle->inode->mu);
-      dir = handle->inode->parent;
-      name = handle->inode->name;
-    }
     const bool safetensors = name.ends_with(".safetensors");
     if (handle->backing_id == 0) prefetcher_->OnOpen(handle->identity, handle->file, safetensors);
     // The shard a loader opens after this one streams in once this one's stream is done, or at
@@ -309,8 +306,10 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     done(std::vector<ReadPiece>());  // at or past the end of the file
     return;
   }
+  // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
+  const bool streamed = prefetcher_ != nullptr && prefetcher_->Streams(identity);
   BlockRange ahead;
-  {
+  if (!streamed) {
     std::lock_guard lock(handle->mu);
     ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
                           options_.readahead_blocks);
@@ -339,8 +338,10 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                  }
                });
   }
-  // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
-  if (prefetcher_ != nullptr && prefetcher_->OnRead(identity, file, offset, size)) return;
+  if (streamed) {
+    prefetcher_->OnRead(identity, file, offset, size);
+    return;
+  }
   for (uint64_t b = ahead.first; b < ahead.end; ++b) {
     // Skipped when cached, in flight, or without room: read-ahead never waits.
     cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);

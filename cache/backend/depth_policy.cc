@@ -31,14 +31,8 @@ unsigned DepthController::Update(const DepthSample& sample) {
   };
   switch (phase_) {
     case Phase::kClimbing:
-    case Phase::kProbingUp:
-      if (base_depth_ == 0) {  // the very first measurement: the first step up starts here
-        if (depth_ >= options_.max_depth) {
-          Hold(depth_);
-        } else {
-          start_step(depth_ * 2, Phase::kClimbing);
-        }
-      } else if (up_pays()) {
+      // The very first measurement (no step taken yet) starts the first step up from here.
+      if (base_depth_ == 0 || up_pays()) {
         if (depth_ >= options_.max_depth) {
           Hold(depth_);
         } else {
@@ -72,7 +66,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
         descent_rate_ = rate;
         start_step(depth_ * 3 / 4, Phase::kProbingDown);
       } else {
-        start_step(depth_ + std::max(1u, depth_ / 2), Phase::kProbingUp);
+        start_step(depth_ + std::max(1u, depth_ / 2), Phase::kClimbing);
       }
       break;
     }

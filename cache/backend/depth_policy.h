@@ -48,7 +48,8 @@ class DepthController {
   unsigned Update(const DepthSample& sample);
 
  private:
-  enum class Phase { kClimbing, kHolding, kProbingUp, kProbingDown };
+  // Climbing: a step up (the start's, or a probe's) is being judged. ProbingDown: a step down.
+  enum class Phase { kClimbing, kHolding, kProbingDown };
 
   void Hold(unsigned at);
 

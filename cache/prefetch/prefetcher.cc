@@ -13,7 +13,7 @@ Prefetcher::Stream* Prefetcher::StreamFor(const FileKey& file,
   if (created != nullptr) *created = false;
   auto it = streams_.find(file);
   if (it != streams_.end()) return &it->second;
-  if (options_.stream_threshold == 0 || file.size < options_.stream_threshold) return nullptr;
+  if (!Streams(file)) return nullptr;
   Stream& stream = streams_[file];
   stream.state.blocks = BlockCount(file.size, options_.block_size);
   stream.backing = backing;

@@ -45,9 +45,14 @@ class Prefetcher {
   void OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
               bool safetensors = false);
 
+  // Whether `file` is large enough to be streamed (then every open and read keeps a stream).
+  bool Streams(const FileKey& file) const {
+    return options_.stream_threshold != 0 && file.size >= options_.stream_threshold;
+  }
+
   // A reader asked for [offset, offset + size) of `file` (after its own demand fetches were
   // started). Moves the stream along; starts one if the file is large enough and has none. Returns
-  // whether a stream covers the file.
+  // whether a stream covers the file (Streams).
   bool OnRead(const FileKey& file, const std::shared_ptr<BackingFile>& backing, uint64_t offset,
               uint64_t size);
 

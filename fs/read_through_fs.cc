@@ -202,15 +202,11 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
   if (!inode.ok()) return inode.error();
   if (S_ISDIR((*inode)->mode)) return Error(EISDIR);
   const std::string path = FdPath((*inode)->fd);
-  const int buffered = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (buffered < 0) return Error(errno);
-  // O_DIRECT keeps a third copy of the data out of the backing filesystem's page cache; where it
-  // is refused the buffered descriptor serves, followed by POSIX_FADV_DONTNEED.
-  const int direct = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-  auto handle = std::make_unique<Handle>();
-  handle->file = std::make_shared<BackingFile>(direct, buffered);
   struct stat st {};
-  if (fstat(buffered, &st) != 0) return Error(errno);
+  Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
+  if (!file.ok()) return file.error();
+  auto handle = std::make_unique<Handle>();
+  handle->file = std::move(file.value());
   // No links left: the backing file was deleted or replaced (a new file renamed over it) since the
   // kernel looked its name up, and the kernel trusts that name for entry_timeout. ESTALE makes the
   // kernel walk the path again with LOOKUP_REVAL, so the open reaches what the name means now.

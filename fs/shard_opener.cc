@@ -85,20 +85,16 @@ void ShardOpener::Run() {
     }
     name = NextShard(dir->fd, name);
     if (name.empty()) continue;
-    const int buffered = openat(dir->fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (buffered < 0) {
-      spdlog::debug("next shard {} not prefetched: {}", name, std::strerror(errno));
-      continue;
-    }
     struct stat st {};
-    if (fstat(buffered, &st) != 0 || !S_ISREG(st.st_mode)) {
-      close(buffered);
+    Result<std::shared_ptr<BackingFile>> backing =
+        OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st);
+    if (!backing.ok() || !S_ISREG(st.st_mode)) {
+      spdlog::debug("next shard {} not prefetched: {}", name,
+                    backing.ok() ? "not a regular file" : backing.error().Message());
       continue;
     }
-    const int direct = openat(dir->fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT);
-    auto backing = std::make_shared<BackingFile>(direct, buffered);
     spdlog::debug("prefetching the next shard, {}", name);
-    prefetcher_.StartSpeculative(FileKeyFromStat(st), backing, /*safetensors=*/true);
+    prefetcher_.StartSpeculative(FileKeyFromStat(st), backing.value(), /*safetensors=*/true);
   }
 }
 

@@ -9,6 +9,19 @@
 
 namespace accelfs {
 
+Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
+                                                 struct stat* st) {
+  const int buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
+  if (buffered < 0) return Error(errno);
+  if (fstat(buffered, st) != 0) {
+    const int err = errno;
+    close(buffered);
+    return Error(err);
+  }
+  const int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
+  return std::make_shared<BackingFile>(direct, buffered);
+}
+
 Result<size_t> PreadBlock(const ReadRequest& request) {
   size_t done = 0;
   bool direct = request.file->direct();

@@ -2,6 +2,7 @@
 // completion is a callback run once, on the reader's own thread.
 #pragma once
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -86,6 +87,14 @@ class RequestQueue {
   std::deque<ReadRequest> demand_;
   std::deque<ReadRequest> prefetch_;
 };
+
+// Opens `path` (relative to `dir_fd`, or AT_FDCWD) for the readers: a buffered descriptor, and an
+// O_DIRECT one where the filesystem takes it (-1 otherwise). O_DIRECT keeps a third copy of the
+// data out of the backing filesystem's page cache; where it is refused the buffered descriptor
+// serves, followed by POSIX_FADV_DONTNEED. `flags` are added to both opens (e.g. O_NOFOLLOW);
+// `st` receives the opened file's attributes.
+Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
+                                                 struct stat* st);
 
 // Shared by the readers: read into request.buffer with pread until `expected` bytes or EOF.
 // Handles O_DIRECT refusal (EINVAL) by falling back to the buffered descriptor.

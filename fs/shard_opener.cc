@@ -85,7 +85,13 @@ void ShardOpener::Run() {
     }
     name = NextShard(dir->fd, name);
     if (name.empty()) continue;
+    // Only regular files are opened: an open of a FIFO named by a hostile index would block this
+    // thread, and with it the daemon's exit, until some writer came.
     struct stat st {};
+    if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+      spdlog::debug("next shard {} not prefetched: not a regular file", name);
+      continue;
+    }
     Result<std::shared_ptr<BackingFile>> backing =
         OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st);
     if (!backing.ok() || !S_ISREG(st.st_mode)) {

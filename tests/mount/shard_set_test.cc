@@ -4,6 +4,7 @@
 // hostile index and a missing index change nothing a reader can see.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,6 +139,19 @@ TEST_F(ShardSetTest, CorruptHeaderTruncatedShardAndHostileIndexReadTheSame) {
   EXPECT_TRUE(LogShows(daemon_, "invalid safetensors header")) << daemon_.Log();
   EXPECT_EQ(daemon_.Log().find("passwd"), std::string::npos)
       << "a hostile index must not make the daemon open files outside the model";
+}
+
+// The next shard's name is a FIFO: opening it would wait for a writer forever. The daemon must
+// neither hang on it nor on its way out.
+TEST_F(ShardSetTest, NextShardThatIsNotARegularFileIsLeftAlone) {
+  shards_ = {ShardName(1, 2), ShardName(2, 2)};
+  WriteShard(Src(shards_[0]), 12, kMiB, 41);
+  ASSERT_EQ(mkfifo(Src(shards_[1]).c_str(), 0644), 0) << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
+  EXPECT_TRUE(LogShows(daemon_, "next shard " + shards_[1] + " not prefetched"))
+      << daemon_.Log();
+  EXPECT_EQ(daemon_.Stop(), 0) << "the daemon exits cleanly: " << daemon_.Log();
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+// One snapshot of what the daemon is doing: what accelfs-stat shows and /metrics exports. The
+// daemon builds it on request (fs/main.cc wires the sources); nothing here is on the read path.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cache/block_cache.h"
+
+namespace accelfs {
+
+struct DaemonStats {
+  std::string source;      // SOURCE, as resolved at start
+  std::string mountpoint;  // MOUNTPOINT, as resolved at start
+  std::string store;       // where cached blocks live: "private tmpfs", a --cache-dir, "anonymous memory"
+  bool passthrough = false;  // whether fully cached files are passed through to the store
+  double uptime_s = 0;
+
+  CacheStats cache;          // budget, used, hits/misses (count and bytes), fetched, in flight...
+  uint32_t depth = 0;        // backend reads the adaptive depth allows now
+  uint32_t depth_limit = 0;  // --backend-depth
+  uint64_t open_files = 0;         // file handles open (cached or passthrough)
+  uint64_t passthrough_files = 0;  // of them, open in passthrough mode
+  uint64_t pushed_bytes = 0;       // bytes written into the kernel page cache (--push)
+};
+
+using StatsSource = std::function<DaemonStats()>;
+
+}  // namespace accelfs

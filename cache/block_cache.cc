@@ -16,16 +16,59 @@ BlockCache::BlockCache(BlockStore& store, BackendReader& reader, Options options
 
 BlockCache::~BlockCache() {
   Freed freed;
+  Freed kept;  // ready blocks: a persistent store keeps them for the next daemon
   {
     std::lock_guard lock(mu_);
     for (auto& [key, entry] : map_) {
-      if (entry->buffer.data != nullptr) freed.emplace_back(key, entry->buffer);
+      if (entry->buffer.data == nullptr) continue;
+      (entry->state == State::kReady ? kept : freed).emplace_back(key, entry->buffer);
     }
     for (auto& entry : zombies_) freed.emplace_back(entry->key, entry->buffer);
     map_.clear();
     zombies_.clear();
   }
   ReleaseAll(freed);
+  for (auto& [key, buffer] : kept) store_.Retain(key, buffer);
+}
+
+BlockCache::Adopted BlockCache::AdoptStored() {
+  Adopted adopted;
+  for (const StoredBlock& stored : store_.TakeStored()) {
+    const uint64_t offset = stored.key.index * options_.block_size;
+    const size_t capacity = store_.CapacityFor(stored.bytes);
+    bool take = stored.key.file.size > offset &&
+                stored.bytes == std::min<uint64_t>(options_.block_size,
+                                                   stored.key.file.size - offset);
+    {
+      std::lock_guard lock(mu_);
+      take = take && map_.count(stored.key) == 0 && used_ + capacity <= options_.budget_bytes;
+      if (take) used_ += capacity;  // reserved while the buffer is mapped outside the lock
+    }
+    Result<BlockBuffer> buffer = take ? store_.Allocate(stored.key, stored.bytes)
+                                      : Result<BlockBuffer>(Error(ENOSPC));
+    if (!buffer.ok()) {
+      if (take) {
+        std::lock_guard lock(mu_);
+        used_ -= capacity;
+      }
+      store_.Discard(stored.key);
+      ++adopted.discarded_blocks;
+      continue;
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->key = stored.key;
+    entry->state = State::kReady;
+    entry->buffer = buffer.value();
+    entry->expected = stored.bytes;
+    entry->charged = capacity;
+    std::lock_guard lock(mu_);
+    lru_.push_back(entry.get());  // oldest: what this daemon reads counts as newer
+    entry->lru_pos = std::prev(lru_.end());
+    map_.emplace(stored.key, std::move(entry));
+    ++adopted.blocks;
+    adopted.bytes += stored.bytes;
+  }
+  return adopted;
 }
 
 BlockCache::Ref& BlockCache::Ref::operator=(Ref&& other) noexcept {

@@ -57,7 +57,8 @@ class BlockCache {
   // Receives the block or the error. Runs on the Get caller's thread (hit) or the backend's.
   using Waiter = std::function<void(Result<Ref>)>;
 
-  // REQUIRES: store and reader outlive the cache.
+  // REQUIRES: store and reader outlive the cache. On destruction, ready blocks are given back with
+  // BlockStore::Retain (a persistent store keeps them), the rest with Release.
   BlockCache(BlockStore& store, BackendReader& reader, Options options);
   ~BlockCache();
   BlockCache(const BlockCache&) = delete;
@@ -99,6 +100,16 @@ class BlockCache {
   // Forgets every ready block of `file` (a changed file's old identity). Pinned blocks are freed
   // when their last Ref goes.
   void DropFile(const FileKey& file);
+
+  // Takes in the blocks a persistent store kept from an earlier daemon (BlockStore::TakeStored),
+  // as blocks already read (evictable, oldest first), while they fit in the budget; the store
+  // forgets the rest. Call once, before the first Get.
+  struct Adopted {
+    uint64_t blocks = 0;
+    uint64_t bytes = 0;
+    uint64_t discarded_blocks = 0;  // over the budget, or not a block of their file
+  };
+  Adopted AdoptStored();
 
   // Answers every queued Get with ECANCELED. Call after the reader has stopped.
   void Shutdown();

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "cache/file_key.h"
 #include "cache/result.h"
@@ -12,6 +14,12 @@ namespace accelfs {
 struct BlockBuffer {
   std::byte* data = nullptr;
   size_t capacity = 0;  // bytes usable at data; what the cache charges to its budget
+};
+
+// A block a persistent store kept from an earlier daemon: `bytes` of `key`'s data, complete.
+struct StoredBlock {
+  BlockKey key;
+  uint32_t bytes = 0;
 };
 
 // Thread safety: every method may be called from any thread, concurrently.
@@ -27,8 +35,20 @@ class BlockStore {
   // read and before any reader sees the block; a store that persists blocks records presence here.
   virtual void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) = 0;
 
-  // Gives the buffer back. REQUIRES: nobody reads from it any more.
+  // Gives the buffer back and forgets the block. REQUIRES: nobody reads from it any more.
   virtual void Release(const BlockKey& key, BlockBuffer buffer) = 0;
+
+  // Gives the buffer back but keeps a committed block for the next daemon, where the store
+  // persists blocks (the cache is shutting down). REQUIRES: nobody reads from it any more.
+  virtual void Retain(const BlockKey& key, BlockBuffer buffer) { Release(key, buffer); }
+
+  // The blocks an earlier daemon left committed in a persistent store, once (later calls return
+  // nothing). The cache Allocates those it takes (the buffer then holds their data) and Discards
+  // the rest.
+  virtual std::vector<StoredBlock> TakeStored() { return {}; }
+
+  // Forgets a stored block the cache did not take.
+  virtual void Discard(const BlockKey&) {}
 
   // The budget bytes a buffer of `bytes` costs, so the cache can make room before allocating.
   virtual size_t CapacityFor(size_t bytes) const = 0;

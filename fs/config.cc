@@ -166,7 +166,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
       "accelfs"};
   std::string cache_size, block_size, readahead, log_level = config.log_level;
-  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold;
+  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold, cache_dir;
   std::vector<std::string> option_lists;
   bool version = false;
   // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
@@ -177,6 +177,10 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                "Stay in the foreground (otherwise detach once the mount is ready)");
   app.add_option("--cache-size", cache_size,
                  "Cache budget: bytes with K/M/G/T, or a % of RAM (default: half of MemAvailable)");
+  app.add_option("--cache-dir", cache_dir,
+                 "Keep cached blocks in files in this directory (created if missing), where a "
+                 "restart finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory "
+                 "(default: a private tmpfs that goes with the daemon)");
   app.add_option("--block-size", block_size, "Cache block size, a power of two (default 4M)");
   app.add_option("--backend-depth", backend_depth,
                  "Most backend reads in flight; the daemon adapts the depth below it (default 64)");
@@ -239,6 +243,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "entry_timeout") target = &entry_timeout;
       if (key == "log_level") target = &log_level;
       if (key == "stream_threshold") target = &stream_threshold;
+      if (key == "cache_dir") target = &cache_dir;
       if (target != nullptr) {
         if (eq == std::string::npos || value.empty())
           return usage_error("option -o " + key + " needs a value");
@@ -328,6 +333,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                        "': must be trace, debug, info, warn, error, critical or off");
   }
   config.log_level = log_level;
+  config.cache_dir = cache_dir;
   config.passthrough = !no_passthrough;
   config.push = push;
   ParseOutcome out;

@@ -19,6 +19,11 @@ struct Config {
   uint64_t cache_size = 0;
   std::string cache_size_origin;  // how cache_size was chosen, for the start-up report
 
+  // Where cached blocks live (--cache-dir). Empty: a private tmpfs that disappears with the daemon
+  // (as root; otherwise anonymous memory). A directory keeps blocks across restarts: a daemon
+  // started over the same directory serves what the last one cached without refetching it.
+  std::string cache_dir;
+
   // 4 MiB: large enough that one backend request amortises network latency, small enough that a
   // 1 MiB kernel READ rarely waits on much more than itself. Power of two, 64 KiB .. 256 MiB.
   uint32_t block_size = 4u << 20;

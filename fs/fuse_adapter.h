@@ -22,7 +22,7 @@ struct SessionOptions {
   unsigned max_background = 64;
   unsigned max_threads = 16;
   // Offer FUSE passthrough to the kernel (fully cached files then never reach the daemon). Only
-  // useful when the cache's store keeps files (ShmBlockStore).
+  // useful when the cache's store keeps files (FileBlockStore).
   bool passthrough = false;
 };
 

@@ -19,7 +19,7 @@
 #include "cache/block_cache.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/ram_block_store.h"
-#include "cache/shm_block_store.h"
+#include "cache/file_block_store.h"
 #include "fs/config.h"
 #include "fs/fuse_adapter.h"
 #include "fs/mount_checks.h"
@@ -77,23 +77,33 @@ int Run(const Config& config) {
   if (!paths) return Fail(error);
   if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
 
-  const int ready_fd = config.foreground ? -1 : Detach();
-  if (!config.foreground && ready_fd < 0)
-    return Fail(std::string("cannot detach: ") + std::strerror(errno));
-
-  // As root the cache lives in files on a private tmpfs, which fully cached files can be passed
-  // through to; otherwise in anonymous memory.
+  // The cache lives in files in --cache-dir, where a restart finds it; else, as root, in files on
+  // a private tmpfs; both can pass fully cached files through. Otherwise in anonymous memory. The
+  // cache dir is opened (and locked) before detaching, so that its errors reach the caller; the
+  // lock is inherited by the daemon.
   std::unique_ptr<BlockStore> store;
+  std::string store_name = "private tmpfs";
   bool store_in_files = true;
-  if (auto shm = ShmBlockStore::Create(config.block_size, config.cache_size + (64u << 20));
-      shm.ok()) {
+  if (!config.cache_dir.empty()) {
+    if (!CheckCacheDir(config.cache_dir, *paths, &error)) return Fail(error);
+    auto dir = FileBlockStore::OpenDir(config.cache_dir, config.block_size, &error);
+    if (dir == nullptr) return Fail(error);
+    store = std::move(dir);
+    store_name = "cache dir " + config.cache_dir;
+  } else if (auto shm = FileBlockStore::Create(config.block_size, config.cache_size + (64u << 20));
+             shm.ok()) {
     store = std::move(shm.value());
   } else {
     store = std::make_unique<RamBlockStore>();
+    store_name = "anonymous memory";
     store_in_files = false;
     spdlog::debug("private tmpfs for the cache refused ({}); caching in anonymous memory",
                   shm.error().Message());
   }
+
+  const int ready_fd = config.foreground ? -1 : Detach();
+  if (!config.foreground && ready_fd < 0)
+    return Fail(std::string("cannot detach: ") + std::strerror(errno));
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
   if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true); uring.ok()) {
@@ -105,6 +115,13 @@ int Run(const Config& config) {
     backend = "pread";
   }
   BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
+  if (const BlockCache::Adopted kept = cache.AdoptStored(); kept.blocks + kept.discarded_blocks) {
+    spdlog::info("cache dir {}: {} cached by an earlier run, served without refetching{}",
+                 config.cache_dir, FormatBytes(kept.bytes),
+                 kept.discarded_blocks == 0
+                     ? ""
+                     : fmt::format(" ({} blocks over the budget dropped)", kept.discarded_blocks));
+  }
   // A stream runs up to a quarter of the cache ahead of its reader (at most 1 GiB of 4 MiB blocks),
   // with as many fetches in flight as the backend takes.
   PrefetcherOptions prefetch;
@@ -169,7 +186,7 @@ int Run(const Config& config) {
         "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
         "read_ahead {}",
         paths->source, paths->mountpoint, FormatBytes(config.cache_size), config.cache_size_origin,
-        store_in_files ? "private tmpfs" : "anonymous memory", FormatBytes(config.block_size),
+        store_name, FormatBytes(config.block_size),
         backend, config.backend_depth, readahead);
     if ((*session)->passthrough()) {
       spdlog::info(

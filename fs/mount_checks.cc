@@ -66,6 +66,34 @@ std::vector<MountInfo> ReadMountInfo(const std::string& path) {
   return mounts;
 }
 
+bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::string* error) {
+  // A directory not made yet is judged by its nearest existing ancestor's canonical path.
+  std::string probe = dir;
+  std::string rest;
+  std::optional<std::string> canonical;
+  while (!(canonical = Canonical(probe.empty() ? "." : probe))) {
+    const size_t slash = probe.find_last_of('/');
+    if (slash == std::string::npos) {
+      rest = probe + rest;
+      probe.clear();
+      continue;
+    }
+    rest = probe.substr(slash) + rest;
+    probe = probe.substr(0, slash);
+    if (probe.empty()) probe = "/";
+  }
+  const std::string resolved = *canonical + (rest.empty() || rest[0] == '/' ? "" : "/") + rest;
+  for (const auto& [what, path] : {std::pair{"mountpoint", &paths.mountpoint},
+                                   std::pair{"source", &paths.source}}) {
+    if (IsSameOrInside(resolved, *path)) {
+      *error = std::string("cache dir ") + Quote(dir) + " is inside the " + what + " " +
+               Quote(*path) + ": put it elsewhere (e.g. /dev/shm/accelfs or a local disk)";
+      return false;
+    }
+  }
+  return true;
+}
+
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
                                        std::string* error) {
   struct stat st {};

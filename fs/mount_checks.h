@@ -34,6 +34,10 @@ struct CheckedPaths {
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
                                        std::string* error);
 
+// A --cache-dir (existing or not) must not lie inside the mountpoint (the daemon would read its
+// own mount) or the source (the mount would show the cache). One line in `error` when it does.
+bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::string* error);
+
 // /dev/fuse present, a character device, openable. One line in `error` when not.
 bool CheckFuseDevice(const std::string& device, std::string* error);
 

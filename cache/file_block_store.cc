@@ -1,0 +1,371 @@
+#include "cache/file_block_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cache/block.h"
+#include "cache/ram_block_store.h"
+
+namespace accelfs {
+namespace {
+
+constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '1'};
+constexpr char kDataSuffix[] = ".data";
+constexpr char kMapSuffix[] = ".map";
+constexpr char kLockName[] = "lock";
+
+// The record's header; block i's presence byte follows at sizeof(RecordHeader) + i.
+struct RecordHeader {
+  char magic[8];
+  uint32_t block_size;
+  uint32_t reserved;
+  uint64_t dev;
+  uint64_t ino;
+  uint64_t size;
+  int64_t mtime_ns;
+  uint64_t padding[2];
+};
+static_assert(sizeof(RecordHeader) == 64);
+
+bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
+  return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
+}
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+std::string StoredName(const FileKey& key) {
+  char name[80];
+  std::snprintf(name, sizeof(name), "%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64, key.dev,
+                key.ino, key.size, static_cast<uint64_t>(key.mtime_ns));
+  return name;
+}
+
+FileBlockStore::FileBlockStore(int root_fd, int lock_fd, uint32_t block_size, bool persistent,
+                               bool sync)
+    : root_fd_(root_fd),
+      lock_fd_(lock_fd),
+      block_size_(block_size),
+      persistent_(persistent),
+      sync_(sync) {}
+
+Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_size,
+                                                               uint64_t size_limit) {
+  const int fs_fd = fsopen("tmpfs", FSOPEN_CLOEXEC);
+  if (fs_fd < 0) return Error(errno);
+  const std::string size = std::to_string(size_limit);
+  int mnt_fd = -1;
+  if (fsconfig(fs_fd, FSCONFIG_SET_STRING, "huge", "within_size", 0) == 0 &&
+      fsconfig(fs_fd, FSCONFIG_SET_STRING, "size", size.c_str(), 0) == 0 &&
+      fsconfig(fs_fd, FSCONFIG_SET_STRING, "mode", "0700", 0) == 0 &&
+      fsconfig(fs_fd, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) == 0) {
+    mnt_fd =
+        fsmount(fs_fd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+  }
+  const int err = errno;
+  close(fs_fd);
+  if (mnt_fd < 0) return Error(err);
+  return std::unique_ptr<FileBlockStore>(
+      new FileBlockStore(mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
+}
+
+std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
+                                                        uint32_t block_size, std::string* error) {
+  const auto fail = [&](const std::string& what, int err) {
+    *error = "cache dir '" + dir + "': " + what + (err != 0 ? ": " + Error(err).Message() : "");
+    return nullptr;
+  };
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail("cannot create it", errno);
+  const int root_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) return fail("cannot open it", errno);
+  const int lock_fd = openat(root_fd, kLockName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock_fd < 0) {
+    const int err = errno;
+    close(root_fd);
+    return fail("cannot create its lock file", err);
+  }
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    [[maybe_unused]] ssize_t n = pread(lock_fd, pid, sizeof(pid) - 1, 0);
+    close(lock_fd);
+    close(root_fd);
+    if (err == EWOULDBLOCK) {
+      std::string holder(pid);
+      holder.erase(holder.find_last_not_of(" \n") + 1);
+      return fail("in use by another accelfs" + (holder.empty() ? "" : " (pid " + holder + ")") +
+                      "; give each mount its own cache dir",
+                  0);
+    }
+    return fail("cannot lock it", err);
+  }
+  const std::string pid = std::to_string(getpid()) + "\n";
+  if (ftruncate(lock_fd, 0) != 0 || !WriteAll(lock_fd, pid.data(), pid.size(), 0)) {
+    const int err = errno;
+    close(lock_fd);
+    close(root_fd);
+    return fail("cannot write its lock file", err);
+  }
+  // RAM-backed directories lose their pages only with the machine, never halfway through a
+  // write; anything else must have the data on disk before the record says it is there.
+  struct statfs fs {};
+  const bool ram = fstatfs(root_fd, &fs) == 0 &&
+                   (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  std::unique_ptr<FileBlockStore> store(
+      new FileBlockStore(root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
+  store->LoadStored();
+  return store;
+}
+
+FileBlockStore::~FileBlockStore() {
+  for (auto& [key, file] : files_) {
+    close(file.fd);
+    if (file.map_fd >= 0) close(file.map_fd);
+  }
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
+  close(root_fd_);
+}
+
+void FileBlockStore::LoadStored() {
+  std::lock_guard lock(mu_);
+  const int dir_fd = dup(root_fd_);
+  DIR* dir = dir_fd < 0 ? nullptr : fdopendir(dir_fd);
+  if (dir == nullptr) {
+    if (dir_fd >= 0) close(dir_fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(dir)) names.emplace_back(entry->d_name);
+  closedir(dir);
+  std::sort(names.begin(), names.end());  // a stable order: files by identity
+
+  const auto remove = [this](const std::string& stem) {
+    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
+    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
+  };
+  for (const std::string& name : names) {
+    if (!EndsWith(name, kMapSuffix)) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
+    const int map_fd = openat(root_fd_, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    RecordHeader header{};
+    if (map_fd < 0 || pread(map_fd, &header, sizeof(header), 0) != sizeof(header) ||
+        std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 ||
+        header.block_size != block_size_) {
+      if (map_fd >= 0) close(map_fd);
+      remove(stem);  // unreadable, or blocks of another size: nothing in it can be used
+      continue;
+    }
+    const FileKey key{header.dev, header.ino, header.size, header.mtime_ns};
+    const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st {};
+    const uint64_t blocks = BlockCount(key.size, block_size_);
+    std::vector<uint8_t> present(blocks);
+    if (StoredName(key) != stem || fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) != key.size ||
+        pread(map_fd, present.data(), blocks, sizeof(RecordHeader)) !=
+            static_cast<ssize_t>(blocks)) {
+      close(map_fd);
+      if (fd >= 0) close(fd);
+      remove(stem);
+      continue;
+    }
+    size_t found = 0;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      if (present[i] != 1) continue;
+      const uint64_t offset = i * block_size_;
+      stored_.push_back({{key, i}, static_cast<uint32_t>(std::min<uint64_t>(block_size_,
+                                                                            key.size - offset))});
+      ++found;
+    }
+    if (found == 0) {
+      close(map_fd);
+      close(fd);
+      remove(stem);
+      continue;
+    }
+    files_[key] = File{fd, map_fd, 0};
+  }
+}
+
+std::vector<StoredBlock> FileBlockStore::TakeStored() {
+  std::lock_guard lock(mu_);
+  return std::move(stored_);
+}
+
+Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
+  if (!persistent_) {
+    file->fd = openat(root_fd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (file->fd < 0 || ftruncate(file->fd, static_cast<off_t>(key.size)) != 0) {
+      const int err = errno;
+      if (file->fd >= 0) close(file->fd);
+      file->fd = -1;
+      return Error(err);
+    }
+    return Status();
+  }
+  // A new record starts with every block absent, written before any data: a crash leaves either
+  // no record or one that marks nothing present.
+  const std::string stem = StoredName(key);
+  const uint64_t blocks = BlockCount(key.size, block_size_);
+  RecordHeader header{};
+  std::memcpy(header.magic, kMagic, sizeof(kMagic));
+  header.block_size = block_size_;
+  header.dev = key.dev;
+  header.ino = key.ino;
+  header.size = key.size;
+  header.mtime_ns = key.mtime_ns;
+  file->map_fd = openat(root_fd_, (stem + kMapSuffix).c_str(),
+                        O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  file->fd = openat(root_fd_, (stem + kDataSuffix).c_str(),
+                    O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (file->map_fd < 0 || file->fd < 0 ||
+      ftruncate(file->map_fd, static_cast<off_t>(sizeof(header) + blocks)) != 0 ||
+      !WriteAll(file->map_fd, &header, sizeof(header), 0) ||
+      ftruncate(file->fd, static_cast<off_t>(key.size)) != 0) {
+    const int err = errno;
+    if (file->fd >= 0) close(file->fd);
+    if (file->map_fd >= 0) close(file->map_fd);
+    file->fd = file->map_fd = -1;
+    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
+    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
+    return Error(err);
+  }
+  return Status();
+}
+
+Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) {
+  // The mapping covers whole pages up to the one holding the file's last byte; the file keeps the
+  // backing file's exact size, so a passthrough reader sees exactly its bytes.
+  const size_t length = RoundUp(bytes == 0 ? 1 : bytes, 4096);
+  const uint64_t offset = key.index * block_size_;
+  int fd;
+  {
+    std::lock_guard lock(mu_);
+    File& file = files_[key.file];
+    if (file.fd < 0) {
+      if (Status s = OpenFile(key.file, &file); !s.ok()) {
+        files_.erase(key.file);
+        return s.error();
+      }
+    }
+    ++file.blocks;
+    fd = file.fd;
+  }
+  std::byte* data = MapAligned(length, fd, offset);
+  if (data == nullptr) {
+    const int err = errno;
+    Release(key, BlockBuffer{});
+    return Error(err == 0 ? ENOMEM : err);
+  }
+  return BlockBuffer{data, length};
+}
+
+void FileBlockStore::Mark(const File& file, uint64_t index, bool present) const {
+  const uint8_t byte = present ? 1 : 0;
+  // A record that cannot be written only costs a refetch after a restart.
+  [[maybe_unused]] bool ok =
+      WriteAll(file.map_fd, &byte, 1, static_cast<off_t>(sizeof(RecordHeader) + index));
+}
+
+void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer&, size_t) {
+  if (!persistent_) return;
+  File file;
+  {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(key.file);
+    if (it == files_.end()) return;
+    file = it->second;
+  }
+  // The descriptors stay open: the block is allocated, so its file is not closed under us.
+  if (sync_ && fdatasync(file.fd) != 0) return;  // not on disk: not recorded
+  Mark(file, key.index, true);
+}
+
+void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
+  if (file.blocks != 0) return;
+  if (persistent_) {
+    // Blocks kept by Retain, or stored ones not yet taken, are recorded without being allocated.
+    const uint64_t blocks = BlockCount(key.size, block_size_);
+    std::vector<uint8_t> present(blocks);
+    if (pread(file.map_fd, present.data(), blocks, sizeof(RecordHeader)) !=
+            static_cast<ssize_t>(blocks) ||
+        std::find(present.begin(), present.end(), 1) != present.end()) {
+      return;
+    }
+    const std::string stem = StoredName(key);
+    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
+    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
+    close(file.map_fd);
+  }
+  close(file.fd);
+  files_.erase(key);
+}
+
+void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(key.file);
+  if (it == files_.end()) return;
+  File& file = it->second;
+  if (buffer.data != nullptr) {
+    // Unmarked first: a crash between the two leaves unrecorded data, never a recorded hole.
+    if (persistent_) Mark(file, key.index, false);
+    munmap(buffer.data, buffer.capacity);
+    fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(key.index * block_size_), static_cast<off_t>(buffer.capacity));
+  }
+  --file.blocks;
+  CloseIfUnused(key.file, file);
+}
+
+void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
+  if (!persistent_) return Release(key, buffer);
+  std::lock_guard lock(mu_);
+  auto it = files_.find(key.file);
+  if (it == files_.end()) return;
+  if (buffer.data != nullptr) munmap(buffer.data, buffer.capacity);
+  // The file stays open (until the store goes) with its blocks recorded: allocating them again
+  // finds their data.
+  --it->second.blocks;
+}
+
+void FileBlockStore::Discard(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(key.file);
+  if (it == files_.end()) return;
+  File& file = it->second;
+  Mark(file, key.index, false);
+  fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+            static_cast<off_t>(key.index * block_size_), static_cast<off_t>(block_size_));
+  CloseIfUnused(key.file, file);
+}
+
+int FileBlockStore::FileDescriptor(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(file);
+  return it == files_.end() ? -1 : it->second.fd;
+}
+
+size_t FileBlockStore::file_count() const {
+  std::lock_guard lock(mu_);
+  return files_.size();
+}
+
+}  // namespace accelfs

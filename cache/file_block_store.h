@@ -1,0 +1,93 @@
+// Blocks in files: one sparse file per backing file identity, each block at its own offset, mapped
+// into the daemon while allocated. Because the file holds a fully cached backing file's bytes at
+// their offsets, the kernel can read it directly (FUSE passthrough): native tmpfs speed, and one
+// copy of the data in RAM.
+//
+// Two homes:
+// - Private (Create): a tmpfs created with the new mount API (fsopen/fsmount) and never attached
+//   to the tree, so no other process can see it and it disappears with the daemon. huge=within_size
+//   (2 MiB pages for big files: DESIGN.md section 2 on daemon CPU). Needs CAP_SYS_ADMIN.
+// - A cache directory (OpenDir, --cache-dir): a tmpfs such as /dev/shm/accelfs, or a local NVMe
+//   directory as a persistent tier. Blocks outlive the daemon: a restart over the same directory
+//   finds them (TakeStored) and serves them without refetching.
+//
+// Cache directory layout, for each backing identity (dev, ino, size, mtime), with the four numbers
+// in hex as NAME:
+//   NAME.data  the backing file's size, sparse; block i at byte i * block_size
+//   NAME.map   a 64-byte header (magic, block size, identity) and one byte per block: 1 = present
+//   lock       flock()ed by the daemon using the directory; holds its pid
+// A block's byte becomes 1 only after its data is in NAME.data (Commit: after the read succeeded
+// and, where the directory is not RAM-backed, after fdatasync), and goes to 0 before its range is
+// punched out (Release). A daemon killed at any point therefore leaves no block marked present with
+// wrong bytes: at worst a block's data without its mark, which the next daemon fetches again.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_store.h"
+
+namespace accelfs {
+
+class FileBlockStore final : public BlockStore {
+ public:
+  // A private tmpfs. Error when the kernel refuses (needs CAP_SYS_ADMIN); callers fall back to
+  // RamBlockStore. size_limit caps the tmpfs as a safety net under the cache's own budget.
+  static Result<std::unique_ptr<FileBlockStore>> Create(uint32_t block_size, uint64_t size_limit);
+
+  // The cache directory `dir` (created, mode 0700, when missing). Locks it for this store's life:
+  // a second store on the same directory, in this process or another, fails with `*error` naming
+  // the holder's pid. Reads what earlier daemons left: blocks of another block size, records that
+  // do not parse and data files of the wrong size are removed. nullptr and `*error` on failure.
+  static std::unique_ptr<FileBlockStore> OpenDir(const std::string& dir, uint32_t block_size,
+                                                 std::string* error);
+  ~FileBlockStore() override;
+
+  Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override;
+  void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) override;
+  void Release(const BlockKey& key, BlockBuffer buffer) override;
+  void Retain(const BlockKey& key, BlockBuffer buffer) override;
+  std::vector<StoredBlock> TakeStored() override;
+  void Discard(const BlockKey& key) override;
+  size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
+  int FileDescriptor(const FileKey& file) const override;
+
+  bool persistent() const { return persistent_; }
+  size_t file_count() const;
+
+ private:
+  FileBlockStore(int root_fd, int lock_fd, uint32_t block_size, bool persistent, bool sync);
+
+  struct File {
+    int fd = -1;      // the data
+    int map_fd = -1;  // the presence record; -1 in a private store
+    size_t blocks = 0;  // allocated blocks
+  };
+
+  // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.
+  Status OpenFile(const FileKey& key, File* file);
+  // Writes block `index`'s presence byte. REQUIRES: the file is open.
+  void Mark(const File& file, uint64_t index, bool present) const;
+  // When no block of `file` is allocated or recorded any more, closes it and removes its files.
+  // REQUIRES: mu_ held.
+  void CloseIfUnused(const FileKey& key, File& file);
+  // Scans the directory (OpenDir).
+  void LoadStored();
+
+  const int root_fd_;  // the tmpfs root or the cache directory
+  const int lock_fd_;  // -1 in a private store
+  const uint32_t block_size_;
+  const bool persistent_;  // blocks are recorded and outlive the store
+  const bool sync_;        // fdatasync the data before recording it (not RAM-backed)
+  mutable std::mutex mu_;                                 // a leaf lock
+  std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
+  std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
+};
+
+// The cache-directory file name stem for `key` (hex dev-ino-size-mtime).
+std::string StoredName(const FileKey& key);
+
+}  // namespace accelfs

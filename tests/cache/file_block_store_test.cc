@@ -1,0 +1,371 @@
+#include "cache/file_block_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "cache/block_cache.h"
+#include "tests/support/awaited.h"
+#include "tests/support/backing_file.h"
+#include "tests/support/fake_backend.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs {
+namespace {
+
+constexpr uint32_t kBlock = 4 << 20;
+
+std::unique_ptr<FileBlockStore> MakeStore() {
+  auto store = FileBlockStore::Create(kBlock, 256 << 20);
+  if (!store.ok()) return nullptr;
+  return std::move(store.value());
+}
+
+#define REQUIRE_STORE(store)                                                   \
+  if (!(store))                                                                \
+  GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN): " \
+                  "the shm store cannot be tested here"
+
+TEST(FileBlockStoreTest, BlocksLandInOneFileOfTheBackingSizeAtTheirOffsets) {
+  auto store = MakeStore();
+  REQUIRE_STORE(store);
+  const FileKey file{1, 2, kBlock + 12345, 7};
+  auto b0 = store->Allocate({file, 0}, kBlock);
+  auto b1 = store->Allocate({file, 1}, 12345);
+  ASSERT_TRUE(b0.ok());
+  ASSERT_TRUE(b1.ok());
+  EXPECT_EQ(b0->capacity, kBlock);
+  EXPECT_EQ(b1->capacity, 16384u);  // whole pages up to the one holding the last byte
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b0->data) % (2 << 20), 0u) << "huge-page aligned";
+  testing::FillBytes(9, 0, reinterpret_cast<uint8_t*>(b0->data), kBlock);
+  testing::FillBytes(9, kBlock, reinterpret_cast<uint8_t*>(b1->data), 12345);
+
+  const int fd = store->FileDescriptor(file);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), file.size)
+      << "a passthrough reader sees exactly the file";
+  std::vector<uint8_t> got(file.size);
+  ASSERT_EQ(pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, testing::Bytes(9, 0, file.size));
+
+  store->Release({file, 0}, b0.value());
+  std::vector<uint8_t> hole(4096);
+  ASSERT_EQ(pread(fd, hole.data(), hole.size(), 0), 4096);
+  EXPECT_EQ(hole, std::vector<uint8_t>(4096, 0)) << "a released block's memory is given back";
+  EXPECT_EQ(store->FileDescriptor(file), fd) << "the file stays while a block remains";
+  store->Release({file, 1}, b1.value());
+  EXPECT_EQ(store->FileDescriptor(file), -1);
+  EXPECT_EQ(store->file_count(), 0u);
+}
+
+TEST(FileBlockStoreTest, EachIdentityHasItsOwnFile) {
+  auto store = MakeStore();
+  REQUIRE_STORE(store);
+  const FileKey a{1, 2, 100, 7};
+  const FileKey b{1, 2, 100, 8};  // same inode, changed mtime: different contents
+  auto ba = store->Allocate({a, 0}, 100);
+  auto bb = store->Allocate({b, 0}, 100);
+  ASSERT_TRUE(ba.ok() && bb.ok());
+  std::memset(ba->data, 'a', 100);
+  std::memset(bb->data, 'b', 100);
+  EXPECT_NE(store->FileDescriptor(a), store->FileDescriptor(b));
+  char c = 0;
+  ASSERT_EQ(pread(store->FileDescriptor(a), &c, 1, 99), 1);
+  EXPECT_EQ(c, 'a');
+  ASSERT_EQ(pread(store->FileDescriptor(b), &c, 1, 99), 1);
+  EXPECT_EQ(c, 'b');
+  store->Release({a, 0}, ba.value());
+  store->Release({b, 0}, bb.value());
+  EXPECT_EQ(store->file_count(), 0u);
+}
+
+TEST(FileBlockStoreTest, ChargeIsWholePages) {
+  auto store = MakeStore();
+  REQUIRE_STORE(store);
+  EXPECT_EQ(store->CapacityFor(1), 4096u);
+  EXPECT_EQ(store->CapacityFor(5000), 8192u);
+  EXPECT_EQ(store->CapacityFor(kBlock), kBlock);
+  EXPECT_EQ(store->CapacityFor(kBlock + 1), kBlock + (2u << 20));
+}
+
+// --- A cache directory: blocks that outlive the store -------------------------------------------
+
+// A fresh directory under `parent`, removed at the end: tmpfs (/dev/shm) and a disk (/var/tmp),
+// which records presence only after fdatasync.
+class CacheDir {
+ public:
+  explicit CacheDir(const std::string& parent) {
+    std::string tmpl = parent + "/accelfs-store-test.XXXXXX";
+    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~CacheDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path_)) {
+      names.push_back(e.path().filename());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  std::string path_;
+};
+
+class DirStoreTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<CacheDir>(GetParam());
+    if (dir_->path().empty()) GTEST_SKIP() << "cannot make a directory under " << GetParam();
+  }
+  std::unique_ptr<FileBlockStore> Open(uint32_t block_size = kBlock) {
+    std::string error;
+    auto store = FileBlockStore::OpenDir(dir_->path(), block_size, &error);
+    EXPECT_NE(store, nullptr) << error;
+    return store;
+  }
+  // Allocates block `index` of `file`, fills it with seed 5's bytes at its offset, and commits it
+  // unless `commit` is false. Returns the buffer.
+  BlockBuffer Put(FileBlockStore& store, const FileKey& file, uint64_t index, bool commit = true) {
+    const uint64_t offset = index * kBlock;
+    const size_t bytes = std::min<uint64_t>(kBlock, file.size - offset);
+    auto buffer = store.Allocate({file, index}, bytes);
+    EXPECT_TRUE(buffer.ok());
+    if (!buffer.ok()) return {};
+    testing::FillBytes(5, offset, reinterpret_cast<uint8_t*>(buffer->data), bytes);
+    if (commit) store.Commit({file, index}, buffer.value(), bytes);
+    return buffer.value();
+  }
+  std::unique_ptr<CacheDir> dir_;
+};
+
+const FileKey kFile{0x801, 42, 2 * kBlock + 777, 1'700'000'000'123'456'789};
+
+TEST_P(DirStoreTest, CommittedBlocksOutliveTheStoreWithTheirBytes) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(store && store->persistent());
+    EXPECT_TRUE(store->TakeStored().empty()) << "a new directory holds nothing";
+    for (uint64_t i : {0, 2}) store->Retain({kFile, i}, Put(*store, kFile, i));
+  }
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const std::vector<StoredBlock> stored = store->TakeStored();
+  ASSERT_EQ(stored.size(), 2u);
+  EXPECT_EQ(stored[0].key, (BlockKey{kFile, 0}));
+  EXPECT_EQ(stored[0].bytes, kBlock);
+  EXPECT_EQ(stored[1].key, (BlockKey{kFile, 2}));
+  EXPECT_EQ(stored[1].bytes, 777u);
+  EXPECT_TRUE(store->TakeStored().empty()) << "once";
+  auto b2 = store->Allocate({kFile, 2}, 777);
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(b2->data),
+                                 reinterpret_cast<uint8_t*>(b2->data) + 777),
+            testing::Bytes(5, 2 * kBlock, 777));
+  std::vector<uint8_t> got(kBlock);
+  ASSERT_EQ(pread(store->FileDescriptor(kFile), got.data(), kBlock, 0), kBlock);
+  EXPECT_EQ(got, testing::Bytes(5, 0, kBlock)) << "the store's file holds block 0 at its offset";
+  store->Release({kFile, 2}, b2.value());
+}
+
+// The daemon is killed after a block's data reached the file and before its record was written,
+// or in the middle of writing the data: the next store must not offer that block.
+TEST_P(DirStoreTest, KilledBeforeTheRecordLeavesTheBlockAbsent) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string error;
+    auto store = FileBlockStore::OpenDir(dir_->path(), kBlock, &error);
+    if (store == nullptr) _exit(3);
+    Put(*store, kFile, 0);                    // complete and recorded
+    Put(*store, kFile, 1, /*commit=*/false);  // data written, record not yet
+    auto half = store->Allocate({kFile, 2}, 777);
+    if (!half.ok()) _exit(4);
+    std::memset(half->data, 0xee, 100);  // a read landing halfway
+    raise(SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit " << WEXITSTATUS(status);
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const std::vector<StoredBlock> stored = store->TakeStored();
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].key, (BlockKey{kFile, 0}));
+  auto b0 = store->Allocate({kFile, 0}, kBlock);
+  ASSERT_TRUE(b0.ok());
+  EXPECT_EQ(std::vector<uint8_t>(reinterpret_cast<uint8_t*>(b0->data),
+                                 reinterpret_cast<uint8_t*>(b0->data) + kBlock),
+            testing::Bytes(5, 0, kBlock));
+  store->Release({kFile, 0}, b0.value());
+}
+
+TEST_P(DirStoreTest, ReleasedAndDiscardedBlocksAreForgottenAndTheirFilesRemoved) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    store->Retain({kFile, 0}, Put(*store, kFile, 0));
+    store->Retain({kFile, 1}, Put(*store, kFile, 1));
+  }
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    ASSERT_EQ(store->TakeStored().size(), 2u);
+    auto b0 = store->Allocate({kFile, 0}, kBlock);  // taken, then evicted
+    ASSERT_TRUE(b0.ok());
+    store->Discard({kFile, 1});  // over the budget
+    store->Release({kFile, 0}, b0.value());
+    EXPECT_EQ(store->file_count(), 0u);
+  }
+  EXPECT_EQ(dir_->Names(), std::vector<std::string>{"lock"});
+  auto store = Open();
+  ASSERT_TRUE(store);
+  EXPECT_TRUE(store->TakeStored().empty());
+}
+
+TEST_P(DirStoreTest, EachIdentityIsItsOwnRecord) {
+  const FileKey changed{kFile.dev, kFile.ino, kFile.size, kFile.mtime_ns + 1};
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    store->Retain({kFile, 0}, Put(*store, kFile, 0));
+    store->Retain({changed, 1}, Put(*store, changed, 1));
+    EXPECT_NE(StoredName(kFile), StoredName(changed));
+  }
+  auto store = Open();
+  ASSERT_TRUE(store);
+  const std::vector<StoredBlock> stored = store->TakeStored();
+  ASSERT_EQ(stored.size(), 2u);
+  for (const StoredBlock& b : stored) {
+    EXPECT_EQ(b.key.index, b.key.file == kFile ? 0u : 1u) << "blocks stay with their identity";
+    store->Discard(b.key);
+  }
+}
+
+TEST_P(DirStoreTest, BlocksOfAnotherBlockSizeOrBrokenRecordsAreRemoved) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    store->Retain({kFile, 0}, Put(*store, kFile, 0));
+  }
+  // A record that does not parse, and one whose data file is missing.
+  for (const char* name : {"1-2-3-4.map", "5-6-7-8.map"}) {
+    std::ofstream(dir_->path() + "/" + name) << "not a record";
+  }
+  {
+    auto store = Open(2 * kBlock);
+    ASSERT_TRUE(store);
+    EXPECT_TRUE(store->TakeStored().empty()) << "4 MiB blocks are not 8 MiB blocks";
+  }
+  EXPECT_EQ(dir_->Names(), std::vector<std::string>{"lock"});
+}
+
+TEST_P(DirStoreTest, ASecondStoreOnTheDirectoryIsRefusedWithTheHoldersPid) {
+  auto first = Open();
+  ASSERT_TRUE(first);
+  std::string error;
+  EXPECT_EQ(FileBlockStore::OpenDir(dir_->path(), kBlock, &error), nullptr);
+  EXPECT_NE(error.find("in use by another accelfs (pid " + std::to_string(getpid()) + ")"),
+            std::string::npos)
+      << error;
+  first.reset();
+  EXPECT_NE(Open(), nullptr) << "the lock goes with the store";
+}
+
+TEST(FileBlockStoreTest, AMissingCacheDirIsCreatedPrivate) {
+  CacheDir parent("/var/tmp");
+  ASSERT_FALSE(parent.path().empty());
+  const std::string dir = parent.path() + "/cache";
+  std::string error;
+  auto store = FileBlockStore::OpenDir(dir, kBlock, &error);
+  ASSERT_NE(store, nullptr) << error;
+  struct stat st {};
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(FileBlockStore::OpenDir(parent.path() + "/missing/deeper", kBlock, &error), nullptr);
+  EXPECT_NE(error.find("cannot create it"), std::string::npos) << error;
+}
+
+// The cache over a cache directory: what one cache fetched, the next (a restarted daemon) serves
+// without a backend read, within its budget.
+TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
+  testing::TempDir source("accelfs-adopt-src");
+  const std::string path = source / "shard";
+  const uint64_t size = 3 * kBlock + 4321;
+  testing::WriteTestFile(path, size, 11);
+  auto backing = testing::OpenBackingFile(path);
+  const FileKey key = testing::KeyOf(*backing);
+  const auto get = [&](BlockCache& cache, uint64_t index) {
+    testing::Awaited<Result<BlockCache::Ref>> got;
+    const uint32_t expected = static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - index * kBlock));
+    cache.Get({key, index}, expected, backing, got.Callback());
+    EXPECT_TRUE(got.Wait());
+    if (!got.ready() || !got.value().ok()) return std::string("no block");
+    const BlockCache::Ref& ref = got.value().value();
+    const auto* data = reinterpret_cast<const uint8_t*>(ref.data());
+    return std::vector<uint8_t>(data, data + ref.size()) ==
+                   testing::Bytes(11, index * kBlock, expected)
+               ? std::string()
+               : "block " + std::to_string(index) + " differs";
+  };
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    testing::FakeBackend backend;
+    BlockCache cache(*store, backend, {16 * uint64_t{kBlock}, kBlock});
+    EXPECT_EQ(cache.AdoptStored().blocks, 0u);
+    for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(get(cache, i), "");
+    backend.Stop();
+  }
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    testing::FakeBackend backend;
+    BlockCache cache(*store, backend, {16 * uint64_t{kBlock}, kBlock});
+    const BlockCache::Adopted adopted = cache.AdoptStored();
+    EXPECT_EQ(adopted.blocks, 4u);
+    EXPECT_EQ(adopted.bytes, size);
+    EXPECT_EQ(cache.ResidentBytes(key), size);
+    for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(get(cache, i), "");
+    EXPECT_EQ(backend.submitted(), 0u) << "no backend read after the restart";
+    EXPECT_EQ(cache.Stats().hits, 4u);
+    std::vector<BlockCache::Ref> pinned;
+    EXPECT_TRUE(cache.PinFile(key, &pinned)) << "a stored file can be passed through";
+    backend.Stop();
+  }
+  // A smaller budget takes what fits and forgets the rest.
+  auto store = Open();
+  ASSERT_TRUE(store);
+  testing::FakeBackend backend;
+  BlockCache cache(*store, backend, {2 * uint64_t{kBlock}, kBlock});
+  const BlockCache::Adopted adopted = cache.AdoptStored();
+  EXPECT_EQ(adopted.blocks, 2u);
+  EXPECT_EQ(adopted.discarded_blocks, 2u);
+  EXPECT_LE(cache.Stats().used_bytes, cache.Stats().budget_bytes);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(get(cache, i), "");
+  EXPECT_EQ(backend.submitted(), 2u) << "only the forgotten blocks are fetched again";
+  backend.Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(RamAndDisk, DirStoreTest, ::testing::Values("/dev/shm", "/var/tmp"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "/dev/shm" ? "Tmpfs" : "Disk";
+                         });
+
+}  // namespace
+}  // namespace accelfs

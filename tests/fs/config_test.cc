@@ -320,6 +320,19 @@ TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
   ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
 }
 
+TEST(ParseCommandLineTest, CacheDir) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_dir, "") << "a private tmpfs by default";
+  c = ParseOk({"--cache-dir", "/dev/shm/accelfs"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_dir, "/dev/shm/accelfs");
+  c = ParseOk({"-o", "cache_dir=/var/cache/accelfs,cache_size=1G"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->cache_dir, "/var/cache/accelfs");
+  ExpectUsageError({"/src", "/mnt", "-o", "cache_dir="}, "cache_dir needs a value");
+}
+
 TEST(ParseCommandLineTest, RepeatedOptionTakesItsLastValue) {
   auto c = ParseOk({"--log-level", "warn", "--cache-size", "1G", "--log-level", "debug"});
   ASSERT_TRUE(c);

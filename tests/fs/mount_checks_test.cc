@@ -176,6 +176,25 @@ TEST_F(CheckPathsTest, MountpointInsideSource) {
   EXPECT_TRUE(CheckPaths(source_, sibling, &error).has_value()) << error;
 }
 
+TEST_F(CheckPathsTest, CacheDirMayNotLieInsideTheMountpointOrTheSource) {
+  std::string error;
+  auto paths = CheckPaths(source_, mountpoint_, &error);
+  ASSERT_TRUE(paths.has_value()) << error;
+  ASSERT_EQ(symlink(mountpoint_.c_str(), (dir_ / "to-mnt").c_str()), 0);
+  for (const std::string& dir :
+       {mountpoint_, mountpoint_ + "/cache", mountpoint_ + "/not/made/yet", dir_ / "to-mnt/cache",
+        source_ + "/cache"}) {
+    SCOPED_TRACE(dir);
+    EXPECT_FALSE(CheckCacheDir(dir, *paths, &error));
+    EXPECT_NE(error.find("is inside the"), std::string::npos) << error;
+    EXPECT_NE(error.find("'" + dir + "'"), std::string::npos) << error;
+  }
+  for (const std::string& dir : {dir_ / "cache", dir_ / "mnt-cache/deeper", std::string("/dev/shm/x")}) {
+    SCOPED_TRACE(dir);
+    EXPECT_TRUE(CheckCacheDir(dir, *paths, &error)) << error;
+  }
+}
+
 TEST_F(CheckPathsTest, MountpointAlreadyAMountPoint) {
   ExpectError(source_, "/proc", "/proc", "is already a mount point");
   ExpectError(source_, "/", "/", "is already a mount point");

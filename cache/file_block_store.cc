@@ -137,6 +137,7 @@ std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
 
 FileBlockStore::~FileBlockStore() {
   for (auto& [key, file] : files_) {
+    if (file.base != nullptr) munmap(file.base, file.length);
     close(file.fd);
     if (file.map_fd >= 0) close(file.map_fd);
   }
@@ -252,30 +253,32 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
 }
 
 Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) {
-  // The mapping covers whole pages up to the one holding the file's last byte; the file keeps the
+  // A buffer covers whole pages up to the one holding the file's last byte; the file keeps the
   // backing file's exact size, so a passthrough reader sees exactly its bytes.
   const size_t length = RoundUp(bytes == 0 ? 1 : bytes, 4096);
   const uint64_t offset = key.index * block_size_;
-  int fd;
-  {
-    std::lock_guard lock(mu_);
-    File& file = files_[key.file];
-    if (file.fd < 0) {
-      if (Status s = OpenFile(key.file, &file); !s.ok()) {
-        files_.erase(key.file);
-        return s.error();
-      }
+  std::lock_guard lock(mu_);
+  File& file = files_[key.file];
+  if (file.fd < 0) {
+    if (Status s = OpenFile(key.file, &file); !s.ok()) {
+      files_.erase(key.file);
+      return s.error();
     }
-    ++file.blocks;
-    fd = file.fd;
   }
-  std::byte* data = MapAligned(length, fd, offset);
-  if (data == nullptr) {
-    const int err = errno;
-    Release(key, BlockBuffer{});
-    return Error(err == 0 ? ENOMEM : err);
+  // One mapping of the whole file, not one per block: the kernel allows a process 65530 mappings
+  // (vm.max_map_count), fewer than the blocks of a large cache. Pages come only as blocks are
+  // written, and go when a block's range is punched out.
+  if (file.base == nullptr) {
+    file.length = RoundUp(key.file.size == 0 ? 1 : key.file.size, 4096);
+    file.base = MapAligned(file.length, file.fd, 0);
+    if (file.base == nullptr) {
+      const int err = errno;
+      CloseIfUnused(key.file, file);
+      return Error(err == 0 ? ENOMEM : err);
+    }
   }
-  return BlockBuffer{data, length};
+  ++file.blocks;
+  return BlockBuffer{file.base + offset, length};
 }
 
 void FileBlockStore::Mark(const File& file, uint64_t index, bool present) const {
@@ -315,6 +318,7 @@ void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
     unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
     close(file.map_fd);
   }
+  if (file.base != nullptr) munmap(file.base, file.length);
   close(file.fd);
   files_.erase(key);
 }
@@ -327,7 +331,6 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
   if (buffer.data != nullptr) {
     // Unmarked first: a crash between the two leaves unrecorded data, never a recorded hole.
     if (persistent_) Mark(file, key.index, false);
-    munmap(buffer.data, buffer.capacity);
     fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
               static_cast<off_t>(key.index * block_size_), static_cast<off_t>(buffer.capacity));
   }
@@ -340,9 +343,8 @@ void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
   std::lock_guard lock(mu_);
   auto it = files_.find(key.file);
   if (it == files_.end()) return;
-  if (buffer.data != nullptr) munmap(buffer.data, buffer.capacity);
-  // The file stays open (until the store goes) with its blocks recorded: allocating them again
-  // finds their data.
+  // The file stays open and mapped (until the store goes) with its blocks recorded: allocating
+  // them again finds their data.
   --it->second.blocks;
 }
 

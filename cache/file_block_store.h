@@ -1,5 +1,5 @@
-// Blocks in files: one sparse file per backing file identity, each block at its own offset, mapped
-// into the daemon while allocated. Because the file holds a fully cached backing file's bytes at
+// Blocks in files: one sparse file per backing file identity, each block at its own offset; each
+// file is mapped into the daemon whole, once. Because the file holds a fully cached backing file's bytes at
 // their offsets, the kernel can read it directly (FUSE passthrough): native tmpfs speed, and one
 // copy of the data in RAM.
 //
@@ -65,6 +65,8 @@ class FileBlockStore final : public BlockStore {
     int fd = -1;      // the data
     int map_fd = -1;  // the presence record; -1 in a private store
     size_t blocks = 0;  // allocated blocks
+    std::byte* base = nullptr;  // the whole file, mapped at its first Allocate
+    size_t length = 0;          // of the mapping
   };
 
   // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -88,6 +89,35 @@ TEST(FileBlockStoreTest, EachIdentityHasItsOwnFile) {
   store->Release({a, 0}, ba.value());
   store->Release({b, 0}, bb.value());
   EXPECT_EQ(store->file_count(), 0u);
+}
+
+size_t MappingCount() {
+  std::ifstream maps("/proc/self/maps");
+  return std::count(std::istreambuf_iterator<char>(maps), std::istreambuf_iterator<char>(), '\n');
+}
+
+// A process may hold 65530 mappings (vm.max_map_count), fewer than the blocks of a large cache:
+// the blocks of a file share one mapping.
+TEST(FileBlockStoreTest, BlocksOfAFileShareOneMapping) {
+  constexpr uint32_t kSmallBlock = 64 << 10;
+  auto made = FileBlockStore::Create(kSmallBlock, 256 << 20);
+  if (!made.ok()) GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN)";
+  auto& store = made.value();
+  const FileKey file{1, 2, 512 * uint64_t{kSmallBlock}, 7};
+  const size_t before = MappingCount();
+  std::vector<BlockBuffer> buffers;
+  for (uint64_t i = 0; i < 512; ++i) {
+    auto b = store->Allocate({file, i}, kSmallBlock);
+    ASSERT_TRUE(b.ok()) << "block " << i;
+    std::memset(b->data, static_cast<int>(i), kSmallBlock);
+    buffers.push_back(b.value());
+  }
+  EXPECT_LE(MappingCount(), before + 2) << "512 blocks, one mapping";
+  for (uint64_t i = 0; i < 512; ++i) {
+    EXPECT_EQ(static_cast<int>(buffers[i].data[kSmallBlock - 1]), static_cast<int>(i & 0xff));
+    store->Release({file, i}, buffers[i]);
+  }
+  EXPECT_LE(MappingCount(), before) << "gone with the file's last block";
 }
 
 TEST(FileBlockStoreTest, ChargeIsWholePages) {

@@ -117,13 +117,6 @@ std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
     }
     return fail("cannot lock it", err);
   }
-  const std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(lock_fd, 0) != 0 || !WriteAll(lock_fd, pid.data(), pid.size(), 0)) {
-    const int err = errno;
-    close(lock_fd);
-    close(root_fd);
-    return fail("cannot write its lock file", err);
-  }
   // RAM-backed directories lose their pages only with the machine, never halfway through a
   // write; anything else must have the data on disk before the record says it is there.
   struct statfs fs {};
@@ -131,8 +124,15 @@ std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
                    (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   std::unique_ptr<FileBlockStore> store(
       new FileBlockStore(root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
+  if (!store->NoteOwner()) return fail("cannot write its lock file", errno);
   store->LoadStored();
   return store;
+}
+
+bool FileBlockStore::NoteOwner() {
+  if (lock_fd_ < 0) return true;
+  const std::string pid = std::to_string(getpid()) + "\n";
+  return ftruncate(lock_fd_, 0) == 0 && WriteAll(lock_fd_, pid.data(), pid.size(), 0);
 }
 
 FileBlockStore::~FileBlockStore() {

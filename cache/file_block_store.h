@@ -55,6 +55,10 @@ class FileBlockStore final : public BlockStore {
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
 
+  // Writes this process's pid into the cache directory's lock file, for the error a second daemon
+  // gets (OpenDir does; call again in a child that inherited the lock across fork).
+  bool NoteOwner();
+
   bool persistent() const { return persistent_; }
   size_t file_count() const;
 

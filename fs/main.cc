@@ -82,12 +82,14 @@ int Run(const Config& config) {
   // cache dir is opened (and locked) before detaching, so that its errors reach the caller; the
   // lock is inherited by the daemon.
   std::unique_ptr<BlockStore> store;
+  FileBlockStore* cache_dir_store = nullptr;
   std::string store_name = "private tmpfs";
   bool store_in_files = true;
   if (!config.cache_dir.empty()) {
     if (!CheckCacheDir(config.cache_dir, *paths, &error)) return Fail(error);
     auto dir = FileBlockStore::OpenDir(config.cache_dir, config.block_size, &error);
     if (dir == nullptr) return Fail(error);
+    cache_dir_store = dir.get();
     store = std::move(dir);
     store_name = "cache dir " + config.cache_dir;
   } else if (auto shm = FileBlockStore::Create(config.block_size, config.cache_size + (64u << 20));
@@ -104,6 +106,7 @@ int Run(const Config& config) {
   const int ready_fd = config.foreground ? -1 : Detach();
   if (!config.foreground && ready_fd < 0)
     return Fail(std::string("cannot detach: ") + std::strerror(errno));
+  if (cache_dir_store != nullptr) cache_dir_store->NoteOwner();  // the daemon's pid, not the caller's
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
   if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true); uring.ok()) {

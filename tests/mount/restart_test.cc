@@ -117,6 +117,22 @@ TEST_F(RestartTest, ASecondDaemonOnTheSameCacheDirIsRefused) {
   ReadAll();  // the first daemon is unaffected
 }
 
+TEST_F(RestartTest, ADetachedDaemonHoldsTheCacheDirUnderItsOwnPid) {
+  const CommandResult first = RunAccelfs({source_, mountpoint_, "--cache-dir", cache_dir_});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::vector<pid_t> daemons = FindAccelfsProcesses(mountpoint_);
+  ASSERT_EQ(daemons.size(), 1u);
+  const std::string other = CanonicalPath(dir_ / "mnt2");
+  ASSERT_EQ(mkdir(other.c_str(), 0755), 0);
+  const CommandResult second = RunAccelfs({source_, other, "--cache-dir", cache_dir_});
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_NE(second.err.find("(pid " + std::to_string(daemons[0]) + ")"), std::string::npos)
+      << second.err;
+  EXPECT_TRUE(UnmountAll(mountpoint_));
+  EXPECT_TRUE(WaitProcessGone(daemons[0], kExitWait));
+  UnmountAll(other);
+}
+
 TEST_F(RestartTest, ACacheDirInsideTheMountpointOrTheSourceIsRefused) {
   for (const std::string& dir : {Mnt("cache"), Src("cache")}) {
     const CommandResult r = RunAccelfs({source_, mountpoint_, "--cache-dir", dir});

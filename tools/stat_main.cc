@@ -210,7 +210,7 @@ int Files(const std::vector<std::string>& args, bool json) {
     auto client = ControlClient::Connect(where.mount, &error);
     auto reply = client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
     if (!reply) {
-      Fail(error);
+      Fail(client ? where.mount.mountpoint + ": " + error : error);
       rc = 1;
       continue;
     }

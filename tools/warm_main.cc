@@ -81,7 +81,7 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
   auto client = ControlClient::Connect(where.mount, &error);
   if (!client) return Fail(error);
   auto first = client->Call({{"op", "warm"}, {"paths", paths}, {"wait", !options.no_wait}}, &error);
-  if (!first) return Fail(error);
+  if (!first) return Fail(where.mount.mountpoint + ": " + error);
   const nlohmann::json& start = (*first)["progress"];
   if (options.json) std::printf("%s\n", first->dump().c_str());
   if (options.no_wait) {
@@ -152,7 +152,7 @@ int Evict(const PathInMount& where, const std::vector<std::string>& paths, const
   auto client = ControlClient::Connect(where.mount, &error);
   if (!client) return Fail(error);
   auto reply = client->Call({{"op", "evict"}, {"paths", paths}}, &error);
-  if (!reply) return Fail(error);
+  if (!reply) return Fail(where.mount.mountpoint + ": " + error);
   if (options.json) {
     std::printf("%s\n", reply->dump().c_str());
   } else {

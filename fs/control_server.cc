@@ -71,14 +71,10 @@ bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
 }
 
 nlohmann::json WarmProgressToJson(const WarmProgress& p) {
-  nlohmann::json j = {{"state", p.state},
-                      {"files_total", p.files_total},
-                      {"files_done", p.files_done},
-                      {"bytes_total", p.bytes_total},
-                      {"bytes_done", p.bytes_done},
-                      {"resident_at_start", p.resident_at_start},
-                      {"elapsed_s", p.elapsed_s},
-                      {"waiting_for_room", p.waiting_for_room}};
+  nlohmann::json j = {{"state", p.state},           {"files_total", p.files_total},
+                      {"files_done", p.files_done}, {"bytes_total", p.bytes_total},
+                      {"bytes_done", p.bytes_done}, {"resident_at_start", p.resident_at_start},
+                      {"elapsed_s", p.elapsed_s},   {"waiting_for_room", p.waiting_for_room}};
   if (!p.error.empty()) j["error"] = p.error;
   return j;
 }
@@ -101,7 +97,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions
   // client never sees a socket with the wrong mode, and a stale socket left by a killed daemon is
   // replaced in one step.
   const std::string temp = options.path + "." + std::to_string(getpid()) + ".tmp";
-  sockaddr_un addr {};
+  sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options.path.size() >= sizeof(addr.sun_path) || temp.size() >= sizeof(addr.sun_path)) {
     *error = "control socket path too long: " + options.path;
@@ -210,7 +206,7 @@ void ControlServer::AcceptLoop() {
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    ucred cred {};
+    ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       close(fd);
@@ -335,7 +331,9 @@ bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& req
                   {{"done", true}, {"ok", p.state == "done"}, {"progress", WarmProgressToJson(p)}});
     }
     if (stopping_.load()) {
-      Send(connection, {{"done", true}, {"ok", false}, {"progress", WarmProgressToJson(p)},
+      Send(connection, {{"done", true},
+                        {"ok", false},
+                        {"progress", WarmProgressToJson(p)},
                         {"error", "the daemon is stopping"}});
       return false;
     }

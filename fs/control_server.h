@@ -87,7 +87,7 @@ class ControlServer {
   const ino_t socket_ino_;  // the socket file we bound, removed at Stop only if still ours
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  std::mutex mu_;  // a leaf
+  std::mutex mu_;                                       // a leaf
   std::list<std::unique_ptr<Connection>> connections_;  // GUARDED_BY(mu_)
 };
 

@@ -77,7 +77,8 @@ void ReportReady(int ready_fd) {
 // --control-group NAME or GID.
 std::optional<gid_t> ResolveGroup(const std::string& name) {
   if (const group* g = getgrnam(name.c_str())) return g->gr_gid;
-  if (!name.empty() && name.size() < 10 && name.find_first_not_of("0123456789") == std::string::npos) {
+  if (!name.empty() && name.size() < 10 &&
+      name.find_first_not_of("0123456789") == std::string::npos) {
     return static_cast<gid_t>(std::stoul(name));
   }
   return std::nullopt;
@@ -90,7 +91,8 @@ int Run(const Config& config) {
   std::optional<gid_t> control_group;
   if (!config.control_group.empty()) {
     control_group = ResolveGroup(config.control_group);
-    if (!control_group) return Fail("--control-group '" + config.control_group + "': no such group");
+    if (!control_group)
+      return Fail("--control-group '" + config.control_group + "': no such group");
   }
   if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
 
@@ -170,7 +172,8 @@ int Run(const Config& config) {
     s.mountpoint = paths->mountpoint;
     s.store = store_in_files ? "private tmpfs" : "anonymous memory";
     s.passthrough = (*session)->passthrough();
-    s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count();
+    s.uptime_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count();
     s.cache = cache.Stats();
     s.depth = reader->CurrentDepth();
     s.depth_limit = config.backend_depth;
@@ -186,16 +189,15 @@ int Run(const Config& config) {
   control_sources.open_files = [&] {
     nlohmann::json open = nlohmann::json::array();
     for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
-      open.push_back({{"name", f.name}, {"size", f.size},
-                      {"mode", f.passthrough ? "passthrough" : "cached"}});
+      open.push_back(
+          {{"name", f.name}, {"size", f.size}, {"mode", f.passthrough ? "passthrough" : "cached"}});
     }
     return open;
   };
   control_sources.warmer = &warmer;
   ControlServerOptions control_options;
-  control_options.path =
-      ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
-      ControlSocketName(paths->mountpoint);
+  control_options.path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
+                         ControlSocketName(paths->mountpoint);
   control_options.owner = geteuid();
   control_options.group = control_group;
   auto control = ControlServer::Start(control_options, control_sources, &error);

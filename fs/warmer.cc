@@ -25,11 +25,14 @@ constexpr int kMaxDepth = 32;
 constexpr std::chrono::milliseconds kRoomPoll{100};
 // Verification: blocks that were in flight for someone else, or whose fetch failed, are asked for
 // again, in rounds kRoomPoll apart. Rounds while the cache is fetching do not count (someone's
-// fetch of our block may be among them); after this many idle ones the job reports the rest missing.
+// fetch of our block may be among them); after this many idle ones the job reports the rest
+// missing.
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
-std::string Describe(const std::string& path) { return path.empty() ? "the mount's root" : "'" + path + "'"; }
+std::string Describe(const std::string& path) {
+  return path.empty() ? "the mount's root" : "'" + path + "'";
+}
 
 std::string Join(const std::string& dir, const std::string& name) {
   return dir.empty() ? name : dir + "/" + name;
@@ -118,7 +121,7 @@ Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::
     Result<int> fd = OpenBeneath(root_fd, path);
     if (!fd.ok()) {
       const int err = fd.error().code();
-      *error = Describe(path) + (err == EXDEV   ? ": leaves the mount (.. or a symlink outside)"
+      *error = Describe(path) + (err == EXDEV    ? ": leaves the mount (.. or a symlink outside)"
                                  : err == ENOENT ? ": no such file or directory"
                                                  : ": " + fd.error().Message());
       return fd.error();
@@ -188,8 +191,8 @@ void Warmer::Stop() {
   for (auto& job : left) Fail(*job, "the daemon is stopping");
 }
 
-Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths,
-                                              bool* attached, std::string* error) {
+Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths, bool* attached,
+                                              std::string* error) {
   *attached = false;
   std::vector<std::string> sorted = paths;
   std::sort(sorted.begin(), sorted.end());
@@ -325,8 +328,8 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       std::lock_guard lock(job.mu_);
       ++file.pending;
     }
-    const BlockCache::PrefetchResult r =
-        cache_.Prefetch(BlockKey{file.key, b}, expected, file.backing, [this, owner, index, expected] {
+    const BlockCache::PrefetchResult r = cache_.Prefetch(
+        BlockKey{file.key, b}, expected, file.backing, [this, owner, index, expected] {
           WarmJob& j = *owner;
           {
             std::lock_guard lock(j.mu_);
@@ -370,9 +373,9 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
     if (outstanding_ == 0 && Clock::now() - last_progress > options_.no_room_timeout) {
       lock.unlock();
       Fail(job, "no room in the cache for " +
-                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                       options_.no_room_timeout)
-                                       .count()) +
+                    std::to_string(
+                        std::chrono::duration_cast<std::chrono::seconds>(options_.no_room_timeout)
+                            .count()) +
                     " s: the budget is full of blocks that open files pin or that were "
                     "prefetched and never read (accelfs-warm --evict frees some)");
       return false;
@@ -449,10 +452,11 @@ void Warmer::RunJob(WarmJob& job) {
     }
   }
   if (!missing.empty()) {
-    Fail(job, "'" + missing.front() + "'" +
-                  (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
-                  " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
-                  "see the daemon's log)");
+    Fail(job,
+         "'" + missing.front() + "'" +
+             (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
+             " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
+             "see the daemon's log)");
     return;
   }
   {

@@ -31,7 +31,8 @@ Result<int> OpenBeneath(int root_fd, const std::string& relative);
 
 // A regular file found below the root. Owns `fd` (O_PATH).
 struct FoundFile {
-  FoundFile(std::string path, int fd, const struct stat& st) : path(std::move(path)), fd(fd), st(st) {}
+  FoundFile(std::string path, int fd, const struct stat& st)
+      : path(std::move(path)), fd(fd), st(st) {}
   ~FoundFile();
   FoundFile(FoundFile&& other) noexcept;
   FoundFile& operator=(FoundFile&&) = delete;
@@ -135,13 +136,12 @@ class Warmer {
 
   // Lock order: mu_, then a job's mu_.
   std::mutex mu_;
-  std::condition_variable wake_;                  // a job was queued, a fetch finished, Stop
-  std::deque<std::shared_ptr<WarmJob>> queue_;    // GUARDED_BY(mu_)
-  std::shared_ptr<WarmJob> running_;              // GUARDED_BY(mu_)
-  uint64_t outstanding_ = 0;                      // GUARDED_BY(mu_) fetches in flight
-  bool stopping_ = false;                         // GUARDED_BY(mu_)
+  std::condition_variable wake_;                // a job was queued, a fetch finished, Stop
+  std::deque<std::shared_ptr<WarmJob>> queue_;  // GUARDED_BY(mu_)
+  std::shared_ptr<WarmJob> running_;            // GUARDED_BY(mu_)
+  uint64_t outstanding_ = 0;                    // GUARDED_BY(mu_) fetches in flight
+  bool stopping_ = false;                       // GUARDED_BY(mu_)
   std::thread thread_;
 };
-
 
 }  // namespace accelfs

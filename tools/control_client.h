@@ -45,7 +45,8 @@ class ControlClient {
   // Connects to the daemon of `mount`. One line in `error` (daemon not running, permission denied
   // on the socket) on failure.
   static std::optional<ControlClient> Connect(const AccelfsMount& mount, std::string* error);
-  ControlClient(ControlClient&& other) noexcept : fd_(other.fd_), buffer_(std::move(other.buffer_)) {
+  ControlClient(ControlClient&& other) noexcept
+      : fd_(other.fd_), buffer_(std::move(other.buffer_)) {
     other.fd_ = -1;
   }
   ControlClient& operator=(ControlClient&&) = delete;

@@ -18,7 +18,10 @@ std::string FormatRate(double bytes_per_second) {
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : (u == 3 || u == 4) ? "%.2f %s" : "%.1f %s",
+  std::snprintf(buf, sizeof(buf),
+                u == 0               ? "%.0f %s"
+                : (u == 3 || u == 4) ? "%.2f %s"
+                                     : "%.1f %s",
                 v, kUnits[u]);
   return buf;
 }
@@ -51,11 +54,11 @@ std::string ProgressBar(double fraction, int width) {
 }
 
 std::string FormatPercent(uint64_t part, uint64_t whole) {
-  const double pct = whole == 0 ? 100.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+  const double pct =
+      whole == 0 ? 100.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
   char buf[16];
   // Never round up to 100.0 % what is not all there.
-  std::snprintf(buf, sizeof(buf), "%.1f%%",
-                part < whole ? std::min(pct, 99.9) : pct);
+  std::snprintf(buf, sizeof(buf), "%.1f%%", part < whole ? std::min(pct, 99.9) : pct);
   return buf;
 }
 
@@ -69,12 +72,13 @@ std::string WarmProgressLine(const nlohmann::json& p, int bar_width) {
   const double eta = done >= total ? 0.0 : rate > 0 ? static_cast<double>(total - done) / rate : -1;
   char pct[16];
   std::snprintf(pct, sizeof(pct), "%6s", FormatPercent(done, total).c_str());
-  std::string line = ProgressBar(total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total),
-                                 bar_width) +
-                     " " + pct + "  " + FormatBytes(done) + " / " + FormatBytes(total) + "  " +
-                     FormatRate(rate) + "  ETA " + FormatDuration(eta) + "  files " +
-                     std::to_string(p.value("files_done", uint64_t{0})) + "/" +
-                     std::to_string(p.value("files_total", uint64_t{0}));
+  std::string line =
+      ProgressBar(total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total),
+                  bar_width) +
+      " " + pct + "  " + FormatBytes(done) + " / " + FormatBytes(total) + "  " + FormatRate(rate) +
+      "  ETA " + FormatDuration(eta) + "  files " +
+      std::to_string(p.value("files_done", uint64_t{0})) + "/" +
+      std::to_string(p.value("files_total", uint64_t{0}));
   if (p.value("waiting_for_room", false)) line += "  waiting for room in the cache";
   return line;
 }

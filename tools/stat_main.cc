@@ -92,15 +92,17 @@ void PrintSummary(const Sample& s) {
               static_cast<unsigned long long>(U(c, "hits")),
               static_cast<unsigned long long>(U(c, "misses")));
   std::printf("  backend    %s read, %s since start (%s up); depth %llu of %llu\n",
-              FormatBytes(U(c, "fetched_bytes")).c_str(), FormatRate(BackendRate(s, nullptr)).c_str(),
+              FormatBytes(U(c, "fetched_bytes")).c_str(),
+              FormatRate(BackendRate(s, nullptr)).c_str(),
               FormatDuration(st.value("uptime_s", 0.0)).c_str(),
               static_cast<unsigned long long>(U(st, "depth")),
               static_cast<unsigned long long>(U(st, "depth_limit")));
-  std::printf("  in flight  %s (%llu blocks fetching, %llu waiting for room); %llu failed fetches\n",
-              FormatBytes(U(c, "fetching_bytes")).c_str(),
-              static_cast<unsigned long long>(U(c, "fetching_blocks")),
-              static_cast<unsigned long long>(U(c, "queued_blocks")),
-              static_cast<unsigned long long>(U(c, "failed_fetches")));
+  std::printf(
+      "  in flight  %s (%llu blocks fetching, %llu waiting for room); %llu failed fetches\n",
+      FormatBytes(U(c, "fetching_bytes")).c_str(),
+      static_cast<unsigned long long>(U(c, "fetching_blocks")),
+      static_cast<unsigned long long>(U(c, "queued_blocks")),
+      static_cast<unsigned long long>(U(c, "failed_fetches")));
   std::printf("  open files %llu (%llu passthrough)\n",
               static_cast<unsigned long long>(U(st, "open_files")),
               static_cast<unsigned long long>(U(st, "passthrough_files")));
@@ -127,12 +129,15 @@ void PrintWatchLine(const Sample& s, const Sample* previous) {
   char clock[16];
   const std::time_t now = std::time(nullptr);
   std::strftime(clock, sizeof(clock), "%H:%M:%S", std::localtime(&now));
-  const std::string used = FormatBytes(U(c, "used_bytes")) + "/" + FormatBytes(U(c, "budget_bytes"));
-  const std::string depth = std::to_string(U(st, "depth")) + "/" + std::to_string(U(st, "depth_limit"));
+  const std::string used =
+      FormatBytes(U(c, "used_bytes")) + "/" + FormatBytes(U(c, "budget_bytes"));
+  const std::string depth =
+      std::to_string(U(st, "depth")) + "/" + std::to_string(U(st, "depth_limit"));
   const std::string open =
       std::to_string(U(st, "open_files")) + "(" + std::to_string(U(st, "passthrough_files")) + ")";
   std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock, st.value("mountpoint", "").c_str(),
-              used.c_str(), HitRatio(hits, misses).c_str(), FormatRate(BackendRate(s, previous)).c_str(),
+              used.c_str(), HitRatio(hits, misses).c_str(),
+              FormatRate(BackendRate(s, previous)).c_str(),
               FormatBytes(U(c, "fetching_bytes")).c_str(), depth.c_str(), open.c_str());
 }
 
@@ -168,8 +173,9 @@ int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
       }
       previous[m.mountpoint] = std::move(*s);
     }
-    if (json) std::printf("%s\n", watch > 0 ? nlohmann::json{{"mounts", all}}.dump().c_str()
-                                            : nlohmann::json{{"mounts", all}}.dump(2).c_str());
+    if (json)
+      std::printf("%s\n", watch > 0 ? nlohmann::json{{"mounts", all}}.dump().c_str()
+                                    : nlohmann::json{{"mounts", all}}.dump(2).c_str());
     std::fflush(stdout);
     if (watch <= 0) return rc;
     std::this_thread::sleep_for(std::chrono::duration<double>(watch));
@@ -208,7 +214,8 @@ int Files(const std::vector<std::string>& args, bool json) {
   uint64_t count = 0;
   for (const auto& [where, relative] : groups) {
     auto client = ControlClient::Connect(where.mount, &error);
-    auto reply = client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
+    auto reply =
+        client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
     if (!reply) {
       Fail(client ? where.mount.mountpoint + ": " + error : error);
       rc = 1;
@@ -233,9 +240,9 @@ int Files(const std::vector<std::string>& args, bool json) {
     }
   }
   if (json) {
-    std::printf("%s\n", nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}
-                            .dump(2)
-                            .c_str());
+    std::printf(
+        "%s\n",
+        nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}.dump(2).c_str());
   } else if (rc == 0) {
     std::printf("%llu files, %s, %s resident (%s)\n", static_cast<unsigned long long>(count),
                 FormatBytes(total).c_str(), FormatPercent(resident, total).c_str(),
@@ -255,15 +262,17 @@ int Main(int argc, char** argv) {
   bool version = false;
   app.add_option("MOUNT", mount, "An accelfs mountpoint (or any path inside one)");
   app.add_flag("--json", json, "Machine-readable output");
-  auto* watch_option = app.add_option("--watch", watch_text,
-                                      "Refresh every SECONDS (default 2), one line per mount, rates "
-                                      "between samples")
-                           ->expected(0, 1);
+  auto* watch_option =
+      app.add_option("--watch", watch_text,
+                     "Refresh every SECONDS (default 2), one line per mount, rates "
+                     "between samples")
+          ->expected(0, 1);
   app.add_flag("-V,--version", version, "Print the version and exit");
   std::vector<std::string> file_paths;
   CLI::App* files = app.add_subcommand("files", "Per-file residency in the cache, like vmtouch");
-  files->add_option("PATH", file_paths, "Files or directories inside an accelfs mount (default: "
-                                        "the working directory's mount, or every mount)");
+  files->add_option("PATH", file_paths,
+                    "Files or directories inside an accelfs mount (default: "
+                    "the working directory's mount, or every mount)");
   files->add_flag("--json", json, "Machine-readable output");
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--version" || std::string_view(argv[i]) == "-V") {

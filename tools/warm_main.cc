@@ -88,7 +88,8 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
     if (!options.json) {
       std::printf("%s %d files (%s) into the cache of %s in the background\n",
                   first->value("attached", false) ? "already warming" : "warming",
-                  start.value("files_total", 0), FormatBytes(start.value("bytes_total", uint64_t{0})).c_str(),
+                  start.value("files_total", 0),
+                  FormatBytes(start.value("bytes_total", uint64_t{0})).c_str(),
                   where.mount.mountpoint.c_str());
     }
     return 0;
@@ -114,7 +115,8 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
     if (tty) {
       std::printf("\r%s\033[K", WarmProgressLine(last, kBarWidth).c_str());
       std::fflush(stdout);
-    } else if (!options.json && (done || std::chrono::steady_clock::now() - last_plain >= kPlainEvery)) {
+    } else if (!options.json &&
+               (done || std::chrono::steady_clock::now() - last_plain >= kPlainEvery)) {
       std::printf("%s\n", WarmProgressLine(last, kBarWidth).c_str());
       std::fflush(stdout);
       last_plain = std::chrono::steady_clock::now();
@@ -179,8 +181,9 @@ int Main(int argc, char** argv) {
   app.add_option("PATH", args, "Files or directories inside an accelfs mount")->required();
   app.add_flag("--evict", evict, "Drop the paths from the cache instead");
   app.add_flag("--no-wait", options.no_wait, "Start warming and return at once");
-  app.add_flag("--wait", wait,
-               "Wait until done (the default); attaches to a warm of the same paths already running");
+  app.add_flag(
+      "--wait", wait,
+      "Wait until done (the default); attaches to a warm of the same paths already running");
   app.add_flag("--json", options.json, "Print the daemon's JSON messages, one per line");
   app.add_flag("-V,--version", version, "Print the version and exit");
   for (int i = 1; i < argc; ++i) {

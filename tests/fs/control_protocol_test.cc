@@ -45,12 +45,12 @@ TEST(ControlSocketCandidatesTest, WhereClientsLook) {
             (std::vector<std::string>{"/xdg/accelfs/" + name, "/run/user/1000/accelfs/" + name,
                                       "/tmp/accelfs-1000/" + name}));
   // Another user does not use its own runtime dir; no duplicates.
-  EXPECT_EQ(ControlSocketCandidates("/m", 1000, 0, "/run/user/0"),
-            (std::vector<std::string>{"/run/user/1000/accelfs/" + name,
-                                      "/tmp/accelfs-1000/" + name}));
-  EXPECT_EQ(ControlSocketCandidates("/m", 1000, 1000, "/run/user/1000"),
-            (std::vector<std::string>{"/run/user/1000/accelfs/" + name,
-                                      "/tmp/accelfs-1000/" + name}));
+  EXPECT_EQ(
+      ControlSocketCandidates("/m", 1000, 0, "/run/user/0"),
+      (std::vector<std::string>{"/run/user/1000/accelfs/" + name, "/tmp/accelfs-1000/" + name}));
+  EXPECT_EQ(
+      ControlSocketCandidates("/m", 1000, 1000, "/run/user/1000"),
+      (std::vector<std::string>{"/run/user/1000/accelfs/" + name, "/tmp/accelfs-1000/" + name}));
   // A runtime dir so long the socket would not fit is skipped.
   EXPECT_EQ(ControlSocketCandidates("/m", 7, 7, ("/" + std::string(120, 'r')).c_str()).size(), 2u);
 }

@@ -83,11 +83,11 @@ TEST_F(WarmerTest, CollectsInLoaderOrder) {
   ASSERT_EQ(symlink("/etc/passwd", (root_ + "/m/out").c_str()), 0);  // leaves: skipped
   ASSERT_EQ(symlink("sub", (root_ + "/m/subdir-link").c_str()), 0);  // a directory: not walked
   std::string error;
-  EXPECT_EQ(Collect({"m"}, &error),
-            (std::vector<std::string>{"m/config.json", "m/link",
-                                      "m/model-00001-of-00003.safetensors",
-                                      "m/model-00002-of-00003.safetensors",
-                                      "m/model-00003-of-00003.safetensors", "m/sub/a", "m/sub/z"}))
+  EXPECT_EQ(
+      Collect({"m"}, &error),
+      (std::vector<std::string>{"m/config.json", "m/link", "m/model-00001-of-00003.safetensors",
+                                "m/model-00002-of-00003.safetensors",
+                                "m/model-00003-of-00003.safetensors", "m/sub/a", "m/sub/z"}))
       << error;
   // Each path in turn; a file named twice (or through a link) counts once.
   EXPECT_EQ(Collect({"other", "m/sub", "m/link", "m/sub/a"}, &error),

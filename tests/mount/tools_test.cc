@@ -105,8 +105,8 @@ TEST_F(ToolsTest, WarmMakesLaterReadsNeedNoBackend) {
   const nlohmann::json before = StatsJson(mountpoint_);
   const uint64_t fetched = before["cache"].value("fetched_bytes", uint64_t{0});
   EXPECT_EQ(fetched, size);
-  for (const char* name : {"m/model-00001-of-00002.safetensors", "m/model-00002-of-00002.safetensors",
-                           "m/config.json"}) {
+  for (const char* name : {"m/model-00001-of-00002.safetensors",
+                           "m/model-00002-of-00002.safetensors", "m/config.json"}) {
     int err = 0;
     const std::vector<uint8_t> via_mount = ReadWholeFile(Mnt(name), &err);
     ASSERT_EQ(err, 0) << name;
@@ -295,9 +295,11 @@ TEST_F(ToolsTest, ADeadDaemonIsSaidToBeNotRunningAndARemountWorks) {
   ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
   int status = 0;
   ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
-  for (const auto& r : {Stat({mountpoint_}), Stat({}), Warm({Mnt("m")}), Stat({"files", Mnt("m")})}) {
+  for (const auto& r :
+       {Stat({mountpoint_}), Stat({}), Warm({Mnt("m")}), Stat({"files", Mnt("m")})}) {
     EXPECT_EQ(r.exit_code, 1) << Describe(r);
-    EXPECT_NE(r.err.find("daemon of " + mountpoint_ + " is not running"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("daemon of " + mountpoint_ + " is not running"), std::string::npos)
+        << r.err;
   }
   // The stale socket does not stop the next daemon.
   ASSERT_TRUE(UnmountAll(mountpoint_));

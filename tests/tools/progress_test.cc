@@ -54,11 +54,13 @@ TEST(FormatPercentTest, NeverRoundsUpToAll) {
 }
 
 TEST(WarmProgressLineTest, RateFromWhatTheJobFetched) {
-  const nlohmann::json p = {{"bytes_total", 4ull << 30}, {"bytes_done", 3ull << 30},
-                            {"resident_at_start", 1ull << 30}, {"elapsed_s", 2.0},
-                            {"files_done", 3}, {"files_total", 4}, {"waiting_for_room", false}};
+  const nlohmann::json p = {
+      {"bytes_total", 4ull << 30}, {"bytes_done", 3ull << 30}, {"resident_at_start", 1ull << 30},
+      {"elapsed_s", 2.0},          {"files_done", 3},          {"files_total", 4},
+      {"waiting_for_room", false}};
   // 2 GiB fetched in 2 s: 1.07 GB/s; 1 GiB left: 1 s.
-  EXPECT_EQ(WarmProgressLine(p, 8), "[======> ]  75.0%  3.0 GiB / 4.0 GiB  1.07 GB/s  ETA 0:01  files 3/4");
+  EXPECT_EQ(WarmProgressLine(p, 8),
+            "[======> ]  75.0%  3.0 GiB / 4.0 GiB  1.07 GB/s  ETA 0:01  files 3/4");
   nlohmann::json waiting = p;
   waiting["waiting_for_room"] = true;
   waiting["elapsed_s"] = 0.0;
@@ -79,7 +81,8 @@ TEST(AbsolutePathTest, LexicalAndKeepsDotDot) {
 }
 
 TEST(LocatePathTest, DeepestMountWinsAndPrefixesAreWhole) {
-  const std::vector<AccelfsMount> mounts = {{"/mnt/models", "/src", 0}, {"/mnt/models/inner", "/s2", 0}};
+  const std::vector<AccelfsMount> mounts = {{"/mnt/models", "/src", 0},
+                                            {"/mnt/models/inner", "/s2", 0}};
   auto p = LocatePath(mounts, "/mnt/models/q/model.safetensors");
   ASSERT_TRUE(p);
   EXPECT_EQ(p->mount.mountpoint, "/mnt/models");
@@ -101,12 +104,12 @@ TEST(LocatePathTest, DeepestMountWinsAndPrefixesAreWhole) {
 TEST(ListAccelfsMountsTest, OnlyAccelfsWithTheirUser) {
   testing::TempDir dir("accelfs-tools-test");
   const std::string info = dir / "mountinfo";
-  std::ofstream(info)
-      << "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
-         "90 22 0:50 / /mnt/fast\\040models rw,nosuid - fuse.accelfs /work/models "
-         "ro,user_id=0,group_id=0,default_permissions\n"
-         "91 22 0:51 / /home/u/m rw,nosuid - fuse.accelfs /home/u/src ro,user_id=1000,group_id=1000\n"
-         "92 22 0:52 / /mnt/other rw - fuse.sshfs host: rw,user_id=0\n";
+  std::ofstream(info) << "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+                         "90 22 0:50 / /mnt/fast\\040models rw,nosuid - fuse.accelfs /work/models "
+                         "ro,user_id=0,group_id=0,default_permissions\n"
+                         "91 22 0:51 / /home/u/m rw,nosuid - fuse.accelfs /home/u/src "
+                         "ro,user_id=1000,group_id=1000\n"
+                         "92 22 0:52 / /mnt/other rw - fuse.sshfs host: rw,user_id=0\n";
   const std::vector<AccelfsMount> mounts = ListAccelfsMounts(info);
   ASSERT_EQ(mounts.size(), 2u);
   EXPECT_EQ(mounts[0].mountpoint, "/mnt/fast models");

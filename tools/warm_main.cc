@@ -140,8 +140,9 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
     const uint64_t fetched = last.value("bytes_done", uint64_t{0}) -
                              std::min(last.value("bytes_done", uint64_t{0}),
                                       last.value("resident_at_start", uint64_t{0}));
-    std::printf("warmed %llu files (%s; %s fetched in %.1f s, %s): 100%% resident in %s\n",
-                static_cast<unsigned long long>(last.value("files_total", uint64_t{0})),
+    const uint64_t files = last.value("files_total", uint64_t{0});
+    std::printf("warmed %llu file%s (%s; %s fetched in %.1f s, %s): 100%% resident in %s\n",
+                static_cast<unsigned long long>(files), files == 1 ? "" : "s",
                 FormatBytes(total).c_str(), FormatBytes(fetched).c_str(), elapsed,
                 FormatRate(elapsed > 0 ? static_cast<double>(fetched) / elapsed : 0).c_str(),
                 where.mount.mountpoint.c_str());
@@ -158,8 +159,9 @@ int Evict(const PathInMount& where, const std::vector<std::string>& paths, const
   if (options.json) {
     std::printf("%s\n", reply->dump().c_str());
   } else {
-    std::printf("evicted %llu files from the cache of %s (%s were cached)\n",
-                static_cast<unsigned long long>(reply->value("files", uint64_t{0})),
+    const uint64_t files = reply->value("files", uint64_t{0});
+    std::printf("evicted %llu file%s from the cache of %s (%s were cached)\n",
+                static_cast<unsigned long long>(files), files == 1 ? "" : "s",
                 where.mount.mountpoint.c_str(),
                 FormatBytes(reply->value("dropped_bytes", uint64_t{0})).c_str());
   }

@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -74,6 +75,23 @@ std::optional<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& moun
   *error = "'" + path + "' is not inside an accelfs mount" +
            (mounts.empty() ? " (no accelfs mount on this machine)" : "");
   return std::nullopt;
+}
+
+bool GroupByMount(const std::vector<AccelfsMount>& mounts, const std::vector<std::string>& paths,
+                  std::vector<MountPaths>* groups, std::string* error) {
+  for (const auto& path : paths) {
+    auto where = FindPathInMount(mounts, path, error);
+    if (!where) return false;
+    auto it = std::find_if(groups->begin(), groups->end(), [&](const MountPaths& g) {
+      return g.mount.mountpoint == where->mount.mountpoint;
+    });
+    if (it == groups->end()) {
+      groups->push_back({where->mount, {}});
+      it = groups->end() - 1;
+    }
+    it->relative.push_back(where->relative);
+  }
+  return true;
 }
 
 std::optional<ControlClient> ControlClient::Connect(const AccelfsMount& mount, std::string* error) {

@@ -40,6 +40,15 @@ std::optional<PathInMount> LocatePath(const std::vector<AccelfsMount>& mounts,
 std::optional<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& mounts,
                                            const std::string& path, std::string* error);
 
+// Paths grouped by the mount each is in: mounts in the order first seen, each group's relative
+// paths in the order given. False and one line in `error` for a path in no accelfs mount.
+struct MountPaths {
+  AccelfsMount mount;
+  std::vector<std::string> relative;
+};
+bool GroupByMount(const std::vector<AccelfsMount>& mounts, const std::vector<std::string>& paths,
+                  std::vector<MountPaths>* groups, std::string* error);
+
 class ControlClient {
  public:
   // Connects to the daemon of `mount`. One line in `error` (daemon not running, permission denied

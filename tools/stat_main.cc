@@ -184,45 +184,35 @@ int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
 
 int Files(const std::vector<std::string>& args, bool json) {
   const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
-  std::vector<std::pair<PathInMount, std::vector<std::string>>> groups;
+  std::vector<MountPaths> groups;
   std::string error;
   if (args.empty()) {
     // The working directory when it is in a mount, else every mount's root.
     if (auto here = LocatePath(mounts, AbsolutePath("."))) {
-      groups.push_back({*here, {here->relative}});
+      groups.push_back({here->mount, {here->relative}});
     } else {
-      for (const auto& m : mounts) groups.push_back({{m, ""}, {""}});
+      for (const auto& m : mounts) groups.push_back({m, {""}});
     }
     if (groups.empty()) return Fail("no accelfs mount on this machine");
-  }
-  for (const auto& path : args) {
-    auto where = FindPathInMount(mounts, path, &error);
-    if (!where) return Fail(error);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
-      return g.first.mount.mountpoint == where->mount.mountpoint;
-    });
-    if (it == groups.end()) {
-      groups.push_back({*where, {}});
-      it = groups.end() - 1;
-    }
-    it->second.push_back(where->relative);
+  } else if (!GroupByMount(mounts, args, &groups, &error)) {
+    return Fail(error);
   }
   int rc = 0;
   nlohmann::json all = nlohmann::json::array();
   uint64_t total = 0;
   uint64_t resident = 0;
   uint64_t count = 0;
-  for (const auto& [where, relative] : groups) {
-    auto client = ControlClient::Connect(where.mount, &error);
+  for (const auto& [mount, relative] : groups) {
+    auto client = ControlClient::Connect(mount, &error);
     auto reply =
         client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
     if (!reply) {
-      Fail(client ? where.mount.mountpoint + ": " + error : error);
+      Fail(client ? mount.mountpoint + ": " + error : error);
       rc = 1;
       continue;
     }
     for (auto& f : (*reply)["files"]) {
-      const std::string path = where.mount.mountpoint + "/" + f.value("path", "");
+      const std::string path = mount.mountpoint + "/" + f.value("path", "");
       const uint64_t size = U(f, "size");
       const uint64_t r = U(f, "resident");
       total += size;

@@ -76,12 +76,12 @@ bool AllResident(ControlClient& client, const std::vector<std::string>& paths, u
   return all;
 }
 
-int Warm(const PathInMount& where, const std::vector<std::string>& paths, const Options& options) {
+int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
   std::string error;
-  auto client = ControlClient::Connect(where.mount, &error);
+  auto client = ControlClient::Connect(mount, &error);
   if (!client) return Fail(error);
   auto first = client->Call({{"op", "warm"}, {"paths", paths}, {"wait", !options.no_wait}}, &error);
-  if (!first) return Fail(where.mount.mountpoint + ": " + error);
+  if (!first) return Fail(mount.mountpoint + ": " + error);
   const nlohmann::json& start = (*first)["progress"];
   if (options.json) std::printf("%s\n", first->dump().c_str());
   if (options.no_wait) {
@@ -90,13 +90,13 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
                   first->value("attached", false) ? "already warming" : "warming",
                   start.value("files_total", 0),
                   FormatBytes(start.value("bytes_total", uint64_t{0})).c_str(),
-                  where.mount.mountpoint.c_str());
+                  mount.mountpoint.c_str());
     }
     return 0;
   }
   const bool tty = !options.json && isatty(STDOUT_FILENO);
   if (!options.json && first->value("attached", false)) {
-    std::printf("attached to the warm already running on %s\n", where.mount.mountpoint.c_str());
+    std::printf("attached to the warm already running on %s\n", mount.mountpoint.c_str());
   }
   auto last_plain = std::chrono::steady_clock::now() - kPlainEvery;
   nlohmann::json last = start;
@@ -145,24 +145,25 @@ int Warm(const PathInMount& where, const std::vector<std::string>& paths, const 
                 static_cast<unsigned long long>(files), files == 1 ? "" : "s",
                 FormatBytes(total).c_str(), FormatBytes(fetched).c_str(), elapsed,
                 FormatRate(elapsed > 0 ? static_cast<double>(fetched) / elapsed : 0).c_str(),
-                where.mount.mountpoint.c_str());
+                mount.mountpoint.c_str());
   }
   return 0;
 }
 
-int Evict(const PathInMount& where, const std::vector<std::string>& paths, const Options& options) {
+int Evict(const AccelfsMount& mount, const std::vector<std::string>& paths,
+          const Options& options) {
   std::string error;
-  auto client = ControlClient::Connect(where.mount, &error);
+  auto client = ControlClient::Connect(mount, &error);
   if (!client) return Fail(error);
   auto reply = client->Call({{"op", "evict"}, {"paths", paths}}, &error);
-  if (!reply) return Fail(where.mount.mountpoint + ": " + error);
+  if (!reply) return Fail(mount.mountpoint + ": " + error);
   if (options.json) {
     std::printf("%s\n", reply->dump().c_str());
   } else {
     const uint64_t files = reply->value("files", uint64_t{0});
     std::printf("evicted %llu file%s from the cache of %s (%s were cached)\n",
                 static_cast<unsigned long long>(files), files == 1 ? "" : "s",
-                where.mount.mountpoint.c_str(),
+                mount.mountpoint.c_str(),
                 FormatBytes(reply->value("dropped_bytes", uint64_t{0})).c_str());
   }
   return 0;
@@ -211,24 +212,11 @@ int Main(int argc, char** argv) {
   std::vector<std::string> paths;
   std::string error;
   if (!ExpandGlobs(args, &paths, &error)) return Fail(error);
-  // Paths grouped by mount, each group in the order given.
-  const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
-  std::vector<std::pair<PathInMount, std::vector<std::string>>> groups;
-  for (const auto& path : paths) {
-    auto where = FindPathInMount(mounts, path, &error);
-    if (!where) return Fail(error);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
-      return g.first.mount.mountpoint == where->mount.mountpoint;
-    });
-    if (it == groups.end()) {
-      groups.push_back({*where, {}});
-      it = groups.end() - 1;
-    }
-    it->second.push_back(where->relative);
-  }
+  std::vector<MountPaths> groups;
+  if (!GroupByMount(ListAccelfsMounts(), paths, &groups, &error)) return Fail(error);
   int rc = 0;
-  for (const auto& [where, relative] : groups) {
-    const int r = evict ? Evict(where, relative, options) : Warm(where, relative, options);
+  for (const auto& [mount, relative] : groups) {
+    const int r = evict ? Evict(mount, relative, options) : Warm(mount, relative, options);
     rc = rc != 0 ? rc : r;
   }
   return rc;

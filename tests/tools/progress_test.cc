@@ -129,3 +129,24 @@ TEST(FindPathInMountTest, ClearErrors) {
 
 }  // namespace
 }  // namespace accelfs
+
+namespace accelfs {
+namespace {
+
+TEST(GroupByMountTest, MountsInFirstSeenOrderPathsAsGiven) {
+  const std::vector<AccelfsMount> mounts = {{"/a", "/sa", 0}, {"/b", "/sb", 0}};
+  std::vector<MountPaths> groups;
+  std::string error;
+  ASSERT_TRUE(GroupByMount(mounts, {"/b/x", "/a/2", "/b", "/a/1"}, &groups, &error)) << error;
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].mount.mountpoint, "/b");
+  EXPECT_EQ(groups[0].relative, (std::vector<std::string>{"x", ""}));
+  EXPECT_EQ(groups[1].mount.mountpoint, "/a");
+  EXPECT_EQ(groups[1].relative, (std::vector<std::string>{"2", "1"}));
+  groups.clear();
+  EXPECT_FALSE(GroupByMount(mounts, {"/a/1", "/"}, &groups, &error));
+  EXPECT_EQ(error, "'/' is not inside an accelfs mount");
+}
+
+}  // namespace
+}  // namespace accelfs

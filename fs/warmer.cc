@@ -92,6 +92,29 @@ Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
   return status;
 }
 
+// Opens the file found at `path` for the backend, checking that it is still what was measured.
+Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& path,
+                                               const FileKey& key, std::string* error) {
+  Result<int> fd = OpenBeneath(root_fd, path);
+  if (!fd.ok()) {
+    *error = "'" + path + "': " + fd.error().Message();
+    return fd.error();
+  }
+  struct stat st {};
+  Result<std::shared_ptr<BackingFile>> backing =
+      OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
+  close(*fd);
+  if (!backing.ok()) {
+    *error = "'" + path + "': " + backing.error().Message();
+    return backing.error();
+  }
+  if (FileKeyFromStat(st) != key) {
+    *error = "'" + path + "' changed while being warmed; run accelfs-warm again";
+    return Error(ESTALE);
+  }
+  return backing;
+}
+
 }  // namespace
 
 Result<int> OpenBeneath(int root_fd, const std::string& relative) {
@@ -218,14 +241,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   uint64_t need = 0;  // budget bytes the whole set takes once cached
   const uint32_t block_size = options_.block_size;
   for (const FoundFile& f : *found) {
-    struct stat st {};
-    Result<std::shared_ptr<BackingFile>> backing =
-        OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(f.fd)).c_str(), 0, &st);
-    if (!backing.ok()) {
-      *error = "'" + f.path + "': " + backing.error().Message();
-      return backing.error();
-    }
-    const FileKey fkey = FileKeyFromStat(st);
+    const FileKey fkey = FileKeyFromStat(f.st);
     const uint64_t blocks = BlockCount(fkey.size, block_size);
     if (blocks > 0) {
       need += (blocks - 1) * cache_.store().CapacityFor(block_size) +
@@ -235,7 +251,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
     job->progress_.files_total++;
     job->progress_.bytes_total += fkey.size;
     job->progress_.resident_at_start += resident;
-    job->files_.push_back({f.path, fkey, std::move(backing.value())});
+    job->files_.push_back({f.path, fkey});
   }
   job->progress_.bytes_done = job->progress_.resident_at_start;
   const uint64_t budget = cache_.Stats().budget_bytes;
@@ -315,6 +331,18 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
   WarmJob::File& file = job.files_[index];
   const uint32_t block_size = options_.block_size;
   const uint64_t blocks = BlockCount(file.key.size, block_size);
+  // Opened only while its blocks are asked for (the fetches hold it while they run): a model of
+  // thousands of files must not hold thousands of descriptors.
+  std::shared_ptr<BackingFile> backing;
+  if (blocks > 0) {
+    std::string error;
+    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, file.path, file.key, &error);
+    if (!opened.ok()) {
+      Fail(job, error);
+      return false;
+    }
+    backing = std::move(opened.value());
+  }
   auto last_progress = Clock::now();
   for (uint64_t b = 0; b < blocks;) {
     const uint32_t expected = BlockBytes(b, file.key.size, block_size);
@@ -328,8 +356,8 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       std::lock_guard lock(job.mu_);
       ++file.pending;
     }
-    const BlockCache::PrefetchResult r = cache_.Prefetch(
-        BlockKey{file.key, b}, expected, file.backing, [this, owner, index, expected] {
+    const BlockCache::PrefetchResult r =
+        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, [this, owner, index, expected] {
           WarmJob& j = *owner;
           {
             std::lock_guard lock(j.mu_);

@@ -74,7 +74,6 @@ class WarmJob {
   struct File {
     std::string path;
     FileKey key;
-    std::shared_ptr<BackingFile> backing;
     uint64_t pending = 0;  // GUARDED_BY(mu_) fetches started and not finished
     bool issued = false;   // GUARDED_BY(mu_) every block asked for
   };

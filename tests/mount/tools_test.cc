@@ -308,6 +308,14 @@ TEST_F(ToolsTest, ADeadDaemonIsSaidToBeNotRunningAndARemountWorks) {
   EXPECT_EQ(stat.exit_code, 0) << Describe(stat);
 }
 
+TEST_F(ToolsTest, AnUnknownControlGroupIsRefusedAtStart) {
+  const CommandResult r =
+      RunAccelfs({source_, mountpoint_, "-f", "--control-group", "no-such-group-accelfs"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_EQ(r.err, "accelfs: --control-group 'no-such-group-accelfs': no such group\n");
+  EXPECT_FALSE(IsMounted(mountpoint_));
+}
+
 TEST_F(ToolsTest, HelpAndUsageErrors) {
   for (const char* tool : {ACCELFS_WARM, ACCELFS_STAT}) {
     const CommandResult help = RunCommand({tool, "--help"});

@@ -3,7 +3,6 @@
 // reached, 2 on usage errors.
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +10,8 @@
 #include <map>
 #include <thread>
 
-#include "accelfs_version.h"
 #include "fs/config.h"
+#include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/progress.h"
 
@@ -249,7 +248,6 @@ int Main(int argc, char** argv) {
   std::string mount;
   bool json = false;
   std::string watch_text;
-  bool version = false;
   app.add_option("MOUNT", mount, "An accelfs mountpoint (or any path inside one)");
   app.add_flag("--json", json, "Machine-readable output");
   auto* watch_option =
@@ -257,29 +255,13 @@ int Main(int argc, char** argv) {
                      "Refresh every SECONDS (default 2), one line per mount, rates "
                      "between samples")
           ->expected(0, 1);
-  app.add_flag("-V,--version", version, "Print the version and exit");
   std::vector<std::string> file_paths;
   CLI::App* files = app.add_subcommand("files", "Per-file residency in the cache, like vmtouch");
   files->add_option("PATH", file_paths,
                     "Files or directories inside an accelfs mount (default: "
                     "the working directory's mount, or every mount)");
   files->add_flag("--json", json, "Machine-readable output");
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--version" || std::string_view(argv[i]) == "-V") {
-      std::printf("accelfs-stat " ACCELFS_VERSION "\n");
-      return 0;
-    }
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {
-      std::printf("%s", (files->parsed() ? files->help() : app.help()).c_str());
-      return 0;
-    }
-    std::fprintf(stderr, "accelfs-stat: %s (see accelfs-stat --help)\n", e.what());
-    return 2;
-  }
+  if (auto done = ParseToolArgs(app, argc, argv)) return *done;
   if (files->parsed()) return Files(file_paths, json);
   double watch = 0;
   if (watch_option->count() > 0) {

@@ -5,13 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <map>
 
-#include "accelfs_version.h"
 #include "fs/config.h"
+#include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/progress.h"
 
@@ -180,7 +179,6 @@ int Main(int argc, char** argv) {
   Options options;
   bool evict = false;
   bool wait = false;
-  bool version = false;
   app.add_option("PATH", args, "Files or directories inside an accelfs mount")->required();
   app.add_flag("--evict", evict, "Drop the paths from the cache instead");
   app.add_flag("--no-wait", options.no_wait, "Start warming and return at once");
@@ -188,23 +186,7 @@ int Main(int argc, char** argv) {
       "--wait", wait,
       "Wait until done (the default); attaches to a warm of the same paths already running");
   app.add_flag("--json", options.json, "Print the daemon's JSON messages, one per line");
-  app.add_flag("-V,--version", version, "Print the version and exit");
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--version" || std::string_view(argv[i]) == "-V") {
-      std::printf("accelfs-warm " ACCELFS_VERSION "\n");
-      return 0;
-    }
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {
-      std::printf("%s", app.help().c_str());
-      return 0;
-    }
-    std::fprintf(stderr, "accelfs-warm: %s (see accelfs-warm --help)\n", e.what());
-    return 2;
-  }
+  if (auto done = ParseToolArgs(app, argc, argv)) return *done;
   if (wait && options.no_wait) {
     std::fprintf(stderr, "accelfs-warm: --wait and --no-wait contradict each other\n");
     return 2;

@@ -1,6 +1,7 @@
 // accelfs-warm and accelfs-stat against real mounts: warming brings files into the cache so that
 // later reads need no backend read, stat and files report it, --evict drops it, and every error
 // (no fit, outside the mount, "..", permission, dead daemon) is one clear line and exit 1.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -118,6 +119,18 @@ TEST_F(ToolsTest, WarmMakesLaterReadsNeedNoBackend) {
       << "reads after the warm went to the backend";
   EXPECT_EQ(after.value("mountpoint", ""), mountpoint_);
   EXPECT_EQ(after.value("source", ""), CanonicalPath(source_));
+
+  // A file held open is listed with its mode: passed through when the kernel offers passthrough
+  // (the file is fully cached), else served by the daemon.
+  const int fd = open(Mnt("m/model-00002-of-00002.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const nlohmann::json held = StatsJson(mountpoint_);
+  close(fd);
+  ASSERT_EQ(held["open"].size(), 1u) << held.dump();
+  EXPECT_EQ(held["open"][0].value("name", ""), "model-00002-of-00002.safetensors");
+  EXPECT_EQ(held["open"][0].value("mode", ""),
+            held.value("passthrough", false) ? "passthrough" : "cached");
+  EXPECT_EQ(held.value("open_files", 0), 1);
 
   const CommandResult summary = Stat({mountpoint_});
   EXPECT_EQ(summary.exit_code, 0) << Describe(summary);

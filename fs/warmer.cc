@@ -305,7 +305,9 @@ void Warmer::Fail(WarmJob& job, const std::string& error) {
     job.progress_.state = "failed";
     job.progress_.error = error;
     job.progress_.waiting_for_room = false;
-    job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
+    if (job.started_ != Clock::time_point{}) {  // it ran (a queued job fails at Stop)
+      job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
+    }
   }
   job.changed_.notify_all();
 }

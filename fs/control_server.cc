@@ -1,5 +1,6 @@
 #include "fs/control_server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -48,6 +49,36 @@ bool PrepareDir(const std::string& dir, mode_t mode, uid_t owner, std::string* e
   return true;
 }
 
+// Removes the sockets in `dir` that daemons killed without a chance to clean up left behind
+// (owned by `owner`, a final .sock name, and nobody listening). Renamed into place only after
+// listen(), a final name that refuses a connection is dead.
+void SweepStaleSockets(const std::string& dir, uid_t owner) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (!name.ends_with(".sock") || lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != owner) {
+      continue;
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) continue;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    // Non-blocking: a live daemon with a full backlog answers EAGAIN instead of making us wait.
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+        errno == ECONNREFUSED) {
+      unlink(path.c_str());
+    }
+    close(fd);
+  }
+  closedir(d);
+}
+
 }  // namespace
 
 bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
@@ -93,6 +124,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions
   if (!PrepareDir(dir, options.owner == 0 ? 0755 : 0711, options.owner, error)) {
     return Error(EACCES);
   }
+  SweepStaleSockets(dir, options.owner);
   // Bound under a temporary name, given its mode and group, then renamed over the final name: a
   // client never sees a socket with the wrong mode, and a stale socket left by a killed daemon is
   // replaced in one step.

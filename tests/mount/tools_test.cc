@@ -4,8 +4,12 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -319,6 +323,26 @@ TEST_F(ToolsTest, ADeadDaemonIsSaidToBeNotRunningAndARemountWorks) {
   ASSERT_NO_FATAL_FAILURE(StartMount());
   const CommandResult stat = Stat({mountpoint_});
   EXPECT_EQ(stat.exit_code, 0) << Describe(stat);
+}
+
+TEST_F(ToolsTest, StaleSocketsOfKilledDaemonsAreSweptAtStart) {
+  // A socket nobody listens on, as a daemon killed with SIGKILL leaves behind.
+  ASSERT_EQ(mkdir("/run/accelfs", 0755) == 0 || errno == EEXIST, true);
+  const std::string stale = "/run/accelfs/accelfs-tools-test-" + std::to_string(getpid()) + ".sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, stale.c_str(), stale.size() + 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  close(fd);
+  struct stat st {};
+  ASSERT_EQ(stat(stale.c_str(), &st), 0);
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  EXPECT_NE(stat(stale.c_str(), &st), 0) << stale << " was not swept";
+  unlink(stale.c_str());
+  // The live daemon's own socket stays.
+  EXPECT_EQ(stat(("/run/accelfs/" + ControlSocketName(mountpoint_)).c_str(), &st), 0);
 }
 
 TEST_F(ToolsTest, AnUnknownControlGroupIsRefusedAtStart) {

@@ -205,6 +205,9 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_flag("--push", push,
                "Push streamed data into the kernel's page cache ahead of the reader (off: on the "
                "2-core machine measured it cost more CPU than it saved; see docs/BENCHMARKS.md)");
+  app.add_option("--control-group", config.control_group,
+                 "Let this group use the control socket (accelfs-stat, accelfs-warm); default: "
+                 "only the mounting user and root");
   app.add_flag("-V,--version", version, "Print the version and exit");
 
   auto usage_error = [](const std::string& what) {
@@ -244,6 +247,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "log_level") target = &log_level;
       if (key == "stream_threshold") target = &stream_threshold;
       if (key == "cache_dir") target = &cache_dir;
+      if (key == "control_group") target = &config.control_group;
       if (target != nullptr) {
         if (eq == std::string::npos || value.empty())
           return usage_error("option -o " + key + " needs a value");

@@ -61,6 +61,10 @@ struct Config {
   // default: measured slower on a 2-core machine, where the push's copies compete with the loader.
   bool push = false;
 
+  // --control-group: members of this group (name or number) may use the control socket (mode 0660
+  // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.
+  std::string control_group;
+
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };

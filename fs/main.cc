@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <grp.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -21,9 +22,11 @@
 #include "cache/ram_block_store.h"
 #include "cache/file_block_store.h"
 #include "fs/config.h"
+#include "fs/control_server.h"
 #include "fs/fuse_adapter.h"
 #include "fs/mount_checks.h"
 #include "fs/read_through_fs.h"
+#include "fs/warmer.h"
 
 namespace accelfs {
 namespace {
@@ -71,10 +74,26 @@ void ReportReady(int ready_fd) {
   [[maybe_unused]] int rc = chdir("/");
 }
 
+// --control-group NAME or GID.
+std::optional<gid_t> ResolveGroup(const std::string& name) {
+  if (const group* g = getgrnam(name.c_str())) return g->gr_gid;
+  if (!name.empty() && name.size() < 10 &&
+      name.find_first_not_of("0123456789") == std::string::npos) {
+    return static_cast<gid_t>(std::stoul(name));
+  }
+  return std::nullopt;
+}
+
 int Run(const Config& config) {
   std::string error;
   const std::optional<CheckedPaths> paths = CheckPaths(config.source, config.mountpoint, &error);
   if (!paths) return Fail(error);
+  std::optional<gid_t> control_group;
+  if (!config.control_group.empty()) {
+    control_group = ResolveGroup(config.control_group);
+    if (!control_group)
+      return Fail("--control-group '" + config.control_group + "': no such group");
+  }
   if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
 
   // The cache lives in files in --cache-dir, where a restart finds it; else, as root, in files on
@@ -164,6 +183,52 @@ int Run(const Config& config) {
     return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
   }
 
+  // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
+  // named after the mountpoint (fs/control_protocol.h). Stopped before the backend and unmount.
+  const auto started_at = std::chrono::steady_clock::now();
+  StatsSource control_stats = [&] {
+    DaemonStats s;
+    s.source = paths->source;
+    s.mountpoint = paths->mountpoint;
+    s.store = store_in_files ? "private tmpfs" : "anonymous memory";
+    s.passthrough = (*session)->passthrough();
+    s.uptime_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count();
+    s.cache = cache.Stats();
+    s.depth = reader->CurrentDepth();
+    s.depth_limit = config.backend_depth;
+    s.open_files = (*fs)->open_files();
+    s.passthrough_files = (*fs)->passthrough_files();
+    s.pushed_bytes = pusher ? pusher->Stats().pushed_bytes : 0;
+    return s;
+  };
+  Warmer warmer(open(paths->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), cache,
+                {config.block_size, config.backend_depth, std::chrono::seconds(60)});
+  ControlSources control_sources;
+  control_sources.stats = control_stats;
+  control_sources.open_files = [&] {
+    nlohmann::json open = nlohmann::json::array();
+    for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
+      open.push_back(
+          {{"name", f.name}, {"size", f.size}, {"mode", f.passthrough ? "passthrough" : "cached"}});
+    }
+    return open;
+  };
+  control_sources.warmer = &warmer;
+  ControlServerOptions control_options;
+  control_options.path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
+                         ControlSocketName(paths->mountpoint);
+  control_options.owner = geteuid();
+  control_options.group = control_group;
+  auto control = ControlServer::Start(control_options, control_sources, &error);
+  if (!control.ok()) {
+    spdlog::warn("no control channel ({}): accelfs-stat and accelfs-warm cannot reach this mount",
+                 error);
+  } else {
+    spdlog::debug("control socket {}", (*control)->path());
+  }
+  // ---- end of the control channel's block
+
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
   // (INIT lowers it to the max_readahead it offered). A statfs of the mount returns only after
   // INIT, so the starter waits on one, then tunes, reports and tells the parent we are ready.
@@ -213,6 +278,8 @@ int Run(const Config& config) {
 
   const int rc = (*session)->Loop();
   spdlog::info("unmounting {}", paths->mountpoint);
+  if (control.ok()) (*control)->Stop();
+  warmer.Stop();  // its fetches finish while the backend still runs
   // Finish what the backend has in flight (those READs get their replies), cancel what waits
   // for room, then unmount while the session can still answer.
   reader->Stop();

@@ -57,7 +57,7 @@ std::vector<MountInfo> ReadMountInfo(const std::string& path) {
     while (fields >> word && word != "-") {
     }
     MountInfo m;
-    fields >> m.fstype >> m.source;
+    fields >> m.fstype >> m.source >> m.super_options;
     if (std::sscanf(devno.c_str(), "%u:%u", &m.major, &m.minor) != 2) continue;
     m.mountpoint = UnescapeMountField(mountpoint);
     m.source = UnescapeMountField(m.source);

@@ -17,6 +17,7 @@ struct MountInfo {
   std::string mountpoint;  // unescaped
   std::string fstype;
   std::string source;
+  std::string super_options;  // e.g. "ro,user_id=0,group_id=0" for FUSE mounts
 };
 
 // Entries of a mountinfo file (default: this process's), in mount order.

@@ -365,6 +365,23 @@ void ReadThroughFs::Release(uint64_t fh) {
   open_files_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
+  std::vector<std::pair<std::shared_ptr<Inode>, OpenFileInfo>> open;
+  {
+    std::lock_guard lock(handles_mu_);
+    for (const auto& [fh, handle] : handles_) {
+      open.push_back({handle->inode, {"", handle->identity.size, handle->backing_id > 0}});
+    }
+  }
+  std::vector<OpenFileInfo> out;
+  for (auto& [inode, info] : open) {  // handles_mu_ is a leaf: names are read after it
+    std::lock_guard lock(inode->mu);
+    info.name = inode->name;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();

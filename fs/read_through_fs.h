@@ -61,6 +61,13 @@ struct DirEntry {
 // Returns false when the entry did not fit (it is then not consumed).
 using DirEmit = std::function<bool(const DirEntry&, const EntryOut* plus)>;
 
+// A file open now, for accelfs-stat.
+struct OpenFileInfo {
+  std::string name;  // the name the kernel first looked it up by (no directory)
+  uint64_t size = 0;
+  bool passthrough = false;  // open in passthrough mode (else served by the daemon)
+};
+
 // Registers store files with the kernel for FUSE passthrough. Implemented by the FUSE adapter.
 class BackingRegistry {
  public:
@@ -116,6 +123,8 @@ class ReadThroughFs {
   size_t inode_count() const { return inodes_.size(); }
   size_t open_files() const { return open_files_.load(std::memory_order_relaxed); }
   size_t passthrough_files() const { return passthrough_files_.load(std::memory_order_relaxed); }
+  // One entry per open file handle.
+  std::vector<OpenFileInfo> OpenFiles();
 
  private:
   struct Handle;

@@ -94,6 +94,19 @@ TEST(ParseCommandLineTest, DefaultCacheSizeIsHalfOfMemAvailable) {
   EXPECT_EQ(c->cache_size, 50 * kMiB);
 }
 
+TEST(ParseCommandLineTest, ControlGroup) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->control_group, "");
+  c = ParseOk({"--control-group", "models"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->control_group, "models");
+  c = ParseOk({"-o", "allow_other,control_group=1234"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->control_group, "1234");
+  ExpectUsageError({"/src", "/mnt", "-o", "control_group="}, "needs a value");
+}
+
 TEST(ParseCommandLineTest, Foreground) {
   auto c = ParseOk({"-f"});
   ASSERT_TRUE(c);

@@ -437,9 +437,17 @@ TEST_F(ReadThroughFsTest, OpenIsReadOnly) {
   const uint64_t fh2 = OpenOk(ino);
   EXPECT_NE(fh, fh2);
   EXPECT_EQ(fs_->open_files(), 2u);
+  // What accelfs-stat lists: each handle, by the name it was looked up by, in cached mode here.
+  const std::vector<OpenFileInfo> open = fs_->OpenFiles();
+  ASSERT_EQ(open.size(), 2u);
+  for (const OpenFileInfo& f : open) {
+    EXPECT_EQ(f.name, "one");
+    EXPECT_FALSE(f.passthrough);
+  }
   fs_->Release(fh);
   fs_->Release(fh2);
   EXPECT_EQ(fs_->open_files(), 0u);
+  EXPECT_TRUE(fs_->OpenFiles().empty());
 }
 
 TEST_F(ReadThroughFsTest, ReadsEqualTheBackingBytes) {

@@ -1,0 +1,181 @@
+#include "fs/control_protocol.h"
+
+#include <sys/un.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace accelfs {
+namespace {
+
+// What a path in a request may hold: an op carries at most this many paths.
+constexpr size_t kMaxPaths = 4096;
+constexpr size_t kMaxPathBytes = 4096;
+
+uint64_t Fnv1a64(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string ControlSocketDir(uid_t uid, const char* xdg_runtime_dir) {
+  if (uid == 0) return "/run/accelfs";
+  if (xdg_runtime_dir != nullptr && xdg_runtime_dir[0] == '/') {
+    return std::string(xdg_runtime_dir) + "/accelfs";
+  }
+  return "/tmp/accelfs-" + std::to_string(uid);
+}
+
+std::string ControlSocketName(const std::string& mountpoint) {
+  // The readable part: the last 40 characters of the path, '/' and anything unusual as '_'.
+  std::string readable;
+  for (char c : mountpoint.size() > 40 ? mountpoint.substr(mountpoint.size() - 40) : mountpoint) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '-' || c == '.';
+    readable += plain ? c : '_';
+  }
+  while (!readable.empty() && readable.front() == '_') readable.erase(0, 1);
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx",
+                static_cast<unsigned long long>(Fnv1a64(mountpoint)));
+  return (readable.empty() ? "" : readable + "-") + hash + ".sock";
+}
+
+std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, uid_t mount_uid,
+                                                 uid_t client_uid, const char* xdg_runtime_dir) {
+  const std::string name = ControlSocketName(mountpoint);
+  std::vector<std::string> dirs;
+  if (mount_uid == 0) {
+    dirs.push_back(ControlSocketDir(0, nullptr));
+  } else {
+    if (client_uid == mount_uid) dirs.push_back(ControlSocketDir(mount_uid, xdg_runtime_dir));
+    dirs.push_back("/run/user/" + std::to_string(mount_uid) + "/accelfs");
+    dirs.push_back(ControlSocketDir(mount_uid, nullptr));
+  }
+  std::vector<std::string> paths;
+  for (const auto& dir : dirs) {
+    const std::string path = dir + "/" + name;
+    if (path.size() < sizeof(sockaddr_un::sun_path) &&
+        std::find(paths.begin(), paths.end(), path) == paths.end()) {
+      paths.push_back(path);
+    }
+  }
+  return paths;
+}
+
+std::optional<uid_t> MountUid(const std::string& super_options) {
+  static constexpr std::string_view kKey = "user_id=";
+  size_t start = 0;
+  while (start <= super_options.size()) {
+    size_t end = super_options.find(',', start);
+    if (end == std::string::npos) end = super_options.size();
+    const std::string_view option(super_options.data() + start, end - start);
+    if (option.starts_with(kKey)) {
+      const std::string digits(option.substr(kKey.size()));
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+          digits.size() > 10) {
+        return std::nullopt;
+      }
+      return static_cast<uid_t>(std::stoull(digits));
+    }
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+bool IsControlOp(const std::string& op) { return op == "warm" || op == "evict"; }
+
+std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::string* error) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    *error = "a request is one JSON object per line";
+    return std::nullopt;
+  }
+  ControlRequest request;
+  auto op = j.find("op");
+  if (op == j.end() || !op->is_string()) {
+    *error = "the request has no \"op\"";
+    return std::nullopt;
+  }
+  request.op = op->get<std::string>();
+  static constexpr std::string_view kOps[] = {"stats", "open", "files", "warm", "evict"};
+  if (std::find(std::begin(kOps), std::end(kOps), request.op) == std::end(kOps)) {
+    *error = "unknown op '" + request.op + "'";
+    return std::nullopt;
+  }
+  if (auto paths = j.find("paths"); paths != j.end()) {
+    if (!paths->is_array() || paths->size() > kMaxPaths) {
+      *error = "\"paths\" must be an array of at most " + std::to_string(kMaxPaths) + " strings";
+      return std::nullopt;
+    }
+    for (const auto& p : *paths) {
+      if (!p.is_string() || p.get_ref<const std::string&>().size() > kMaxPathBytes ||
+          p.get_ref<const std::string&>().find('\0') != std::string::npos) {
+        *error = "\"paths\" must hold path strings";
+        return std::nullopt;
+      }
+      request.paths.push_back(p.get<std::string>());
+    }
+  }
+  if ((request.op == "warm" || request.op == "evict") && request.paths.empty()) {
+    *error = "'" + request.op + "' needs \"paths\"";
+    return std::nullopt;
+  }
+  if (auto wait = j.find("wait"); wait != j.end()) {
+    if (!wait->is_boolean()) {
+      *error = "\"wait\" must be true or false";
+      return std::nullopt;
+    }
+    request.wait = wait->get<bool>();
+  }
+  return request;
+}
+
+nlohmann::json ControlRequestToJson(const ControlRequest& request) {
+  nlohmann::json j = {{"op", request.op}};
+  if (!request.paths.empty()) j["paths"] = request.paths;
+  if (request.op == "warm") j["wait"] = request.wait;
+  return j;
+}
+
+nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
+  const CacheStats& c = s.cache;
+  return {
+      {"source", s.source},
+      {"mountpoint", s.mountpoint},
+      {"store", s.store},
+      {"passthrough", s.passthrough},
+      {"uptime_s", s.uptime_s},
+      {"cache",
+       {{"budget_bytes", c.budget_bytes},
+        {"used_bytes", c.used_bytes},
+        {"ready_blocks", c.ready_blocks},
+        {"fetching_blocks", c.fetching_blocks},
+        {"queued_blocks", c.queued_blocks},
+        {"hits", c.hits},
+        {"misses", c.misses},
+        {"hit_bytes", c.hit_bytes},
+        {"miss_bytes", c.miss_bytes},
+        {"fetching_bytes", c.fetching_bytes},
+        {"fetched_bytes", c.fetched_bytes},
+        {"evicted_blocks", c.evicted_blocks},
+        {"failed_fetches", c.failed_fetches},
+        {"prefetches", c.prefetches}}},
+      {"depth", s.depth},
+      {"depth_limit", s.depth_limit},
+      {"open_files", s.open_files},
+      {"passthrough_files", s.passthrough_files},
+      {"pushed_bytes", s.pushed_bytes},
+  };
+}
+
+nlohmann::json ControlError(const std::string& message) {
+  return {{"ok", false}, {"error", message}};
+}
+
+}  // namespace accelfs

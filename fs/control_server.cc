@@ -1,0 +1,377 @@
+#include "fs/control_server.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+namespace accelfs {
+namespace {
+
+// A request line longer than this is refused (a warm of thousands of paths fits).
+constexpr size_t kMaxLine = 4u << 20;
+// How often a connection thread looks at the stop flag while idle, and how often a waiting warm
+// sends progress.
+constexpr int kPollMs = 100;
+constexpr std::chrono::milliseconds kProgressEvery{250};
+// A client that does not read its replies for this long is dropped.
+constexpr int kSendTimeoutS = 10;
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Creates `dir` (one level; its parent must exist) with `mode` when missing and checks that it is
+// a directory of ours, not a symlink someone else planted.
+bool PrepareDir(const std::string& dir, mode_t mode, uid_t owner, std::string* error) {
+  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
+    *error = Errno("cannot create " + dir);
+    return false;
+  }
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0) {
+    *error = Errno(dir);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != owner) {
+    *error = dir + " is not a directory owned by uid " + std::to_string(owner);
+    return false;
+  }
+  return true;
+}
+
+// Removes the sockets in `dir` that daemons killed without a chance to clean up left behind
+// (owned by `owner`, a final .sock name, and nobody listening). Renamed into place only after
+// listen(), a final name that refuses a connection is dead.
+void SweepStaleSockets(const std::string& dir, uid_t owner) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (!name.ends_with(".sock") || lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != owner) {
+      continue;
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) continue;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    // Non-blocking: a live daemon with a full backlog answers EAGAIN instead of making us wait.
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+        errno == ECONNREFUSED) {
+      unlink(path.c_str());
+    }
+    close(fd);
+  }
+  closedir(d);
+}
+
+}  // namespace
+
+bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
+  if (uid == 0 || uid == owner) return true;
+  if (!group) return false;
+  if (gid == *group) return true;
+  // Membership as /etc/group (or NSS) says, not the peer's process: the peer may have dropped
+  // groups, but the group grants the right to the user.
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return false;
+  std::vector<gid_t> groups(64);
+  int count = static_cast<int>(groups.size());
+  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
+    groups.resize(static_cast<size_t>(count));
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
+  }
+  groups.resize(static_cast<size_t>(count));
+  return std::find(groups.begin(), groups.end(), *group) != groups.end();
+}
+
+nlohmann::json WarmProgressToJson(const WarmProgress& p) {
+  nlohmann::json j = {{"state", p.state},           {"files_total", p.files_total},
+                      {"files_done", p.files_done}, {"bytes_total", p.bytes_total},
+                      {"bytes_done", p.bytes_done}, {"resident_at_start", p.resident_at_start},
+                      {"elapsed_s", p.elapsed_s},   {"waiting_for_room", p.waiting_for_room}};
+  if (!p.error.empty()) j["error"] = p.error;
+  return j;
+}
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions options,
+                                                            ControlSources sources,
+                                                            std::string* error) {
+  const size_t slash = options.path.rfind('/');
+  if (slash == std::string::npos || slash == 0) {
+    *error = "bad control socket path '" + options.path + "'";
+    return Error(EINVAL);
+  }
+  const std::string dir = options.path.substr(0, slash);
+  // /run/accelfs is shared by every root mount and must be searchable by a control group's
+  // members; a user's directory is searchable only (0711): names are not listed.
+  if (!PrepareDir(dir, options.owner == 0 ? 0755 : 0711, options.owner, error)) {
+    return Error(EACCES);
+  }
+  SweepStaleSockets(dir, options.owner);
+  // Bound under a temporary name, given its mode and group, then renamed over the final name: a
+  // client never sees a socket with the wrong mode, and a stale socket left by a killed daemon is
+  // replaced in one step.
+  const std::string temp = options.path + "." + std::to_string(getpid()) + ".tmp";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options.path.size() >= sizeof(addr.sun_path) || temp.size() >= sizeof(addr.sun_path)) {
+    *error = "control socket path too long: " + options.path;
+    return Error(ENAMETOOLONG);
+  }
+  std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = Errno("socket");
+    return Error(errno);
+  }
+  unlink(temp.c_str());
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    *error = what + ": " + std::strerror(err);
+    close(fd);
+    unlink(temp.c_str());
+    return Error(err);
+  };
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return fail("cannot bind the control socket " + temp);
+  }
+  if (chmod(temp.c_str(), options.group ? 0660 : 0600) != 0) return fail("chmod " + temp);
+  if (options.group && chown(temp.c_str(), static_cast<uid_t>(-1), *options.group) != 0) {
+    return fail("cannot give the control socket to group " + std::to_string(*options.group));
+  }
+  if (listen(fd, ControlServer::kMaxConnections) != 0) return fail("listen");
+  if (rename(temp.c_str(), options.path.c_str()) != 0) return fail("rename to " + options.path);
+  struct stat st {};
+  stat(options.path.c_str(), &st);
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(fd);
+    unlink(options.path.c_str());
+    *error = std::string("pipe: ") + std::strerror(err);
+    return Error(err);
+  }
+  return std::unique_ptr<ControlServer>(
+      new ControlServer(std::move(options), std::move(sources), fd, wake, st.st_ino));
+}
+
+ControlServer::ControlServer(ControlServerOptions options, ControlSources sources, int listen_fd,
+                             int wake_fd[2], ino_t socket_ino)
+    : options_(std::move(options)),
+      sources_(std::move(sources)),
+      listen_fd_(listen_fd),
+      wake_read_(wake_fd[0]),
+      wake_write_(wake_fd[1]),
+      socket_ino_(socket_ino) {
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+ControlServer::~ControlServer() {
+  Stop();
+  close(listen_fd_);
+  close(wake_read_);
+  close(wake_write_);
+}
+
+void ControlServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  [[maybe_unused]] ssize_t n = write(wake_write_, "x", 1);
+  acceptor_.join();
+  std::list<std::unique_ptr<Connection>> connections;
+  {
+    std::lock_guard lock(mu_);
+    connections.swap(connections_);
+  }
+  for (auto& c : connections) {
+    shutdown(c->fd, SHUT_RDWR);  // a thread blocked in send or poll returns
+    c->thread.join();
+    close(c->fd);
+  }
+  struct stat st {};
+  if (stat(options_.path.c_str(), &st) == 0 && st.st_ino == socket_ino_) {
+    unlink(options_.path.c_str());
+  }
+}
+
+void ControlServer::ReapFinished() {
+  std::list<std::unique_ptr<Connection>> done;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if ((*it)->finished.load()) {
+        done.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : done) {
+    c->thread.join();
+    close(c->fd);
+  }
+}
+
+void ControlServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+    if (poll(fds, 2, 1000) < 0 && errno != EINTR) break;
+    ReapFinished();
+    if (stopping_.load() || (fds[1].revents & POLLIN)) break;
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      close(fd);
+      continue;
+    }
+    timeval timeout{kSendTimeoutS, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    auto connection = std::make_unique<Connection>();
+    connection->fd = fd;
+    connection->may_control = MayControl(cred.uid, cred.gid, options_.owner, options_.group);
+    std::lock_guard lock(mu_);
+    if (connections_.size() >= kMaxConnections) {
+      const std::string busy = ControlError("too many connections").dump() + "\n";
+      [[maybe_unused]] ssize_t n = send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
+      continue;
+    }
+    Connection* c = connection.get();
+    connections_.push_back(std::move(connection));
+    c->thread = std::thread([this, c] {
+      Serve(*c);
+      c->finished.store(true);
+    });
+  }
+}
+
+bool ControlServer::Send(Connection& connection, const nlohmann::json& message) {
+  const std::string line = message.dump() + "\n";
+  size_t sent = 0;
+  while (sent < line.size()) {
+    const ssize_t n = send(connection.fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void ControlServer::Serve(Connection& connection) {
+  std::string buffer;
+  char chunk[4096];
+  while (!stopping_.load()) {
+    const size_t newline = buffer.find('\n');
+    if (newline != std::string::npos) {
+      const std::string line = buffer.substr(0, newline);
+      buffer.erase(0, newline + 1);
+      if (!Handle(connection, line)) return;
+      continue;
+    }
+    if (buffer.size() > kMaxLine) {
+      Send(connection, ControlError("request line too long"));
+      return;
+    }
+    pollfd pfd{connection.fd, POLLIN, 0};
+    if (poll(&pfd, 1, kPollMs) <= 0) continue;
+    const ssize_t n = recv(connection.fd, chunk, sizeof(chunk), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the client closed (or the server is stopping)
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+bool ControlServer::Handle(Connection& connection, const std::string& line) {
+  std::string error;
+  std::optional<ControlRequest> request = ParseControlRequest(line, &error);
+  if (!request) return Send(connection, ControlError(error));
+  if (IsControlOp(request->op) && !connection.may_control) {
+    return Send(connection, ControlError("permission denied: '" + request->op +
+                                         "' is for the mount's owner, root and the control group"));
+  }
+  nlohmann::json reply = {{"ok", true}, {"version", kControlProtocolVersion}};
+  if (request->op == "stats") {
+    reply["stats"] = DaemonStatsToJson(sources_.stats());
+    return Send(connection, reply);
+  }
+  if (request->op == "open") {
+    reply["open"] = sources_.open_files ? sources_.open_files() : nlohmann::json::array();
+    return Send(connection, reply);
+  }
+  if (sources_.warmer == nullptr) return Send(connection, ControlError("no warmer"));
+  if (request->op == "files") {
+    if (request->paths.empty()) request->paths.push_back("");
+    auto files = sources_.warmer->Residency(request->paths, &error);
+    if (!files.ok()) return Send(connection, ControlError(error));
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& f : *files) {
+      list.push_back({{"path", f.path}, {"size", f.size}, {"resident", f.resident}});
+    }
+    reply["files"] = std::move(list);
+    return Send(connection, reply);
+  }
+  if (request->op == "evict") {
+    uint64_t files = 0;
+    auto dropped = sources_.warmer->Evict(request->paths, &files, &error);
+    if (!dropped.ok()) return Send(connection, ControlError(error));
+    reply["files"] = files;
+    reply["dropped_bytes"] = *dropped;
+    spdlog::info("control: evicted {} files ({} bytes were cached)", files, *dropped);
+    return Send(connection, reply);
+  }
+  return HandleWarm(connection, *request);
+}
+
+bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& request) {
+  std::string error;
+  bool attached = false;
+  auto job = sources_.warmer->Warm(request.paths, &attached, &error);
+  if (!job.ok()) return Send(connection, ControlError(error));
+  std::shared_ptr<WarmJob> warm = std::move(job.value());
+  if (!attached) spdlog::info("control: warming {} paths", request.paths.size());
+  nlohmann::json reply = {{"ok", true},
+                          {"version", kControlProtocolVersion},
+                          {"attached", attached},
+                          {"progress", WarmProgressToJson(warm->Progress())}};
+  if (!Send(connection, reply)) return false;
+  if (!request.wait) return true;
+  for (;;) {
+    const bool finished = warm->WaitFinished(kProgressEvery);
+    const WarmProgress p = warm->Progress();
+    if (finished) {
+      return Send(connection,
+                  {{"done", true}, {"ok", p.state == "done"}, {"progress", WarmProgressToJson(p)}});
+    }
+    if (stopping_.load()) {
+      Send(connection, {{"done", true},
+                        {"ok", false},
+                        {"progress", WarmProgressToJson(p)},
+                        {"error", "the daemon is stopping"}});
+      return false;
+    }
+    // A client that went away stops getting progress; the job goes on.
+    if (!Send(connection, {{"progress", WarmProgressToJson(p)}})) return false;
+  }
+}
+
+}  // namespace accelfs

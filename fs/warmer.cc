@@ -1,0 +1,501 @@
+#include "fs/warmer.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "cache/block.h"
+#include "fs/config.h"
+
+namespace accelfs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Directories nest at most this deep below a warmed path (a model tree is a few levels).
+constexpr int kMaxDepth = 32;
+// How long the job sleeps when the budget has no room, unless a fetch finishes first.
+constexpr std::chrono::milliseconds kRoomPoll{100};
+// Verification: blocks that were in flight for someone else, or whose fetch failed, are asked for
+// again, in rounds kRoomPoll apart. Rounds while the cache is fetching do not count (someone's
+// fetch of our block may be among them); after this many idle ones the job reports the rest
+// missing.
+constexpr int kIdleVerifyRounds = 20;
+constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
+
+std::string Describe(const std::string& path) {
+  return path.empty() ? "the mount's root" : "'" + path + "'";
+}
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir.empty() ? name : dir + "/" + name;
+}
+
+// Appends the regular files below directory `dir_fd` (path `dir`) in sorted name order.
+Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
+               std::vector<FoundFile>* out, std::set<std::pair<dev_t, ino_t>>* seen,
+               std::string* error) {
+  if (depth > kMaxDepth) {
+    *error = Describe(dir) + ": directories nest deeper than " + std::to_string(kMaxDepth);
+    return Error(ELOOP);
+  }
+  const int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = Describe(dir) + ": " + std::strerror(errno);
+    return Error(errno);
+  }
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    const int err = errno;
+    close(fd);
+    *error = Describe(dir) + ": " + std::strerror(err);
+    return Error(err);
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  Status status;
+  for (const auto& name : names) {
+    const std::string path = Join(dir, name);
+    struct stat st {};
+    if (fstatat(dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // vanished
+    if (S_ISDIR(st.st_mode)) {
+      const int sub = openat(dirfd(d), name.c_str(), O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
+      if (sub < 0) continue;
+      status = WalkDir(root_fd, sub, path, depth + 1, out, seen, error);
+      close(sub);
+      if (!status.ok()) break;
+      continue;
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;  // FIFOs, devices, sockets
+    // A symlink is followed only while it stays below the root.
+    Result<int> file = OpenBeneath(root_fd, path);
+    if (!file.ok()) continue;
+    if (fstat(*file, &st) != 0 || !S_ISREG(st.st_mode) ||
+        !seen->insert({st.st_dev, st.st_ino}).second) {
+      close(*file);
+      continue;
+    }
+    out->emplace_back(path, *file, st);
+  }
+  closedir(d);
+  return status;
+}
+
+// Opens the file found at `path` for the backend, checking that it is still what was measured.
+Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& path,
+                                               const FileKey& key, std::string* error) {
+  Result<int> fd = OpenBeneath(root_fd, path);
+  if (!fd.ok()) {
+    *error = "'" + path + "': " + fd.error().Message();
+    return fd.error();
+  }
+  struct stat st {};
+  Result<std::shared_ptr<BackingFile>> backing =
+      OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
+  close(*fd);
+  if (!backing.ok()) {
+    *error = "'" + path + "': " + backing.error().Message();
+    return backing.error();
+  }
+  if (FileKeyFromStat(st) != key) {
+    *error = "'" + path + "' changed while being warmed; run accelfs-warm again";
+    return Error(ESTALE);
+  }
+  return backing;
+}
+
+}  // namespace
+
+Result<int> OpenBeneath(int root_fd, const std::string& relative) {
+  struct open_how how {};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  const char* path = relative.empty() ? "." : relative.c_str();
+  const long fd = syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+  if (fd < 0) return Error(errno);
+  return static_cast<int>(fd);
+}
+
+FoundFile::~FoundFile() {
+  if (fd >= 0) close(fd);
+}
+
+FoundFile::FoundFile(FoundFile&& other) noexcept
+    : path(std::move(other.path)), fd(other.fd), st(other.st) {
+  other.fd = -1;
+}
+
+Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths,
+                                            std::string* error) {
+  std::vector<FoundFile> files;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (const auto& path : paths) {
+    Result<int> fd = OpenBeneath(root_fd, path);
+    if (!fd.ok()) {
+      const int err = fd.error().code();
+      *error = Describe(path) + (err == EXDEV    ? ": leaves the mount (.. or a symlink outside)"
+                                 : err == ENOENT ? ": no such file or directory"
+                                                 : ": " + fd.error().Message());
+      return fd.error();
+    }
+    struct stat st {};
+    if (fstat(*fd, &st) != 0) {
+      const int err = errno;
+      close(*fd);
+      *error = Describe(path) + ": " + std::strerror(err);
+      return Error(err);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      Status s = WalkDir(root_fd, *fd, path, 0, &files, &seen, error);
+      close(*fd);
+      if (!s.ok()) return s.error();
+    } else if (S_ISREG(st.st_mode)) {
+      if (seen.insert({st.st_dev, st.st_ino}).second) {
+        files.emplace_back(path, *fd, st);
+      } else {
+        close(*fd);
+      }
+    } else {
+      close(*fd);
+      *error = Describe(path) + ": not a regular file or directory";
+      return Error(EINVAL);
+    }
+  }
+  return files;
+}
+
+WarmProgress WarmJob::Progress() const {
+  std::lock_guard lock(mu_);
+  WarmProgress p = progress_;
+  if (p.state == "running") {
+    p.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
+  }
+  return p;
+}
+
+bool WarmJob::WaitFinished(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(mu_);
+  return changed_.wait_for(lock, timeout, [&] { return progress_.finished(); });
+}
+
+Warmer::Warmer(int root_fd, BlockCache& cache, WarmerOptions options)
+    : root_fd_(root_fd), cache_(cache), options_(options) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Warmer::~Warmer() {
+  Stop();
+  if (root_fd_ >= 0) close(root_fd_);
+}
+
+void Warmer::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::deque<std::shared_ptr<WarmJob>> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(queue_);
+  }
+  for (auto& job : left) Fail(*job, "the daemon is stopping");
+}
+
+Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths, bool* attached,
+                                              std::string* error) {
+  *attached = false;
+  std::vector<std::string> sorted = paths;
+  std::sort(sorted.begin(), sorted.end());
+  std::string key;
+  for (const auto& p : sorted) key += p + '\0';
+  {
+    std::lock_guard lock(mu_);
+    if (running_ && running_->key() == key) {
+      *attached = true;
+      return running_;
+    }
+    for (const auto& job : queue_) {
+      if (job->key() == key) {
+        *attached = true;
+        return job;
+      }
+    }
+  }
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+  if (!found.ok()) return found.error();
+  auto job = std::make_shared<WarmJob>();
+  job->key_ = key;
+  uint64_t need = 0;  // budget bytes the whole set takes once cached
+  const uint32_t block_size = options_.block_size;
+  for (const FoundFile& f : *found) {
+    const FileKey fkey = FileKeyFromStat(f.st);
+    const uint64_t blocks = BlockCount(fkey.size, block_size);
+    if (blocks > 0) {
+      need += (blocks - 1) * cache_.store().CapacityFor(block_size) +
+              cache_.store().CapacityFor(BlockBytes(blocks - 1, fkey.size, block_size));
+    }
+    const uint64_t resident = cache_.ResidentBytes(fkey);
+    job->progress_.files_total++;
+    job->progress_.bytes_total += fkey.size;
+    job->progress_.resident_at_start += resident;
+    job->files_.push_back({f.path, fkey});
+  }
+  job->progress_.bytes_done = job->progress_.resident_at_start;
+  const uint64_t budget = cache_.Stats().budget_bytes;
+  if (need > budget) {
+    *error = "does not fit in the cache: the set needs " + FormatBytes(need) +
+             " but the cache budget is " + FormatBytes(budget) + " (" + FormatBytes(need - budget) +
+             " missing; mount with a larger --cache-size or warm fewer files)";
+    return Error(ENOSPC);
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+      *error = "the daemon is stopping";
+      return Error(ECANCELED);
+    }
+    queue_.push_back(job);
+  }
+  wake_.notify_all();
+  return job;
+}
+
+Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files,
+                               std::string* error) {
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+  if (!found.ok()) return found.error();
+  uint64_t dropped = 0;
+  for (const FoundFile& f : *found) {
+    const FileKey key = FileKeyFromStat(f.st);
+    dropped += cache_.ResidentBytes(key);
+    cache_.DropFile(key);
+  }
+  *files = found->size();
+  return dropped;
+}
+
+Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths,
+                                                     std::string* error) {
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+  if (!found.ok()) return found.error();
+  std::vector<FileResidency> out;
+  for (const FoundFile& f : *found) {
+    const FileKey key = FileKeyFromStat(f.st);
+    out.push_back({f.path, key.size, cache_.ResidentBytes(key)});
+  }
+  return out;
+}
+
+void Warmer::Fail(WarmJob& job, const std::string& error) {
+  {
+    std::lock_guard lock(job.mu_);
+    job.progress_.state = "failed";
+    job.progress_.error = error;
+    job.progress_.waiting_for_room = false;
+    if (job.started_ != Clock::time_point{}) {  // it ran (a queued job fails at Stop)
+      job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
+    }
+  }
+  job.changed_.notify_all();
+}
+
+void Warmer::Run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    running_ = std::move(queue_.front());
+    queue_.pop_front();
+    std::shared_ptr<WarmJob> job = running_;
+    lock.unlock();
+    RunJob(*job);
+    lock.lock();
+    // The job's fetches finish before the next job starts (and before Stop returns).
+    wake_.wait(lock, [&] { return outstanding_ == 0; });
+    running_.reset();
+  }
+}
+
+bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner) {
+  WarmJob::File& file = job.files_[index];
+  const uint32_t block_size = options_.block_size;
+  const uint64_t blocks = BlockCount(file.key.size, block_size);
+  // Opened only while its blocks are asked for (the fetches hold it while they run): a model of
+  // thousands of files must not hold thousands of descriptors.
+  std::shared_ptr<BackingFile> backing;
+  if (blocks > 0) {
+    std::string error;
+    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, file.path, file.key, &error);
+    if (!opened.ok()) {
+      Fail(job, error);
+      return false;
+    }
+    backing = std::move(opened.value());
+  }
+  auto last_progress = Clock::now();
+  for (uint64_t b = 0; b < blocks;) {
+    const uint32_t expected = BlockBytes(b, file.key.size, block_size);
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || outstanding_ < options_.max_in_flight; });
+      if (stopping_) return false;
+      ++outstanding_;
+    }
+    {
+      std::lock_guard lock(job.mu_);
+      ++file.pending;
+    }
+    const BlockCache::PrefetchResult r =
+        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, [this, owner, index, expected] {
+          WarmJob& j = *owner;
+          {
+            std::lock_guard lock(j.mu_);
+            WarmJob::File& f = j.files_[index];
+            j.progress_.bytes_done += expected;
+            if (--f.pending == 0 && f.issued) ++j.progress_.files_done;
+          }
+          j.changed_.notify_all();
+          {
+            std::lock_guard lock(mu_);
+            --outstanding_;
+          }
+          wake_.notify_all();
+        });
+    if (r == BlockCache::PrefetchResult::kStarted) {
+      last_progress = Clock::now();
+      ++b;
+      continue;
+    }
+    {
+      std::lock_guard lock(job.mu_);
+      --file.pending;
+      if (r == BlockCache::PrefetchResult::kPresent) {
+        job.progress_.waiting_for_room = false;
+      } else {
+        job.progress_.waiting_for_room = true;
+      }
+    }
+    std::unique_lock lock(mu_);
+    --outstanding_;
+    if (r == BlockCache::PrefetchResult::kPresent) {
+      ++b;  // cached already, or fetched for someone else: verified at the end
+      continue;
+    }
+    // No room: wait for one of our fetches to finish (or a little while, for readers to consume
+    // unread blocks), then ask again.
+    const uint64_t before = outstanding_;
+    wake_.wait_for(lock, kRoomPoll, [&] { return stopping_ || outstanding_ < before; });
+    if (stopping_) return false;
+    if (outstanding_ < before) last_progress = Clock::now();
+    if (outstanding_ == 0 && Clock::now() - last_progress > options_.no_room_timeout) {
+      lock.unlock();
+      Fail(job, "no room in the cache for " +
+                    std::to_string(
+                        std::chrono::duration_cast<std::chrono::seconds>(options_.no_room_timeout)
+                            .count()) +
+                    " s: the budget is full of blocks that open files pin or that were "
+                    "prefetched and never read (accelfs-warm --evict frees some)");
+      return false;
+    }
+  }
+  {
+    std::lock_guard lock(job.mu_);
+    file.issued = true;
+    job.progress_.waiting_for_room = false;
+    if (file.pending == 0) ++job.progress_.files_done;
+  }
+  job.changed_.notify_all();
+  return true;
+}
+
+void Warmer::RunJob(WarmJob& job) {
+  std::shared_ptr<WarmJob> owner;
+  {
+    std::lock_guard lock(mu_);
+    owner = running_;
+  }
+  {
+    std::lock_guard lock(job.mu_);
+    job.progress_.state = "running";
+    job.started_ = Clock::now();
+  }
+  job.changed_.notify_all();
+  for (size_t i = 0; i < job.files_.size(); ++i) {
+    if (!IssueFile(job, i, owner)) {
+      if (!job.Progress().finished()) Fail(job, "the daemon is stopping");
+      return;
+    }
+  }
+  // Every block was asked for. Wait for our fetches, then check: a block that was in flight for
+  // someone else, or whose fetch failed, is asked for again.
+  std::vector<std::string> missing;
+  int idle_rounds = 0;
+  for (int round = 0; round < kMaxVerifyRounds && idle_rounds < kIdleVerifyRounds; ++round) {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || outstanding_ == 0; });
+      if (stopping_) {
+        lock.unlock();
+        Fail(job, "the daemon is stopping");
+        return;
+      }
+    }
+    missing.clear();
+    uint64_t resident = 0;
+    for (size_t i = 0; i < job.files_.size(); ++i) {
+      const uint64_t r = cache_.ResidentBytes(job.files_[i].key);
+      resident += r;
+      if (r != job.files_[i].key.size) missing.push_back(job.files_[i].path);
+    }
+    {
+      std::lock_guard lock(job.mu_);
+      job.progress_.bytes_done = resident;
+    }
+    if (missing.empty()) break;
+    std::this_thread::sleep_for(kRoomPoll);
+    const CacheStats stats = cache_.Stats();
+    if (stats.fetching_blocks + stats.queued_blocks == 0) ++idle_rounds;
+    for (size_t i = 0; i < job.files_.size(); ++i) {
+      if (cache_.ResidentBytes(job.files_[i].key) == job.files_[i].key.size) continue;
+      {
+        std::lock_guard lock(job.mu_);
+        if (job.files_[i].issued && job.files_[i].pending == 0) --job.progress_.files_done;
+        job.files_[i].issued = false;
+      }
+      if (!IssueFile(job, i, owner)) {
+        if (!job.Progress().finished()) Fail(job, "the daemon is stopping");
+        return;
+      }
+    }
+  }
+  if (!missing.empty()) {
+    Fail(job,
+         "'" + missing.front() + "'" +
+             (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
+             " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
+             "see the daemon's log)");
+    return;
+  }
+  {
+    std::lock_guard lock(job.mu_);
+    job.progress_.state = "done";
+    job.progress_.files_done = job.progress_.files_total;
+    job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
+  }
+  job.changed_.notify_all();
+}
+
+}  // namespace accelfs

@@ -1,0 +1,146 @@
+// Warming: the daemon side of accelfs-warm. Resolves paths inside SOURCE (never escaping it),
+// lists the files in loader order and drives BlockCache::Prefetch for every block of them, keeping
+// the backend full. Also per-file residency (accelfs-stat files) and eviction (accelfs-warm
+// --evict).
+//
+// Thread safety: every method may be called from any thread. Jobs run one after another on the
+// warmer's own thread; nothing here runs on a FUSE worker.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/block_cache.h"
+#include "cache/result.h"
+
+namespace accelfs {
+
+// Opens `relative` (a path below the directory `root_fd`; "" is the root itself) as an O_PATH
+// descriptor, refusing with EXDEV anything that leaves it: "..", absolute paths, symlinks that
+// point outside (openat2 with RESOLVE_BENEATH), and magic links.
+Result<int> OpenBeneath(int root_fd, const std::string& relative);
+
+// A regular file found below the root. Owns `fd` (O_PATH).
+struct FoundFile {
+  FoundFile(std::string path, int fd, const struct stat& st)
+      : path(std::move(path)), fd(fd), st(st) {}
+  ~FoundFile();
+  FoundFile(FoundFile&& other) noexcept;
+  FoundFile& operator=(FoundFile&&) = delete;
+  std::string path;  // relative to the root, as found
+  int fd = -1;
+  struct stat st {};
+};
+
+// The regular files `paths` name, in the order loaders read them: each path in turn, a directory's
+// files in sorted name order (so shards -00001-of-N .. N go in order), its subdirectories walked in
+// place (symlinked directories are not followed; symlinked files are, when they stay below the
+// root). A file named twice counts once. On failure, the error and one line in `error` naming
+// the path.
+Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths,
+                                            std::string* error);
+
+struct WarmProgress {
+  std::string state = "queued";  // queued, running, done, failed
+  uint64_t files_total = 0;
+  uint64_t files_done = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_done = 0;         // resident or fetched so far
+  uint64_t resident_at_start = 0;  // of bytes_total, already cached when the job started
+  double elapsed_s = 0;            // since the job started running
+  bool waiting_for_room = false;   // the budget is full of blocks in use; retrying as room appears
+  std::string error;               // when failed
+  bool finished() const { return state == "done" || state == "failed"; }
+};
+
+class WarmJob {
+ public:
+  WarmProgress Progress() const;
+  // Waits up to `timeout` for the job to finish; true when it has.
+  bool WaitFinished(std::chrono::milliseconds timeout) const;
+  const std::string& key() const { return key_; }
+
+ private:
+  friend class Warmer;
+  struct File {
+    std::string path;
+    FileKey key;
+    uint64_t pending = 0;  // GUARDED_BY(mu_) fetches started and not finished
+    bool issued = false;   // GUARDED_BY(mu_) every block asked for
+  };
+  std::string key_;
+  std::vector<File> files_;  // set before the job is queued
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  WarmProgress progress_;                          // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point started_;  // GUARDED_BY(mu_)
+};
+
+struct WarmerOptions {
+  uint32_t block_size = 4u << 20;
+  uint32_t max_in_flight = 64;  // fetches a job keeps outstanding: the backend depth
+  // A job that finds no room (and sees no fetch finish) for this long fails with a message rather
+  // than waiting forever: the budget is then full of blocks nobody reads or that open files pin.
+  std::chrono::milliseconds no_room_timeout = std::chrono::seconds(60);
+};
+
+struct FileResidency {
+  std::string path;
+  uint64_t size = 0;
+  uint64_t resident = 0;
+};
+
+class Warmer {
+ public:
+  // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache outlives this.
+  Warmer(int root_fd, BlockCache& cache, WarmerOptions options);
+  ~Warmer();  // Stop()
+  Warmer(const Warmer&) = delete;
+  Warmer& operator=(const Warmer&) = delete;
+
+  // Starts warming `paths`, or returns the job already queued or running for the same paths
+  // (*attached true). Errors (one line): a bad path, or a set larger than the cache budget.
+  Result<std::shared_ptr<WarmJob>> Warm(const std::vector<std::string>& paths, bool* attached,
+                                        std::string* error);
+  // Drops the files' blocks from the cache. Returns the bytes that were resident.
+  Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files,
+                         std::string* error);
+  Result<std::vector<FileResidency>> Residency(const std::vector<std::string>& paths,
+                                               std::string* error);
+
+  // Fails queued and running jobs, waits for their fetches to finish and joins the thread. Call
+  // before the backend stops. Idempotent.
+  void Stop();
+
+ private:
+  void Run();
+  void RunJob(WarmJob& job);
+  // Asks for every block of `file` not cached yet, waiting for a free slot and for room. False
+  // when the job must end (stopping, or no room for too long).
+  bool IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner);
+  void Fail(WarmJob& job, const std::string& error);
+
+  const int root_fd_;
+  BlockCache& cache_;
+  const WarmerOptions options_;
+
+  // Lock order: mu_, then a job's mu_.
+  std::mutex mu_;
+  std::condition_variable wake_;                // a job was queued, a fetch finished, Stop
+  std::deque<std::shared_ptr<WarmJob>> queue_;  // GUARDED_BY(mu_)
+  std::shared_ptr<WarmJob> running_;            // GUARDED_BY(mu_)
+  uint64_t outstanding_ = 0;                    // GUARDED_BY(mu_) fetches in flight
+  bool stopping_ = false;                       // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace accelfs

@@ -1,0 +1,150 @@
+// The control channel's pure parts (fs/control_protocol.h) and the access rule of
+// fs/control_server.h.
+#include "fs/control_protocol.h"
+
+#include <gtest/gtest.h>
+#include <sys/un.h>
+
+#include "fs/control_server.h"
+
+namespace accelfs {
+namespace {
+
+TEST(ControlSocketDirTest, RootUsesRunUsersTheirRuntimeDir) {
+  EXPECT_EQ(ControlSocketDir(0, "/run/user/0"), "/run/accelfs");
+  EXPECT_EQ(ControlSocketDir(1000, "/run/user/1000"), "/run/user/1000/accelfs");
+  EXPECT_EQ(ControlSocketDir(1000, nullptr), "/tmp/accelfs-1000");
+  EXPECT_EQ(ControlSocketDir(1000, "relative"), "/tmp/accelfs-1000");  // not absolute: ignored
+}
+
+TEST(ControlSocketNameTest, EachMountpointItsOwnNameThatFits) {
+  const std::string a = ControlSocketName("/mnt/fastmodels");
+  EXPECT_EQ(a.substr(0, 15), "mnt_fastmodels-");
+  EXPECT_TRUE(a.ends_with(".sock"));
+  EXPECT_EQ(a, ControlSocketName("/mnt/fastmodels"));  // stable
+  EXPECT_NE(a, ControlSocketName("/mnt/fastmodels2"));
+  // Paths that read the same once sanitised still differ by the hash.
+  EXPECT_NE(ControlSocketName("/mnt/a b"), ControlSocketName("/mnt/a_b"));
+  EXPECT_EQ(ControlSocketName("/"), ControlSocketName("/").substr(0));
+  const std::string long_path = "/" + std::string(300, 'x') + "/models";
+  const std::string name = ControlSocketName(long_path);
+  EXPECT_LE(name.size(), 40u + 1 + 16 + 5);
+  EXPECT_LT(("/run/accelfs/" + name).size(), sizeof(sockaddr_un::sun_path));
+  for (char c : ControlSocketName("/mnt/ü\n;$(rm)")) {
+    EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')
+        << c;
+  }
+}
+
+TEST(ControlSocketCandidatesTest, WhereClientsLook) {
+  const std::string name = ControlSocketName("/m");
+  EXPECT_EQ(ControlSocketCandidates("/m", 0, 1000, "/run/user/1000"),
+            std::vector<std::string>{"/run/accelfs/" + name});
+  // The mount's user with an unusual runtime dir: that first, then the usual places.
+  EXPECT_EQ(ControlSocketCandidates("/m", 1000, 1000, "/xdg"),
+            (std::vector<std::string>{"/xdg/accelfs/" + name, "/run/user/1000/accelfs/" + name,
+                                      "/tmp/accelfs-1000/" + name}));
+  // Another user does not use its own runtime dir; no duplicates.
+  EXPECT_EQ(
+      ControlSocketCandidates("/m", 1000, 0, "/run/user/0"),
+      (std::vector<std::string>{"/run/user/1000/accelfs/" + name, "/tmp/accelfs-1000/" + name}));
+  EXPECT_EQ(
+      ControlSocketCandidates("/m", 1000, 1000, "/run/user/1000"),
+      (std::vector<std::string>{"/run/user/1000/accelfs/" + name, "/tmp/accelfs-1000/" + name}));
+  // A runtime dir so long the socket would not fit is skipped.
+  EXPECT_EQ(ControlSocketCandidates("/m", 7, 7, ("/" + std::string(120, 'r')).c_str()).size(), 2u);
+}
+
+TEST(MountUidTest, FromFuseSuperOptions) {
+  EXPECT_EQ(MountUid("rw,user_id=0,group_id=0"), 0u);
+  EXPECT_EQ(MountUid("rw,user_id=1000,group_id=1000,allow_other"), 1000u);
+  EXPECT_EQ(MountUid("user_id=42"), 42u);
+  EXPECT_EQ(MountUid("rw,group_id=0"), std::nullopt);
+  EXPECT_EQ(MountUid("rw,user_id=,group_id=0"), std::nullopt);
+  EXPECT_EQ(MountUid("rw,user_id=12x"), std::nullopt);
+  EXPECT_EQ(MountUid(""), std::nullopt);
+}
+
+TEST(ParseControlRequestTest, GoodRequests) {
+  std::string error;
+  auto r = ParseControlRequest(R"({"op":"stats"})", &error);
+  ASSERT_TRUE(r) << error;
+  EXPECT_EQ(r->op, "stats");
+  EXPECT_TRUE(r->paths.empty());
+  r = ParseControlRequest(R"({"op":"warm","paths":["a/b","c"],"wait":false})", &error);
+  ASSERT_TRUE(r) << error;
+  EXPECT_EQ(r->paths, (std::vector<std::string>{"a/b", "c"}));
+  EXPECT_FALSE(r->wait);
+  r = ParseControlRequest(R"({"op":"files"})", &error);
+  ASSERT_TRUE(r) << error;
+  EXPECT_TRUE(r->wait);
+  // Round trip.
+  ControlRequest request{"evict", {"x", "y/z"}, true};
+  r = ParseControlRequest(ControlRequestToJson(request).dump(), &error);
+  ASSERT_TRUE(r) << error;
+  EXPECT_EQ(r->op, "evict");
+  EXPECT_EQ(r->paths, request.paths);
+}
+
+TEST(ParseControlRequestTest, BadRequestsGetOneLine) {
+  const struct {
+    const char* line;
+    const char* error;
+  } kCases[] = {
+      {"", "a request is one JSON object per line"},
+      {"not json", "a request is one JSON object per line"},
+      {"[1,2]", "a request is one JSON object per line"},
+      {"{}", "the request has no \"op\""},
+      {R"({"op":5})", "the request has no \"op\""},
+      {R"({"op":"format"})", "unknown op 'format'"},
+      {R"({"op":"warm"})", "'warm' needs \"paths\""},
+      {R"({"op":"evict","paths":[]})", "'evict' needs \"paths\""},
+      {R"({"op":"warm","paths":"a"})", "\"paths\" must be an array of at most 4096 strings"},
+      {R"({"op":"warm","paths":[1]})", "\"paths\" must hold path strings"},
+      {R"({"op":"warm","paths":["a\u0000b"]})", "\"paths\" must hold path strings"},
+      {R"({"op":"warm","paths":["a"],"wait":"yes"})", "\"wait\" must be true or false"},
+  };
+  for (const auto& c : kCases) {
+    std::string error;
+    EXPECT_FALSE(ParseControlRequest(c.line, &error)) << c.line;
+    EXPECT_EQ(error, c.error) << c.line;
+  }
+}
+
+TEST(IsControlOpTest, OnlyWarmAndEvictChangeTheCache) {
+  EXPECT_TRUE(IsControlOp("warm"));
+  EXPECT_TRUE(IsControlOp("evict"));
+  EXPECT_FALSE(IsControlOp("stats"));
+  EXPECT_FALSE(IsControlOp("files"));
+  EXPECT_FALSE(IsControlOp("open"));
+}
+
+TEST(MayControlTest, OwnerRootAndTheGroup) {
+  EXPECT_TRUE(MayControl(0, 0, 1000, std::nullopt));
+  EXPECT_TRUE(MayControl(1000, 1000, 1000, std::nullopt));
+  EXPECT_FALSE(MayControl(1001, 1001, 1000, std::nullopt));
+  EXPECT_TRUE(MayControl(1001, 4242, 1000, 4242));  // primary group
+  // nobody (65534) is in no group 4242 (by /etc/group), nor is a uid without a passwd entry.
+  EXPECT_FALSE(MayControl(65534, 65534, 1000, 4242));
+  EXPECT_FALSE(MayControl(123456, 123456, 1000, 4242));
+}
+
+TEST(DaemonStatsToJsonTest, CarriesTheCounters) {
+  DaemonStats s;
+  s.source = "/src";
+  s.mountpoint = "/mnt";
+  s.cache.budget_bytes = 100;
+  s.cache.fetched_bytes = 42;
+  s.open_files = 3;
+  s.passthrough_files = 2;
+  const nlohmann::json j = DaemonStatsToJson(s);
+  EXPECT_EQ(j["source"], "/src");
+  EXPECT_EQ(j["cache"]["budget_bytes"], 100);
+  EXPECT_EQ(j["cache"]["fetched_bytes"], 42);
+  EXPECT_EQ(j["open_files"], 3);
+  EXPECT_EQ(j["passthrough_files"], 2);
+  EXPECT_EQ(ControlError("x").dump(), R"({"error":"x","ok":false})");
+}
+
+}  // namespace
+}  // namespace accelfs

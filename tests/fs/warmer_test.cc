@@ -1,0 +1,260 @@
+// The warmer (fs/warmer.h): path resolution that never leaves SOURCE, loader order, and jobs that
+// bring files into a real BlockCache (RamBlockStore, PreadReader) until they are resident.
+#include "fs/warmer.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "cache/backend/pread_reader.h"
+#include "cache/ram_block_store.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs {
+namespace {
+
+constexpr uint32_t kBlock = 64u << 10;
+
+class WarmerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = dir_ / "src";
+    ASSERT_EQ(mkdir(root_.c_str(), 0755), 0);
+    root_fd_ = open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(root_fd_, 0);
+  }
+  void TearDown() override { close(root_fd_); }
+
+  void Write(const std::string& relative, uint64_t size, uint64_t seed = 1) {
+    const std::filesystem::path path = root_ + "/" + relative;
+    std::filesystem::create_directories(path.parent_path());
+    testing::WriteTestFile(path, size, seed);
+  }
+  std::vector<std::string> Collect(const std::vector<std::string>& paths, std::string* error) {
+    auto files = CollectFiles(root_fd_, paths, error);
+    std::vector<std::string> names;
+    if (files.ok()) {
+      for (const auto& f : *files) names.push_back(f.path);
+    }
+    return names;
+  }
+
+  testing::TempDir dir_{"accelfs-warmer-test"};
+  std::string root_;
+  int root_fd_ = -1;
+};
+
+TEST_F(WarmerTest, OpenBeneathRefusesEveryWayOut) {
+  Write("a/b", 10);
+  ASSERT_EQ(symlink("/etc", (root_ + "/abs").c_str()), 0);
+  ASSERT_EQ(symlink("../..", (root_ + "/a/up").c_str()), 0);
+  ASSERT_EQ(symlink("b", (root_ + "/a/rel").c_str()), 0);
+  for (const char* bad : {"..", "../src", "a/../../src", "/etc", "abs", "abs/passwd", "a/up",
+                          "a/up/x", "/proc/self/cwd"}) {
+    Result<int> fd = OpenBeneath(root_fd_, bad);
+    EXPECT_FALSE(fd.ok()) << bad;
+    if (fd.ok()) {
+      close(*fd);
+    } else {
+      EXPECT_EQ(fd.error().code(), EXDEV) << bad;
+    }
+  }
+  for (const char* good : {"", ".", "a", "a/b", "a/../a/b", "a/rel", "./a//b"}) {
+    Result<int> fd = OpenBeneath(root_fd_, good);
+    EXPECT_TRUE(fd.ok()) << good;
+    if (fd.ok()) close(*fd);
+  }
+  EXPECT_EQ(OpenBeneath(root_fd_, "nope").error().code(), ENOENT);
+}
+
+TEST_F(WarmerTest, CollectsInLoaderOrder) {
+  Write("m/model-00002-of-00003.safetensors", 1);
+  Write("m/model-00001-of-00003.safetensors", 1);
+  Write("m/model-00003-of-00003.safetensors", 1);
+  Write("m/config.json", 1);
+  Write("m/sub/z", 1);
+  Write("m/sub/a", 1);
+  Write("other", 1);
+  ASSERT_EQ(mkfifo((root_ + "/m/fifo").c_str(), 0644), 0);  // never opened, never listed
+  ASSERT_EQ(symlink("../other", (root_ + "/m/link").c_str()), 0);
+  ASSERT_EQ(symlink("/etc/passwd", (root_ + "/m/out").c_str()), 0);  // leaves: skipped
+  ASSERT_EQ(symlink("sub", (root_ + "/m/subdir-link").c_str()), 0);  // a directory: not walked
+  std::string error;
+  EXPECT_EQ(
+      Collect({"m"}, &error),
+      (std::vector<std::string>{"m/config.json", "m/link", "m/model-00001-of-00003.safetensors",
+                                "m/model-00002-of-00003.safetensors",
+                                "m/model-00003-of-00003.safetensors", "m/sub/a", "m/sub/z"}))
+      << error;
+  // Each path in turn; a file named twice (or through a link) counts once.
+  EXPECT_EQ(Collect({"other", "m/sub", "m/link", "m/sub/a"}, &error),
+            (std::vector<std::string>{"other", "m/sub/a", "m/sub/z"}));
+  // The root: m/link is found before "other", which it names (once).
+  EXPECT_EQ(Collect({""}, &error).size(), 7u);
+}
+
+TEST_F(WarmerTest, CollectErrorsNameThePath) {
+  Write("f", 1);
+  ASSERT_EQ(mkfifo((root_ + "/fifo").c_str(), 0644), 0);
+  const struct {
+    const char* path;
+    const char* error;
+  } kCases[] = {
+      {"nope", "'nope': no such file or directory"},
+      {"../x", "'../x': leaves the mount (.. or a symlink outside)"},
+      {"fifo", "'fifo': not a regular file or directory"},
+      {"f/x", "'f/x': Not a directory"},
+  };
+  for (const auto& c : kCases) {
+    std::string error;
+    EXPECT_FALSE(CollectFiles(root_fd_, {"f", c.path}, &error).ok()) << c.path;
+    EXPECT_EQ(error, c.error);
+  }
+}
+
+class WarmerCacheTest : public WarmerTest {
+ protected:
+  void MakeWarmer(uint64_t budget_blocks) {
+    cache_ = std::make_unique<BlockCache>(store_, reader_,
+                                          BlockCache::Options{budget_blocks * kBlock, kBlock});
+    warmer_ = std::make_unique<Warmer>(fcntl(root_fd_, F_DUPFD_CLOEXEC, 0), *cache_,
+                                       WarmerOptions{kBlock, 4, std::chrono::seconds(2)});
+  }
+  uint64_t Resident(const std::string& relative) {
+    std::string error;
+    auto r = warmer_->Residency({relative}, &error);
+    EXPECT_TRUE(r.ok()) << error;
+    uint64_t resident = 0;
+    if (r.ok()) {
+      for (const auto& f : *r) resident += f.resident;
+    }
+    return resident;
+  }
+  void TearDown() override {
+    warmer_.reset();
+    reader_.Stop();
+    cache_.reset();
+    WarmerTest::TearDown();
+  }
+
+  RamBlockStore store_;
+  PreadReader reader_{3};
+  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<Warmer> warmer_;
+};
+
+TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
+  Write("m/a", 5 * kBlock + 123, 1);
+  Write("m/b", 3 * kBlock, 2);
+  Write("m/empty", 0, 3);
+  MakeWarmer(64);
+  std::string error;
+  bool attached = true;
+  auto job = warmer_->Warm({"m"}, &attached, &error);
+  ASSERT_TRUE(job.ok()) << error;
+  EXPECT_FALSE(attached);
+  ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
+  const WarmProgress p = (*job)->Progress();
+  EXPECT_EQ(p.state, "done") << p.error;
+  EXPECT_EQ(p.files_total, 3u);
+  EXPECT_EQ(p.files_done, 3u);
+  EXPECT_EQ(p.bytes_total, 8 * kBlock + 123);
+  EXPECT_EQ(p.bytes_done, p.bytes_total);
+  EXPECT_EQ(p.resident_at_start, 0u);
+  EXPECT_EQ(Resident("m/a"), 5 * kBlock + 123);
+  EXPECT_EQ(Resident("m/b"), 3 * kBlock);
+  EXPECT_EQ(cache_->Stats().fetched_bytes, 8 * kBlock + 123);
+
+  // Again: everything is resident already, nothing is fetched.
+  auto again = warmer_->Warm({"m/a", "m/b"}, &attached, &error);
+  ASSERT_TRUE(again.ok()) << error;
+  ASSERT_TRUE((*again)->WaitFinished(std::chrono::seconds(30)));
+  EXPECT_EQ((*again)->Progress().state, "done");
+  EXPECT_EQ((*again)->Progress().resident_at_start, 8 * kBlock + 123);
+  EXPECT_EQ(cache_->Stats().fetched_bytes, 8 * kBlock + 123);
+
+  uint64_t files = 0;
+  auto dropped = warmer_->Evict({"m/a"}, &files, &error);
+  ASSERT_TRUE(dropped.ok()) << error;
+  EXPECT_EQ(*dropped, 5 * kBlock + 123);
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(Resident("m/a"), 0u);
+  EXPECT_EQ(Resident("m/b"), 3 * kBlock);
+}
+
+TEST_F(WarmerCacheTest, ASetLargerThanTheBudgetIsRefusedWithWhatIsMissing) {
+  Write("big", 20 * kBlock);
+  MakeWarmer(16);
+  std::string error;
+  bool attached = false;
+  auto job = warmer_->Warm({"big"}, &attached, &error);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.error().code(), ENOSPC);
+  EXPECT_EQ(error,
+            "does not fit in the cache: the set needs 1.2 MiB but the cache budget is 1.0 MiB "
+            "(256.0 KiB missing; mount with a larger --cache-size or warm fewer files)");
+  EXPECT_EQ(cache_->Stats().fetched_bytes, 0u);
+}
+
+TEST_F(WarmerCacheTest, NoRoomIsReportedThenFailsInsteadOfHanging) {
+  // The budget is full of prefetched blocks nobody read: a later warm of other data has no room.
+  Write("first", 16 * kBlock, 1);
+  Write("second", 4 * kBlock, 2);
+  MakeWarmer(16);
+  std::string error;
+  bool attached = false;
+  auto first = warmer_->Warm({"first"}, &attached, &error);
+  ASSERT_TRUE(first.ok()) << error;
+  ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
+  ASSERT_EQ((*first)->Progress().state, "done");
+  auto second = warmer_->Warm({"second"}, &attached, &error);
+  ASSERT_TRUE(second.ok()) << error;
+  bool saw_waiting = false;
+  while (!(*second)->WaitFinished(std::chrono::milliseconds(20))) {
+    saw_waiting = saw_waiting || (*second)->Progress().waiting_for_room;
+  }
+  EXPECT_TRUE(saw_waiting);
+  const WarmProgress p = (*second)->Progress();
+  EXPECT_EQ(p.state, "failed");
+  EXPECT_NE(p.error.find("no room in the cache for 2 s"), std::string::npos) << p.error;
+}
+
+TEST_F(WarmerCacheTest, TheSamePathsAttachToTheRunningJob) {
+  Write("m/a", 40 * kBlock, 1);
+  MakeWarmer(64);
+  std::string error;
+  bool attached = false;
+  auto first = warmer_->Warm({"m"}, &attached, &error);
+  ASSERT_TRUE(first.ok()) << error;
+  auto second = warmer_->Warm({"m"}, &attached, &error);
+  ASSERT_TRUE(second.ok()) << error;
+  // Attached while the first is queued or running; a new job once it has finished.
+  if (attached) {
+    EXPECT_EQ(first->get(), second->get());
+  }
+  ASSERT_TRUE((*second)->WaitFinished(std::chrono::seconds(30)));
+  ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
+  EXPECT_EQ((*first)->Progress().state, "done");
+  EXPECT_EQ(Resident("m"), 40 * kBlock);
+}
+
+TEST_F(WarmerCacheTest, StopFailsQueuedAndRunningJobs) {
+  Write("a", 40 * kBlock, 1);
+  Write("b", 4 * kBlock, 2);
+  MakeWarmer(64);
+  std::string error;
+  bool attached = false;
+  auto a = warmer_->Warm({"a"}, &attached, &error);
+  auto b = warmer_->Warm({"b"}, &attached, &error);
+  ASSERT_TRUE(a.ok() && b.ok()) << error;
+  warmer_->Stop();
+  EXPECT_TRUE((*a)->Progress().finished());
+  EXPECT_TRUE((*b)->Progress().finished());
+  EXPECT_EQ(warmer_->Warm({"b"}, &attached, &error).error().code(), ECANCELED);
+}
+
+}  // namespace
+}  // namespace accelfs

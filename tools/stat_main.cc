@@ -1,0 +1,293 @@
+// accelfs-stat [MOUNT]: what accelfs mounts are doing (cache, hit ratio, backend rate, open files),
+// per-file residency (`files`), refreshed like iostat (--watch). Exit 1 when a daemon cannot be
+// reached, 2 on usage errors.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <thread>
+
+#include "fs/config.h"
+#include "tools/cli.h"
+#include "tools/control_client.h"
+#include "tools/progress.h"
+
+namespace accelfs {
+namespace {
+
+constexpr int kResidencyBar = 20;
+constexpr double kDefaultWatchSeconds = 2;
+
+int Fail(const std::string& line) {
+  std::fprintf(stderr, "accelfs-stat: %s\n", line.c_str());
+  return 1;
+}
+
+uint64_t U(const nlohmann::json& j, const char* key) { return j.value(key, uint64_t{0}); }
+
+std::string HitRatio(uint64_t hits, uint64_t misses) {
+  return hits + misses == 0 ? "-" : FormatPercent(hits, hits + misses);
+}
+
+// The mounts to show: MOUNT (any path inside one), or every accelfs mount.
+bool SelectMounts(const std::string& mount, std::vector<AccelfsMount>* out, std::string* error) {
+  const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
+  if (mount.empty()) {
+    *out = mounts;
+    if (out->empty()) *error = "no accelfs mount on this machine";
+    return !out->empty();
+  }
+  auto where = FindPathInMount(mounts, mount, error);
+  if (!where) return false;
+  out->push_back(where->mount);
+  return true;
+}
+
+struct Sample {
+  nlohmann::json stats;
+  nlohmann::json open;
+  std::chrono::steady_clock::time_point at;
+};
+
+std::optional<Sample> Take(const AccelfsMount& mount, bool with_open, std::string* error) {
+  auto client = ControlClient::Connect(mount, error);
+  if (!client) return std::nullopt;
+  auto stats = client->Call({{"op", "stats"}}, error);
+  if (!stats) return std::nullopt;
+  Sample s{(*stats)["stats"], nlohmann::json::array(), std::chrono::steady_clock::now()};
+  if (with_open) {
+    auto open = client->Call({{"op", "open"}}, error);
+    if (!open) return std::nullopt;
+    s.open = (*open)["open"];
+  }
+  return s;
+}
+
+// Backend bytes per second since `previous`, or since the daemon started.
+double BackendRate(const Sample& now, const Sample* previous) {
+  const uint64_t fetched = U(now.stats["cache"], "fetched_bytes");
+  if (previous == nullptr) {
+    const double up = now.stats.value("uptime_s", 0.0);
+    return up > 0 ? static_cast<double>(fetched) / up : 0;
+  }
+  const double dt = std::chrono::duration<double>(now.at - previous->at).count();
+  const uint64_t before = U(previous->stats["cache"], "fetched_bytes");
+  return dt > 0 && fetched >= before ? static_cast<double>(fetched - before) / dt : 0;
+}
+
+void PrintSummary(const Sample& s) {
+  const nlohmann::json& st = s.stats;
+  const nlohmann::json& c = st["cache"];
+  std::printf("%s <- %s\n", st.value("mountpoint", "").c_str(), st.value("source", "").c_str());
+  std::printf("  cache      %s / %s (%s), in %s; passthrough %s\n",
+              FormatBytes(U(c, "used_bytes")).c_str(), FormatBytes(U(c, "budget_bytes")).c_str(),
+              FormatPercent(U(c, "used_bytes"), U(c, "budget_bytes")).c_str(),
+              st.value("store", "").c_str(), st.value("passthrough", false) ? "on" : "off");
+  std::printf("  hits       %s of block reads (%llu hits, %llu misses)\n",
+              HitRatio(U(c, "hits"), U(c, "misses")).c_str(),
+              static_cast<unsigned long long>(U(c, "hits")),
+              static_cast<unsigned long long>(U(c, "misses")));
+  std::printf("  backend    %s read, %s since start (%s up); depth %llu of %llu\n",
+              FormatBytes(U(c, "fetched_bytes")).c_str(),
+              FormatRate(BackendRate(s, nullptr)).c_str(),
+              FormatDuration(st.value("uptime_s", 0.0)).c_str(),
+              static_cast<unsigned long long>(U(st, "depth")),
+              static_cast<unsigned long long>(U(st, "depth_limit")));
+  std::printf(
+      "  in flight  %s (%llu blocks fetching, %llu waiting for room); %llu failed fetches\n",
+      FormatBytes(U(c, "fetching_bytes")).c_str(),
+      static_cast<unsigned long long>(U(c, "fetching_blocks")),
+      static_cast<unsigned long long>(U(c, "queued_blocks")),
+      static_cast<unsigned long long>(U(c, "failed_fetches")));
+  std::printf("  open files %llu (%llu passthrough)\n",
+              static_cast<unsigned long long>(U(st, "open_files")),
+              static_cast<unsigned long long>(U(st, "passthrough_files")));
+  for (const auto& f : s.open) {
+    std::printf("    %-11s %10s  %s\n", f.value("mode", "").c_str(),
+                FormatBytes(U(f, "size")).c_str(), f.value("name", "").c_str());
+  }
+}
+
+void PrintWatchHeader() {
+  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", "time", "mount", "cache used/budget",
+              "hit%", "backend", "in flight", "depth", "open(pt)");
+}
+
+void PrintWatchLine(const Sample& s, const Sample* previous) {
+  const nlohmann::json& st = s.stats;
+  const nlohmann::json& c = st["cache"];
+  uint64_t hits = U(c, "hits");
+  uint64_t misses = U(c, "misses");
+  if (previous != nullptr) {
+    hits -= std::min(hits, U(previous->stats["cache"], "hits"));
+    misses -= std::min(misses, U(previous->stats["cache"], "misses"));
+  }
+  char clock[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(clock, sizeof(clock), "%H:%M:%S", std::localtime(&now));
+  const std::string used =
+      FormatBytes(U(c, "used_bytes")) + "/" + FormatBytes(U(c, "budget_bytes"));
+  const std::string depth =
+      std::to_string(U(st, "depth")) + "/" + std::to_string(U(st, "depth_limit"));
+  const std::string open =
+      std::to_string(U(st, "open_files")) + "(" + std::to_string(U(st, "passthrough_files")) + ")";
+  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock, st.value("mountpoint", "").c_str(),
+              used.c_str(), HitRatio(hits, misses).c_str(),
+              FormatRate(BackendRate(s, previous)).c_str(),
+              FormatBytes(U(c, "fetching_bytes")).c_str(), depth.c_str(), open.c_str());
+}
+
+nlohmann::json SampleJson(const Sample& s, const Sample* previous) {
+  nlohmann::json j = s.stats;
+  j["open"] = s.open;
+  j["backend_bytes_per_s"] = BackendRate(s, previous);
+  return j;
+}
+
+int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
+  int rc = 0;
+  std::map<std::string, Sample> previous;
+  for (int round = 0;; ++round) {
+    nlohmann::json all = nlohmann::json::array();
+    if (watch > 0 && !json && round % 20 == 0) PrintWatchHeader();
+    for (const AccelfsMount& m : mounts) {
+      std::string error;
+      auto s = Take(m, /*with_open=*/watch == 0, &error);
+      if (!s) {
+        Fail(error);
+        rc = 1;
+        continue;
+      }
+      auto it = previous.find(m.mountpoint);
+      const Sample* prev = it == previous.end() ? nullptr : &it->second;
+      if (json) {
+        all.push_back(SampleJson(*s, prev));
+      } else if (watch > 0) {
+        PrintWatchLine(*s, prev);
+      } else {
+        PrintSummary(*s);
+      }
+      previous[m.mountpoint] = std::move(*s);
+    }
+    if (json)
+      std::printf("%s\n", watch > 0 ? nlohmann::json{{"mounts", all}}.dump().c_str()
+                                    : nlohmann::json{{"mounts", all}}.dump(2).c_str());
+    std::fflush(stdout);
+    if (watch <= 0) return rc;
+    std::this_thread::sleep_for(std::chrono::duration<double>(watch));
+  }
+}
+
+int Files(const std::vector<std::string>& args, bool json) {
+  const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
+  std::vector<MountPaths> groups;
+  std::string error;
+  if (args.empty()) {
+    // The working directory when it is in a mount, else every mount's root.
+    if (auto here = LocatePath(mounts, AbsolutePath("."))) {
+      groups.push_back({here->mount, {here->relative}});
+    } else {
+      for (const auto& m : mounts) groups.push_back({m, {""}});
+    }
+    if (groups.empty()) return Fail("no accelfs mount on this machine");
+  } else if (!GroupByMount(mounts, args, &groups, &error)) {
+    return Fail(error);
+  }
+  int rc = 0;
+  nlohmann::json all = nlohmann::json::array();
+  uint64_t total = 0;
+  uint64_t resident = 0;
+  uint64_t count = 0;
+  for (const auto& [mount, relative] : groups) {
+    auto client = ControlClient::Connect(mount, &error);
+    auto reply =
+        client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
+    if (!reply) {
+      Fail(client ? mount.mountpoint + ": " + error : error);
+      rc = 1;
+      continue;
+    }
+    for (auto& f : (*reply)["files"]) {
+      const std::string path = mount.mountpoint + "/" + f.value("path", "");
+      const uint64_t size = U(f, "size");
+      const uint64_t r = U(f, "resident");
+      total += size;
+      resident += r;
+      ++count;
+      if (json) {
+        all.push_back({{"path", path}, {"size", size}, {"resident", r}});
+        continue;
+      }
+      std::printf("%7s %s %10s  %s\n", FormatPercent(r, size).c_str(),
+                  ProgressBar(size == 0 ? 1.0 : static_cast<double>(r) / static_cast<double>(size),
+                              kResidencyBar)
+                      .c_str(),
+                  FormatBytes(size).c_str(), path.c_str());
+    }
+  }
+  if (json) {
+    std::printf(
+        "%s\n",
+        nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}.dump(2).c_str());
+  } else if (rc == 0) {
+    std::printf("%llu files, %s, %s resident (%s)\n", static_cast<unsigned long long>(count),
+                FormatBytes(total).c_str(), FormatPercent(resident, total).c_str(),
+                FormatBytes(resident).c_str());
+  }
+  return rc;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "accelfs-stat: what accelfs mounts are doing. With no MOUNT, every accelfs mount on this\n"
+      "machine. `accelfs-stat files [PATH...]` shows per-file residency.",
+      "accelfs-stat"};
+  std::string mount;
+  bool json = false;
+  std::string watch_text;
+  app.add_option("MOUNT", mount, "An accelfs mountpoint (or any path inside one)");
+  app.add_flag("--json", json, "Machine-readable output");
+  auto* watch_option =
+      app.add_option("--watch", watch_text,
+                     "Refresh every SECONDS (default 2), one line per mount, rates "
+                     "between samples")
+          ->expected(0, 1);
+  std::vector<std::string> file_paths;
+  CLI::App* files = app.add_subcommand("files", "Per-file residency in the cache, like vmtouch");
+  files->add_option("PATH", file_paths,
+                    "Files or directories inside an accelfs mount (default: "
+                    "the working directory's mount, or every mount)");
+  files->add_flag("--json", json, "Machine-readable output");
+  if (auto done = ParseToolArgs(app, argc, argv)) return *done;
+  if (files->parsed()) return Files(file_paths, json);
+  double watch = 0;
+  if (watch_option->count() > 0) {
+    watch = kDefaultWatchSeconds;
+    // `--watch MOUNT`: the option took the mount for its value.
+    if (!watch_text.empty() && mount.empty() && watch_text.find('/') != std::string::npos) {
+      mount = watch_text;
+      watch_text.clear();
+    }
+    if (!watch_text.empty()) {
+      char* end = nullptr;
+      watch = std::strtod(watch_text.c_str(), &end);
+      if (*end != '\0' || !std::isfinite(watch) || watch < 0.1 || watch > 86400) {
+        std::fprintf(stderr, "accelfs-stat: --watch '%s': must be seconds from 0.1 to 86400\n",
+                     watch_text.c_str());
+        return 2;
+      }
+    }
+  }
+  std::vector<AccelfsMount> mounts;
+  std::string error;
+  if (!SelectMounts(mount, &mounts, &error)) return Fail(error);
+  return Summary(mounts, json, watch);
+}
+
+}  // namespace
+}  // namespace accelfs
+
+int main(int argc, char** argv) { return accelfs::Main(argc, argv); }

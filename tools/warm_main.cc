@@ -1,0 +1,210 @@
+// accelfs-warm PATH...: brings files into an accelfs mount's cache before a launch (the daemon
+// fetches them at full backend parallelism), or drops them (--evict). Exit 0 only when everything
+// asked for is resident (or dropped); 1 on any failure, 2 on usage errors.
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "fs/config.h"
+#include "tools/cli.h"
+#include "tools/control_client.h"
+#include "tools/progress.h"
+
+namespace accelfs {
+namespace {
+
+constexpr int kBarWidth = 30;
+// Plain (not a terminal) progress lines are printed at most this often.
+constexpr std::chrono::seconds kPlainEvery{1};
+
+int Fail(const std::string& line) {
+  std::fprintf(stderr, "accelfs-warm: %s\n", line.c_str());
+  return 1;
+}
+
+// Arguments with glob characters the shell left alone (quoted, or no match there) are expanded
+// here; a name that exists as written is taken as it is.
+bool ExpandGlobs(const std::vector<std::string>& args, std::vector<std::string>* out,
+                 std::string* error) {
+  for (const auto& arg : args) {
+    struct stat st {};
+    if (arg.find_first_of("*?[") == std::string::npos || lstat(arg.c_str(), &st) == 0) {
+      out->push_back(arg);
+      continue;
+    }
+    glob_t g{};
+    const int rc = glob(arg.c_str(), 0, nullptr, &g);
+    if (rc == GLOB_NOMATCH) {
+      globfree(&g);
+      *error = "'" + arg + "': no match";
+      return false;
+    }
+    for (size_t i = 0; i < g.gl_pathc; ++i) out->push_back(g.gl_pathv[i]);
+    globfree(&g);
+    if (rc != 0) {
+      *error = "'" + arg + "': cannot expand the pattern";
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Options {
+  bool json = false;
+  bool no_wait = false;
+};
+
+// The files' residency, summed: what "everything asked for is resident" is checked against.
+bool AllResident(ControlClient& client, const std::vector<std::string>& paths, uint64_t* resident,
+                 uint64_t* total, std::string* error) {
+  auto reply = client.Call({{"op", "files"}, {"paths", paths}}, error);
+  if (!reply) return false;
+  *resident = *total = 0;
+  bool all = true;
+  for (const auto& f : (*reply)["files"]) {
+    const uint64_t size = f.value("size", uint64_t{0});
+    const uint64_t r = f.value("resident", uint64_t{0});
+    *resident += r;
+    *total += size;
+    all = all && r == size;
+  }
+  return all;
+}
+
+int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
+  std::string error;
+  auto client = ControlClient::Connect(mount, &error);
+  if (!client) return Fail(error);
+  auto first = client->Call({{"op", "warm"}, {"paths", paths}, {"wait", !options.no_wait}}, &error);
+  if (!first) return Fail(mount.mountpoint + ": " + error);
+  const nlohmann::json& start = (*first)["progress"];
+  if (options.json) std::printf("%s\n", first->dump().c_str());
+  if (options.no_wait) {
+    if (!options.json) {
+      std::printf("%s %d files (%s) into the cache of %s in the background\n",
+                  first->value("attached", false) ? "already warming" : "warming",
+                  start.value("files_total", 0),
+                  FormatBytes(start.value("bytes_total", uint64_t{0})).c_str(),
+                  mount.mountpoint.c_str());
+    }
+    return 0;
+  }
+  const bool tty = !options.json && isatty(STDOUT_FILENO);
+  if (!options.json && first->value("attached", false)) {
+    std::printf("attached to the warm already running on %s\n", mount.mountpoint.c_str());
+  }
+  auto last_plain = std::chrono::steady_clock::now() - kPlainEvery;
+  nlohmann::json last = start;
+  for (;;) {
+    auto message = client->Receive(&error);
+    if (!message) {
+      if (tty) std::printf("\n");
+      return Fail(error);
+    }
+    if (options.json) {
+      std::printf("%s\n", message->dump().c_str());
+      std::fflush(stdout);
+    }
+    if (message->contains("progress")) last = (*message)["progress"];
+    const bool done = message->value("done", false);
+    if (tty) {
+      std::printf("\r%s\033[K", WarmProgressLine(last, kBarWidth).c_str());
+      std::fflush(stdout);
+    } else if (!options.json &&
+               (done || std::chrono::steady_clock::now() - last_plain >= kPlainEvery)) {
+      std::printf("%s\n", WarmProgressLine(last, kBarWidth).c_str());
+      std::fflush(stdout);
+      last_plain = std::chrono::steady_clock::now();
+    }
+    if (!done) continue;
+    if (tty) std::printf("\n");
+    if (!message->value("ok", false)) {
+      return Fail(last.value("error", message->value("error", std::string("the warm failed"))));
+    }
+    break;
+  }
+  uint64_t resident = 0;
+  uint64_t total = 0;
+  if (!AllResident(*client, paths, &resident, &total, &error)) {
+    return Fail(error.empty() ? "only " + FormatPercent(resident, total) + " of " +
+                                    FormatBytes(total) + " is resident (evicted meanwhile?)"
+                              : error);
+  }
+  if (!options.json) {
+    const double elapsed = last.value("elapsed_s", 0.0);
+    const uint64_t fetched = last.value("bytes_done", uint64_t{0}) -
+                             std::min(last.value("bytes_done", uint64_t{0}),
+                                      last.value("resident_at_start", uint64_t{0}));
+    const uint64_t files = last.value("files_total", uint64_t{0});
+    std::printf("warmed %llu file%s (%s; %s fetched in %.1f s, %s): 100%% resident in %s\n",
+                static_cast<unsigned long long>(files), files == 1 ? "" : "s",
+                FormatBytes(total).c_str(), FormatBytes(fetched).c_str(), elapsed,
+                FormatRate(elapsed > 0 ? static_cast<double>(fetched) / elapsed : 0).c_str(),
+                mount.mountpoint.c_str());
+  }
+  return 0;
+}
+
+int Evict(const AccelfsMount& mount, const std::vector<std::string>& paths,
+          const Options& options) {
+  std::string error;
+  auto client = ControlClient::Connect(mount, &error);
+  if (!client) return Fail(error);
+  auto reply = client->Call({{"op", "evict"}, {"paths", paths}}, &error);
+  if (!reply) return Fail(mount.mountpoint + ": " + error);
+  if (options.json) {
+    std::printf("%s\n", reply->dump().c_str());
+  } else {
+    const uint64_t files = reply->value("files", uint64_t{0});
+    std::printf("evicted %llu file%s from the cache of %s (%s were cached)\n",
+                static_cast<unsigned long long>(files), files == 1 ? "" : "s",
+                mount.mountpoint.c_str(),
+                FormatBytes(reply->value("dropped_bytes", uint64_t{0})).c_str());
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "accelfs-warm: bring files of an accelfs mount into its cache (the readiness gate before a\n"
+      "launch), or drop them with --evict. PATHs are files or directories inside the mount; globs\n"
+      "are expanded. Directories go in sorted order, so the shards of a set go in order.\n"
+      "Exit 0 only when everything asked for is resident.",
+      "accelfs-warm"};
+  std::vector<std::string> args;
+  Options options;
+  bool evict = false;
+  bool wait = false;
+  app.add_option("PATH", args, "Files or directories inside an accelfs mount")->required();
+  app.add_flag("--evict", evict, "Drop the paths from the cache instead");
+  app.add_flag("--no-wait", options.no_wait, "Start warming and return at once");
+  app.add_flag(
+      "--wait", wait,
+      "Wait until done (the default); attaches to a warm of the same paths already running");
+  app.add_flag("--json", options.json, "Print the daemon's JSON messages, one per line");
+  if (auto done = ParseToolArgs(app, argc, argv)) return *done;
+  if (wait && options.no_wait) {
+    std::fprintf(stderr, "accelfs-warm: --wait and --no-wait contradict each other\n");
+    return 2;
+  }
+  std::vector<std::string> paths;
+  std::string error;
+  if (!ExpandGlobs(args, &paths, &error)) return Fail(error);
+  std::vector<MountPaths> groups;
+  if (!GroupByMount(ListAccelfsMounts(), paths, &groups, &error)) return Fail(error);
+  int rc = 0;
+  for (const auto& [mount, relative] : groups) {
+    const int r = evict ? Evict(mount, relative, options) : Warm(mount, relative, options);
+    rc = rc != 0 ? rc : r;
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace accelfs
+
+int main(int argc, char** argv) { return accelfs::Main(argc, argv); }

@@ -193,6 +193,7 @@ bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
     }
     for (Entry* e : pinned) {
       ++e->pins;
+      e->unread = false;  // read from now on by the kernel, straight from the store
       lru_.splice(lru_.begin(), lru_, e->lru_pos);
     }
   }

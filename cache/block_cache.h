@@ -94,7 +94,8 @@ class BlockCache {
 
   // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
   // true; otherwise changes nothing. A file passed through to the store's file stays whole while
-  // these Refs live. False for an empty file.
+  // these Refs live. Its blocks count as read (evictable once unpinned), as the kernel reads them
+  // from the store. False for an empty file.
   bool PinFile(const FileKey& file, std::vector<Ref>* refs);
 
   // Forgets every ready block of `file` (a changed file's old identity). Pinned blocks are freed

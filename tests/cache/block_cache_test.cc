@@ -484,6 +484,26 @@ TEST_F(BlockCacheTest, Prefetch) {
   ExpectWithinBudget();
 }
 
+// A warmed file that is then read only through passthrough never sees a Get: pinning it whole
+// counts as reading it, so once closed its blocks can make room for the next prefetch.
+TEST_F(BlockCacheTest, PinningAFileWholeCountsAsReadingIt) {
+  MakeCache(2);
+  const TestFile& a = AddFile("a", 2 * kBlock, 16);
+  const TestFile& b = AddFile("b", kBlock, 17);
+  EXPECT_TRUE(Prefetch(a, 0));
+  EXPECT_TRUE(Prefetch(a, 1));
+  ASSERT_TRUE(backend_.WaitCompleted(2));
+  EXPECT_FALSE(Prefetch(b, 0)) << "unread prefetched blocks are not evicted for more prefetch";
+  {
+    std::vector<BlockCache::Ref> refs;
+    ASSERT_TRUE(cache_->PinFile(a.key, &refs));
+    EXPECT_FALSE(Prefetch(b, 0)) << "pinned while open";
+  }
+  EXPECT_TRUE(Prefetch(b, 0)) << "read through passthrough, closed: evictable";
+  ASSERT_TRUE(backend_.WaitCompleted(3));
+  ExpectWithinBudget();
+}
+
 TEST_F(BlockCacheTest, PrefetchNeverTakesRoomADemandReadWaitsFor) {
   MakeCache(4);
   const TestFile& f = AddFile("a", 10 * kBlock, 16);

@@ -56,6 +56,11 @@ struct Config {
   // default: measured slower on a 2-core machine, where the push's copies compete with the loader.
   bool push = false;
 
+  // --metrics: where to serve Prometheus text format (fs/metrics.h), "ADDR:PORT" with ADDR an IP
+  // literal ("[::1]" for IPv6); empty serves none. A bare PORT means 127.0.0.1:PORT: counters
+  // stay on the machine unless an address is given.
+  std::string metrics_address;
+
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };

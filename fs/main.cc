@@ -2,14 +2,19 @@
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/sinks/systemd_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -21,7 +26,9 @@
 #include "cache/ram_block_store.h"
 #include "cache/shm_block_store.h"
 #include "fs/config.h"
+#include "fs/daemon_stats.h"
 #include "fs/fuse_adapter.h"
+#include "fs/metrics.h"
 #include "fs/mount_checks.h"
 #include "fs/read_through_fs.h"
 
@@ -70,6 +77,22 @@ void ReportReady(int ready_fd) {
   close(ready_fd);
   [[maybe_unused]] int rc = chdir("/");
 }
+
+// --- systemd (issue 5) ----------------------------------------------------------------------------
+// sd_notify does nothing when NOTIFY_SOCKET is unset (not run by a Type=notify unit).
+void NotifySystemd(const std::string& state) { sd_notify(/*unset_environment=*/0, state.c_str()); }
+
+// Whether stderr is the journal: systemd sets JOURNAL_STREAM to "DEV:INODE" of the stream it
+// connected, so a daemon whose stderr was redirected elsewhere keeps logging there.
+bool StderrIsJournal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  struct stat st {};
+  if (stream == nullptr || fstat(STDERR_FILENO, &st) != 0) return false;
+  unsigned long long dev = 0, ino = 0;
+  return std::sscanf(stream, "%llu:%llu", &dev, &ino) == 2 && dev == st.st_dev &&
+         ino == st.st_ino;
+}
+// --- end systemd -----------------------------------------------------------------------------------
 
 int Run(const Config& config) {
   std::string error;
@@ -140,6 +163,38 @@ int Run(const Config& config) {
         [p = pusher.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
     (*fs)->EnablePagePush(pusher.get());
   }
+
+  // --- DaemonStats and --metrics (issue 5) ---------------------------------------------------------
+  // One snapshot of the daemon's counters on request, for /metrics (and the control socket's
+  // stats). What it reads lives until after `metrics`, which goes first once the loop ends.
+  const auto started = std::chrono::steady_clock::now();
+  const StatsSource stats_source = [&] {
+    DaemonStats s;
+    s.source = paths->source;
+    s.mountpoint = paths->mountpoint;
+    s.store = store_in_files ? "private tmpfs" : "anonymous memory";
+    s.passthrough = (*session)->passthrough();
+    s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    s.cache = cache.Stats();
+    s.depth = reader->CurrentDepth();
+    s.depth_limit = config.backend_depth;
+    s.open_files = (*fs)->open_files();
+    s.passthrough_files = (*fs)->passthrough_files();
+    s.pushed_bytes = pusher ? pusher->Stats().pushed_bytes : 0;
+    return s;
+  };
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_address.empty()) {
+    auto server = MetricsServer::Start(config.metrics_address, stats_source);
+    if (!server.ok()) {
+      return Fail("--metrics " + config.metrics_address +
+                  ": cannot listen there (the port is in use, or the address is not this "
+                  "machine's)");
+    }
+    metrics = std::move(server.value());
+  }
+  // --- end DaemonStats and --metrics ---------------------------------------------------------------
+
   if (!(*session)->Mount().ok()) {
     return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
   }
@@ -189,9 +244,12 @@ int Run(const Config& config) {
         prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout, config.entry_timeout,
         session_options.max_background);
     ReportReady(ready_fd);
+    NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);  // systemd
   });
 
   const int rc = (*session)->Loop();
+  NotifySystemd("STOPPING=1");  // systemd
+  metrics.reset();              // no scrape from here on
   spdlog::info("unmounting {}", paths->mountpoint);
   // Finish what the backend has in flight (those READs get their replies), cancel what waits
   // for room, then unmount while the session can still answer.
@@ -224,9 +282,15 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   // A detached daemon logs to syslog too: its stderr goes to /dev/null once the mount is ready.
-  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_sink_mt>()};
-  sinks[0]->set_pattern("accelfs: %l: %v");
-  if (!parsed.config->foreground) {
+  // Under systemd (stderr is the journal) it logs to the journal only, each line at its level.
+  std::vector<spdlog::sink_ptr> sinks;
+  if (accelfs::StderrIsJournal()) {
+    sinks.push_back(std::make_shared<spdlog::sinks::systemd_sink_mt>("accelfs"));
+  } else {
+    sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    sinks[0]->set_pattern("accelfs: %l: %v");
+  }
+  if (!parsed.config->foreground && !accelfs::StderrIsJournal()) {
     sinks.push_back(std::make_shared<spdlog::sinks::syslog_sink_mt>("accelfs", LOG_PID, LOG_DAEMON,
                                                                     /*enable_formatting=*/false));
   }

@@ -9,6 +9,64 @@
 
 namespace accelfs {
 
+namespace {
+
+using prometheus::MetricType;
+
+double D(uint64_t v) { return static_cast<double>(v); }
+
+// Every metric: name, help, type, and its value in a snapshot.
+struct MetricDef {
+  const char* name;
+  const char* help;
+  MetricType type;
+  double (*value)(const DaemonStats&);
+};
+
+constexpr MetricType kGauge = MetricType::Gauge;
+constexpr MetricType kCounter = MetricType::Counter;
+
+const MetricDef kMetrics[] = {
+    {"accelfs_cache_budget_bytes", "Cache budget (--cache-size).", kGauge,
+     [](const DaemonStats& s) { return D(s.cache.budget_bytes); }},
+    {"accelfs_cache_used_bytes", "Bytes of cache blocks held: ready, in flight and pinned.", kGauge,
+     [](const DaemonStats& s) { return D(s.cache.used_bytes); }},
+    {"accelfs_cache_ready_blocks", "Cache blocks holding data.", kGauge,
+     [](const DaemonStats& s) { return D(s.cache.ready_blocks); }},
+    {"accelfs_cache_hits_total", "Block reads answered from the cache.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.hits); }},
+    {"accelfs_cache_misses_total", "Block reads that started or joined a backend fetch.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.misses); }},
+    {"accelfs_cache_hit_bytes_total", "Bytes of the blocks cache hits returned.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.hit_bytes); }},
+    {"accelfs_cache_miss_bytes_total", "Bytes of the blocks cache misses waited for.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.miss_bytes); }},
+    {"accelfs_backend_read_bytes_total", "Bytes read from SOURCE into the cache.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.fetched_bytes); }},
+    {"accelfs_prefetches_total", "Backend fetches started by prefetch.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.prefetches); }},
+    {"accelfs_prefetch_inflight_bytes", "Bytes of backend reads in flight.", kGauge,
+     [](const DaemonStats& s) { return D(s.cache.fetching_bytes); }},
+    {"accelfs_backend_depth", "Backend reads the adaptive depth allows in flight now.", kGauge,
+     [](const DaemonStats& s) { return D(s.depth); }},
+    {"accelfs_backend_depth_limit", "Most backend reads in flight (--backend-depth).", kGauge,
+     [](const DaemonStats& s) { return D(s.depth_limit); }},
+    {"accelfs_open_files", "File handles open on the mount.", kGauge,
+     [](const DaemonStats& s) { return D(s.open_files); }},
+    {"accelfs_passthrough_open_files", "Of them, open in FUSE passthrough mode.", kGauge,
+     [](const DaemonStats& s) { return D(s.passthrough_files); }},
+    {"accelfs_evicted_blocks_total", "Cache blocks evicted to stay within the budget.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.evicted_blocks); }},
+    {"accelfs_failed_fetches_total", "Backend reads that failed.", kCounter,
+     [](const DaemonStats& s) { return D(s.cache.failed_fetches); }},
+    {"accelfs_pushed_bytes_total", "Bytes pushed into the kernel's page cache (--push).", kCounter,
+     [](const DaemonStats& s) { return D(s.pushed_bytes); }},
+    {"accelfs_uptime_seconds", "Seconds since the daemon started.", kGauge,
+     [](const DaemonStats& s) { return s.uptime_s; }},
+};
+
+}  // namespace
+
 // Builds the metric families from one DaemonStats snapshot per scrape.
 class StatsCollectable : public prometheus::Collectable {
  public:
@@ -16,51 +74,13 @@ class StatsCollectable : public prometheus::Collectable {
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     const DaemonStats s = source_();
-    const CacheStats& c = s.cache;
     std::vector<prometheus::MetricFamily> out;
-    auto add = [&](const char* name, const char* help, prometheus::MetricType type, double value) {
+    for (const MetricDef& def : kMetrics) {
       prometheus::ClientMetric metric;
       metric.label = {{"mountpoint", s.mountpoint}};
-      if (type == prometheus::MetricType::Counter) {
-        metric.counter.value = value;
-      } else {
-        metric.gauge.value = value;
-      }
-      out.push_back({name, help, type, {std::move(metric)}});
-    };
-    using T = prometheus::MetricType;
-    auto d = [](uint64_t v) { return static_cast<double>(v); };
-    add("accelfs_cache_budget_bytes", "Cache budget (--cache-size).", T::Gauge, d(c.budget_bytes));
-    add("accelfs_cache_used_bytes", "Bytes of cache blocks held: ready, in flight and pinned.",
-        T::Gauge, d(c.used_bytes));
-    add("accelfs_cache_ready_blocks", "Cache blocks holding data.", T::Gauge, d(c.ready_blocks));
-    add("accelfs_cache_hits_total", "Block reads answered from the cache.", T::Counter, d(c.hits));
-    add("accelfs_cache_misses_total", "Block reads that started or joined a backend fetch.",
-        T::Counter, d(c.misses));
-    add("accelfs_cache_hit_bytes_total", "Bytes of the blocks cache hits returned.", T::Counter,
-        d(c.hit_bytes));
-    add("accelfs_cache_miss_bytes_total", "Bytes of the blocks cache misses waited for.",
-        T::Counter, d(c.miss_bytes));
-    add("accelfs_backend_read_bytes_total", "Bytes read from SOURCE into the cache.", T::Counter,
-        d(c.fetched_bytes));
-    add("accelfs_prefetches_total", "Backend fetches started by prefetch.", T::Counter,
-        d(c.prefetches));
-    add("accelfs_prefetch_inflight_bytes", "Bytes of backend reads in flight.", T::Gauge,
-        d(c.fetching_bytes));
-    add("accelfs_backend_depth", "Backend reads the adaptive depth allows in flight now.",
-        T::Gauge, s.depth);
-    add("accelfs_backend_depth_limit", "Most backend reads in flight (--backend-depth).", T::Gauge,
-        s.depth_limit);
-    add("accelfs_open_files", "File handles open on the mount.", T::Gauge, d(s.open_files));
-    add("accelfs_passthrough_open_files", "Of them, open in FUSE passthrough mode.", T::Gauge,
-        d(s.passthrough_files));
-    add("accelfs_evicted_blocks_total", "Cache blocks evicted to stay within the budget.",
-        T::Counter, d(c.evicted_blocks));
-    add("accelfs_failed_fetches_total", "Backend reads that failed.", T::Counter,
-        d(c.failed_fetches));
-    add("accelfs_pushed_bytes_total", "Bytes pushed into the kernel's page cache (--push).",
-        T::Counter, d(s.pushed_bytes));
-    add("accelfs_uptime_seconds", "Seconds since the daemon started.", T::Gauge, s.uptime_s);
+      (def.type == kCounter ? metric.counter.value : metric.gauge.value) = def.value(s);
+      out.push_back({def.name, def.help, def.type, {std::move(metric)}});
+    }
     return out;
   }
 

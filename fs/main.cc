@@ -78,7 +78,7 @@ void ReportReady(int ready_fd) {
   [[maybe_unused]] int rc = chdir("/");
 }
 
-// --- systemd (issue 5) ----------------------------------------------------------------------------
+// --- systemd (issue 5) ---
 // sd_notify does nothing when NOTIFY_SOCKET is unset (not run by a Type=notify unit).
 void NotifySystemd(const std::string& state) { sd_notify(/*unset_environment=*/0, state.c_str()); }
 
@@ -89,10 +89,9 @@ bool StderrIsJournal() {
   struct stat st {};
   if (stream == nullptr || fstat(STDERR_FILENO, &st) != 0) return false;
   unsigned long long dev = 0, ino = 0;
-  return std::sscanf(stream, "%llu:%llu", &dev, &ino) == 2 && dev == st.st_dev &&
-         ino == st.st_ino;
+  return std::sscanf(stream, "%llu:%llu", &dev, &ino) == 2 && dev == st.st_dev && ino == st.st_ino;
 }
-// --- end systemd -----------------------------------------------------------------------------------
+// --- end systemd ---
 
 int Run(const Config& config) {
   std::string error;
@@ -164,7 +163,7 @@ int Run(const Config& config) {
     (*fs)->EnablePagePush(pusher.get());
   }
 
-  // --- DaemonStats and --metrics (issue 5) ---------------------------------------------------------
+  // --- DaemonStats and --metrics (issue 5) ---
   // One snapshot of the daemon's counters on request, for /metrics (and the control socket's
   // stats). What it reads lives until after `metrics`, which goes first once the loop ends.
   const auto started = std::chrono::steady_clock::now();
@@ -193,7 +192,7 @@ int Run(const Config& config) {
     }
     metrics = std::move(server.value());
   }
-  // --- end DaemonStats and --metrics ---------------------------------------------------------------
+  // --- end DaemonStats and --metrics ---
 
   if (!(*session)->Mount().ok()) {
     return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
@@ -244,7 +243,8 @@ int Run(const Config& config) {
         prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout, config.entry_timeout,
         session_options.max_background);
     ReportReady(ready_fd);
-    NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);  // systemd
+    // systemd: READY only now, when the mount answers and read_ahead_kb is tuned.
+    NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);
   });
 
   const int rc = (*session)->Loop();

@@ -270,9 +270,9 @@ TEST(ParseCommandLineTest, MetricsAddress) {
     ASSERT_TRUE(c) << text;
     EXPECT_EQ(c->metrics_address, want) << text;
   }
-  for (const std::string text : {"0", "65536", "abc", "-1", "9100x", "1.2.3:9100", "::1:9100",
-                                 "[::1]", "host.example:9100", "127.0.0.1:", ":9100", "[zz]:1",
-                                 "127.0.0.1:99999999999999999999"}) {
+  for (const std::string text :
+       {"0", "65536", "abc", "-1", "9100x", "1.2.3:9100", "::1:9100", "[::1]", "host.example:9100",
+        "127.0.0.1:", ":9100", "[zz]:1", "127.0.0.1:99999999999999999999"}) {
     ExpectUsageError({"/src", "/mnt", "--metrics", text}, "--metrics '" + text + "'");
   }
   ExpectUsageError({"/src", "/mnt", "-o", "metrics="}, "metrics needs a value");

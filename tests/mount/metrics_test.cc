@@ -59,7 +59,8 @@ std::string Scrape(int port) {
   EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
   std::string response;
   char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+    response.append(buf, static_cast<size_t>(n));
   close(fd);
   return response;
 }
@@ -113,10 +114,9 @@ TEST_F(MetricsTest, ScrapeCountsTheBytesRead) {
 
 TEST_F(MetricsTest, PortInUseIsOneLineAndNoMount) {
   Listener busy;
-  const CommandResult r =
-      RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M", "-o",
-                  "metrics=127.0.0.1:" + std::to_string(busy.port())},
-                 std::chrono::seconds(20));
+  const CommandResult r = RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M", "-o",
+                                      "metrics=127.0.0.1:" + std::to_string(busy.port())},
+                                     std::chrono::seconds(20));
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

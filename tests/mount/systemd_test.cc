@@ -28,8 +28,8 @@ TEST_F(MountHelperTest, MountTypeFuseAccelfsThroughMountFuse3) {
   // from the PATH; accelfs detaches once the mount is ready.
   const std::string bin_dir = std::filesystem::path(ACCELFS_BINARY).parent_path();
   const CommandResult r = RunCommand(
-      {"env", "PATH=" + bin_dir + ":" + std::getenv("PATH"), "mount", "-t", "fuse.accelfs",
-       source_, mountpoint_, "-o", "cache_size=512M,block_size=1M,log_level=warn,allow_other,nofail"});
+      {"env", "PATH=" + bin_dir + ":" + std::getenv("PATH"), "mount", "-t", "fuse.accelfs", source_,
+       mountpoint_, "-o", "cache_size=512M,block_size=1M,log_level=warn,allow_other,nofail"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
   int error = 0;

@@ -64,8 +64,8 @@ class UnitsTest : public ::testing::Test {
   // systemd-analyze verify UNIT... with our units found first; fails on any complaint about
   // them (verify exits 0 on mere warnings such as an unknown key).
   void ExpectClean(const std::vector<std::string>& units) {
-    std::vector<std::string> argv = {"env", "SYSTEMD_UNIT_PATH=" + units_ + ":",
-                                     "systemd-analyze", "verify", "--man=no"};
+    std::vector<std::string> argv = {"env", "SYSTEMD_UNIT_PATH=" + units_ + ":", "systemd-analyze",
+                                     "verify", "--man=no"};
     argv.insert(argv.end(), units.begin(), units.end());
     const CommandResult r = RunCommand(argv, std::chrono::seconds(60));
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -105,7 +105,8 @@ TEST_F(UnitsTest, ServerDropInPullsInTheMountAndTheWarmUp) {
 }
 
 TEST_F(UnitsTest, ExampleConfigNamesEveryVariableTheUnitsUse) {
-  const std::string conf = ReadText(std::string(ACCELFS_SOURCE_DIR) + "/systemd/accelfs.conf.example");
+  const std::string conf =
+      ReadText(std::string(ACCELFS_SOURCE_DIR) + "/systemd/accelfs.conf.example");
   for (const char* var : {"ACCELFS_SOURCE=", "ACCELFS_MOUNTPOINT=", "ACCELFS_OPTIONS=",
                           "ACCELFS_WARM=", "ACCELFS_WARM_OPTIONS="}) {
     EXPECT_NE(conf.find(std::string("\n") + var), std::string::npos) << var;

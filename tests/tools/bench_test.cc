@@ -63,7 +63,8 @@ class BenchTest : public ::testing::Test {
     EXPECT_FALSE(r.timed_out);
     EXPECT_EQ(r.exit_code, code) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find(phrase), std::string::npos) << "stderr lacks '" << phrase << "': " << r.err;
+    EXPECT_NE(r.err.find(phrase), std::string::npos)
+        << "stderr lacks '" << phrase << "': " << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
 
@@ -150,12 +151,13 @@ TEST_F(BenchTest, CorruptHeaders) {
   const std::string bad = *dir_ / "bad";
   std::filesystem::create_directories(bad);
   const std::vector<std::string> headers = {
-      std::string("\x05\0\0\0\0\0\0\0{\"a\":", 13),               // truncated JSON
-      std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10),      // length past the end
-      std::string("\x02\0\0\0\0\0\0\0[]", 10),                     // not an object
-      std::string("abc", 3),                                       // shorter than the length
+      std::string("\x05\0\0\0\0\0\0\0{\"a\":", 13),           // truncated JSON
+      std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10),  // length past the end
+      std::string("\x02\0\0\0\0\0\0\0[]", 10),                // not an object
+      std::string("abc", 3),                                  // shorter than the length
       std::string("\x40\0\0\0\0\0\0\0{\"t\":{\"dtype\":\"BF16\",\"shape\":[4],"
-                  "\"data_offsets\":[0,999]}}      ", 72),         // tensor past the end
+                  "\"data_offsets\":[0,999]}}      ",
+                  72),  // tensor past the end
   };
   for (const auto& header : headers) {
     std::ofstream(bad + "/model.safetensors", std::ios::binary | std::ios::trunc) << header;
@@ -171,7 +173,8 @@ TEST_F(BenchTest, BadNumbersAndOptions) {
   ExpectOneLineFailure(Bench({Model(), "--dp", "99999999999999999999"}), 2, "--dp");
   ExpectOneLineFailure(Bench({Model(), "--tp", "2", "--dp", "2"}), 2, "excludes");
   ExpectOneLineFailure(Bench({Model(), "--mode", "fast"}), 2, "--mode");
-  ExpectOneLineFailure(Bench({Model(), "--tp", "2", "--mode", "read"}), 2, "--tp needs --mode mmap");
+  ExpectOneLineFailure(Bench({Model(), "--tp", "2", "--mode", "read"}), 2,
+                       "--tp needs --mode mmap");
   ExpectOneLineFailure(Bench({Model(), "--device", "gpu0"}), 2, "expected cpu or cuda:N");
   ExpectOneLineFailure(Bench({Model(), "--bogus"}), 2, "--bogus");
   ExpectOneLineFailure(Bench({}), 2, "MODEL_DIR");

@@ -23,7 +23,7 @@ std::vector<std::string> Shards(const std::vector<std::string>& args);
 
 // What CheckShards found: the tensor bytes of the shards and their largest tensor.
 struct ShardsSummary {
-  uint64_t tensor_bytes = 0;   // sum of every tensor's size, every shard
+  uint64_t tensor_bytes = 0;  // sum of every tensor's size, every shard
   uint64_t largest_tensor = 0;
 };
 

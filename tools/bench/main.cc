@@ -83,7 +83,8 @@ std::optional<std::vector<std::string>> ModelShards(const std::string& dir, std:
 
 std::string Describe(const Options& o, const Report& r) {
   std::string what = o.mode == "read" ? "read() of whole files" : "mmap + copy per tensor";
-  if (r.cuda_device >= 0) what = "mmap + pinned copies to " + o.device + " (" + r.gpu.device_name + ")";
+  if (r.cuda_device >= 0)
+    what = "mmap + pinned copies to " + o.device + " (" + r.gpu.device_name + ")";
   std::string shape = std::to_string(r.processes) + (r.processes == 1 ? " process" : " processes");
   if (o.tp > 0) shape += " (tp: each reads 1/" + std::to_string(o.tp) + " of every tensor)";
   if (o.dp > 0) shape += " (dp: each reads everything)";
@@ -158,8 +159,8 @@ int Run(const Options& o) {
   r.summary = *summary;
   r.cuda_device = *device;
   // Each thread copies into a buffer no larger than the largest tensor (at most kDestBytes).
-  const size_t dest_bytes = static_cast<size_t>(
-      std::clamp<uint64_t>(r.summary.largest_tensor, 4096, kDestBytes));
+  const size_t dest_bytes =
+      static_cast<size_t>(std::clamp<uint64_t>(r.summary.largest_tensor, 4096, kDestBytes));
   if (r.cuda_device >= 0) {
     GpuOptions gpu{r.cuda_device, o.threads, r.summary.tensor_bytes};
     auto figures = LoadToGpu(r.files, gpu, &error);
@@ -204,7 +205,8 @@ int main(int argc, char** argv) {
                  "mmap: map each shard and copy every tensor out in loader order (safetensors, "
                  "default); read: read() whole files, 1 MiB at a time")
       ->check(CLI::IsMember({"mmap", "read"}));
-  app.add_option("--threads", o.threads, "Threads per process, each taking the next shard (default 1)")
+  app.add_option("--threads", o.threads,
+                 "Threads per process, each taking the next shard (default 1)")
       ->check(CLI::Range(1, 1024));
   auto* tp = app.add_option("--tp", o.tp,
                             "N processes (tensor-parallel ranks), each reading 1/N of every tensor")

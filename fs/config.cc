@@ -1,5 +1,7 @@
 #include "fs/config.h"
 
+#include <arpa/inet.h>
+
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -78,6 +80,24 @@ std::optional<uint64_t> ParseCount(const std::string& text) {
     return std::nullopt;
   }
   return std::stoull(text);
+}
+
+// --metrics: PORT, IPv4:PORT, [IPv6]:PORT or localhost:PORT -> "ADDR:PORT" as the Exposer takes
+// it; nullopt when malformed.
+std::optional<std::string> ParseListenAddress(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  std::string host = colon == std::string::npos ? "127.0.0.1" : text.substr(0, colon);
+  const std::string port = colon == std::string::npos ? text : text.substr(colon + 1);
+  const std::optional<uint64_t> number = ParseCount(port);
+  if (!number || *number < 1 || *number > 65535) return std::nullopt;
+  if (host == "localhost") host = "127.0.0.1";
+  unsigned char buf[sizeof(in6_addr)];
+  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
+  if (v6 ? inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) != 1
+         : inet_pton(AF_INET, host.c_str(), buf) != 1) {
+    return std::nullopt;
+  }
+  return host + ":" + std::to_string(*number);
 }
 
 }  // namespace
@@ -166,7 +186,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
       "accelfs"};
   std::string cache_size, block_size, readahead, log_level = config.log_level;
-  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold, cache_dir;
+  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold, cache_dir, metrics;
   std::vector<std::string> option_lists;
   bool version = false;
   // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
@@ -194,6 +214,9 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_option("--entry-timeout", entry_timeout, "Seconds names are cached (default 3600)");
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error, critical or off (default info)");
+  app.add_option("--metrics", metrics,
+                 "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: "
+                 "127.0.0.1:PORT)");
   app.add_option("-o", option_lists,
                  "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
                  "fsname=...) and the options above as key=value (cache_size=64G, ...)")
@@ -248,6 +271,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "stream_threshold") target = &stream_threshold;
       if (key == "cache_dir") target = &cache_dir;
       if (key == "control_group") target = &config.control_group;
+      if (key == "metrics") target = &metrics;
       if (target != nullptr) {
         if (eq == std::string::npos || value.empty())
           return usage_error("option -o " + key + " needs a value");
@@ -338,6 +362,15 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   }
   config.log_level = log_level;
   config.cache_dir = cache_dir;
+  if (!metrics.empty()) {
+    auto address = ParseListenAddress(metrics);
+    if (!address) {
+      return usage_error("--metrics '" + metrics +
+                         "': expected PORT or ADDR:PORT (an IP address, [::1] for IPv6; port "
+                         "1-65535)");
+    }
+    config.metrics_address = *address;
+  }
   config.passthrough = !no_passthrough;
   config.push = push;
   ParseOutcome out;

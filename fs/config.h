@@ -64,6 +64,10 @@ struct Config {
   // --control-group: members of this group (name or number) may use the control socket (mode 0660
   // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.
   std::string control_group;
+  // --metrics: where to serve Prometheus text format (fs/metrics.h), "ADDR:PORT" with ADDR an IP
+  // literal ("[::1]" for IPv6); empty serves none. A bare PORT means 127.0.0.1:PORT: counters
+  // stay on the machine unless an address is given.
+  std::string metrics_address;
 
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <utility>
 
@@ -61,6 +62,17 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache {
   std::atomic<bool> kernel_offers_passthrough{false};  // seen in the INIT request
   std::atomic<bool> passthrough{false};                // agreed in our INIT reply
   std::atomic<uint64_t> read_errors{0};
+  // Set once the kernel has processed our INIT reply (it does so inside the reply's write), or
+  // when the session is being unmounted.
+  std::mutex init_mu;
+  std::condition_variable init_cv;
+  bool init_done = false;       // GUARDED_BY(init_mu)
+  bool init_abandoned = false;  // GUARDED_BY(init_mu)
+  void EndInitWait(bool done) {
+    std::lock_guard lock(init_mu);
+    (done ? init_done : init_abandoned) = true;
+    init_cv.notify_all();
+  }
 };
 
 namespace {
@@ -104,7 +116,7 @@ ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
   auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
   if (tls_init_reply && count == 2 && iov[1].iov_len == sizeof(fuse_abi::InitOut)) {
     tls_init_reply = false;
-    return WritePatched<fuse_abi::InitOut>(fd, iov, [&](fuse_abi::InitOut& out) {
+    const ssize_t n = WritePatched<fuse_abi::InitOut>(fd, iov, [&](fuse_abi::InitOut& out) {
       if (ctx.options.passthrough && ctx.kernel_offers_passthrough) {
         out.flags |= fuse_abi::kInitExt;
         out.flags2 |= fuse_abi::kPassthroughFlags2;
@@ -112,6 +124,8 @@ ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
         ctx.passthrough = true;
       }
     });
+    if (n >= 0) ctx.EndInitWait(/*done=*/true);
+    return n;
   }
   if (tls_backing_id > 0 && count == 2 && iov[1].iov_len == sizeof(fuse_abi::OpenOut)) {
     const int backing_id = std::exchange(tls_backing_id, 0);
@@ -453,7 +467,14 @@ int FuseSession::Loop() {
   return rc < 0 ? -rc : 0;
 }
 
+bool FuseSession::WaitInitialized() {
+  std::unique_lock lock(impl_->init_mu);
+  impl_->init_cv.wait(lock, [&] { return impl_->init_done || impl_->init_abandoned; });
+  return impl_->init_done;
+}
+
 void FuseSession::Unmount() {
+  impl_->EndInitWait(/*done=*/false);
   if (impl_->mounted) {
     fuse_session_unmount(impl_->session);
     impl_->mounted = false;

@@ -36,6 +36,10 @@ class FuseSession {
   // Serves requests on a thread pool until unmounted or signalled. Returns 0 or an errno.
   int Loop();
   void Unmount();
+  // Blocks until the kernel has processed the INIT reply (true: the mount answers requests and its
+  // read_ahead_kb may be tuned) or Unmount was called (false). Unlike a stat of the mount, this
+  // never leaves a thread of the daemon waiting on its own mount, which a SIGKILL could not end.
+  bool WaitInitialized();
   // Whether the kernel agreed to passthrough (known once INIT is done).
   bool passthrough() const;
   // The mount's page cache, for pushing data ahead of readers. Valid while the session lives.

@@ -2,15 +2,19 @@
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/sinks/systemd_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <grp.h>
-#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -23,7 +27,9 @@
 #include "cache/file_block_store.h"
 #include "fs/config.h"
 #include "fs/control_server.h"
+#include "fs/daemon_stats.h"
 #include "fs/fuse_adapter.h"
+#include "fs/metrics.h"
 #include "fs/mount_checks.h"
 #include "fs/read_through_fs.h"
 #include "fs/warmer.h"
@@ -83,6 +89,20 @@ std::optional<gid_t> ResolveGroup(const std::string& name) {
   }
   return std::nullopt;
 }
+// --- systemd (issue 5) ---
+// sd_notify does nothing when NOTIFY_SOCKET is unset (not run by a Type=notify unit).
+void NotifySystemd(const std::string& state) { sd_notify(/*unset_environment=*/0, state.c_str()); }
+
+// Whether stderr is the journal: systemd sets JOURNAL_STREAM to "DEV:INODE" of the stream it
+// connected, so a daemon whose stderr was redirected elsewhere keeps logging there.
+bool StderrIsJournal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  struct stat st {};
+  if (stream == nullptr || fstat(STDERR_FILENO, &st) != 0) return false;
+  unsigned long long dev = 0, ino = 0;
+  return std::sscanf(stream, "%llu:%llu", &dev, &ino) == 2 && dev == st.st_dev && ino == st.st_ino;
+}
+// --- end systemd ---
 
 int Run(const Config& config) {
   std::string error;
@@ -179,21 +199,18 @@ int Run(const Config& config) {
         [p = pusher.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
     (*fs)->EnablePagePush(pusher.get());
   }
-  if (!(*session)->Mount().ok()) {
-    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
-  }
 
-  // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
-  // named after the mountpoint (fs/control_protocol.h). Stopped before the backend and unmount.
-  const auto started_at = std::chrono::steady_clock::now();
-  StatsSource control_stats = [&] {
+  // --- DaemonStats and --metrics (issue 5) ---
+  // One snapshot of the daemon's counters on request, for /metrics (and the control socket's
+  // stats). What it reads lives until after `metrics`, which goes first once the loop ends.
+  const auto started = std::chrono::steady_clock::now();
+  const StatsSource stats_source = [&] {
     DaemonStats s;
     s.source = paths->source;
     s.mountpoint = paths->mountpoint;
-    s.store = store_in_files ? "private tmpfs" : "anonymous memory";
+    s.store = store_name;
     s.passthrough = (*session)->passthrough();
-    s.uptime_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count();
+    s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     s.cache = cache.Stats();
     s.depth = reader->CurrentDepth();
     s.depth_limit = config.backend_depth;
@@ -202,10 +219,28 @@ int Run(const Config& config) {
     s.pushed_bytes = pusher ? pusher->Stats().pushed_bytes : 0;
     return s;
   };
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_address.empty()) {
+    auto server = MetricsServer::Start(config.metrics_address, stats_source);
+    if (!server.ok()) {
+      return Fail("--metrics " + config.metrics_address +
+                  ": cannot listen there (the port is in use, or the address is not this "
+                  "machine's)");
+    }
+    metrics = std::move(server.value());
+  }
+  // --- end DaemonStats and --metrics ---
+
+  if (!(*session)->Mount().ok()) {
+    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
+  }
+
+  // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
+  // named after the mountpoint (fs/control_protocol.h). Stopped before the backend and unmount.
   Warmer warmer(open(paths->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), cache,
                 {config.block_size, config.backend_depth, std::chrono::seconds(60)});
   ControlSources control_sources;
-  control_sources.stats = control_stats;
+  control_sources.stats = stats_source;
   control_sources.open_files = [&] {
     nlohmann::json open = nlohmann::json::array();
     for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
@@ -230,13 +265,11 @@ int Run(const Config& config) {
   // ---- end of the control channel's block
 
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
-  // (INIT lowers it to the max_readahead it offered). A statfs of the mount returns only after
-  // INIT, so the starter waits on one, then tunes, reports and tells the parent we are ready.
+  // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,
+  // reports and tells the parent we are ready. Unmounted first (a signal during start): it just
+  // ends, and the parent sees the daemon exit.
   std::thread starter([&] {
-    struct statvfs st {};
-    if (statvfs(paths->mountpoint.c_str(), &st) != 0) {
-      spdlog::warn("mount check failed: {}", std::strerror(errno));
-    }
+    if (!(*session)->WaitInitialized()) return;
     std::string readahead = "kernel default";
     if (config.readahead_kb > 0) {
       auto mount = FindMount(paths->mountpoint, "fuse.accelfs");
@@ -274,9 +307,13 @@ int Run(const Config& config) {
         prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout, config.entry_timeout,
         session_options.max_background);
     ReportReady(ready_fd);
+    // systemd: READY only now, when the mount answers and read_ahead_kb is tuned.
+    NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);
   });
 
   const int rc = (*session)->Loop();
+  NotifySystemd("STOPPING=1");  // systemd
+  metrics.reset();              // no scrape from here on
   spdlog::info("unmounting {}", paths->mountpoint);
   if (control.ok()) (*control)->Stop();
   warmer.Stop();  // its fetches finish while the backend still runs
@@ -292,7 +329,7 @@ int Run(const Config& config) {
       stats.failed_fetches, reader->CurrentDepth(), FormatBytes(pushed.pushed_bytes));
   pusher.reset();
   cache.Shutdown();
-  (*session)->Unmount();  // also ends a starter still waiting in statfs
+  (*session)->Unmount();  // also ends a starter still waiting for INIT
   starter.join();
   session->reset();
   return rc == 0 ? 0 : 1;
@@ -311,9 +348,15 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   // A detached daemon logs to syslog too: its stderr goes to /dev/null once the mount is ready.
-  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_sink_mt>()};
-  sinks[0]->set_pattern("accelfs: %l: %v");
-  if (!parsed.config->foreground) {
+  // Under systemd (stderr is the journal) it logs to the journal only, each line at its level.
+  std::vector<spdlog::sink_ptr> sinks;
+  if (accelfs::StderrIsJournal()) {
+    sinks.push_back(std::make_shared<spdlog::sinks::systemd_sink_mt>("accelfs"));
+  } else {
+    sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    sinks[0]->set_pattern("accelfs: %l: %v");
+  }
+  if (!parsed.config->foreground && !accelfs::StderrIsJournal()) {
     sinks.push_back(std::make_shared<spdlog::sinks::syslog_sink_mt>("accelfs", LOG_PID, LOG_DAEMON,
                                                                     /*enable_formatting=*/false));
   }

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
-          nlohmann-json3-dev libgtest-dev googletest util-linux)
+          nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
 jobs=$(nproc)
 
 install_missing() {

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/bench/loaders.h"
+#include "tools/bench/loaders.h"
 
 namespace {
 

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/bench/loaders.h"
+#include "tools/bench/loaders.h"
 
 namespace {
 

@@ -265,6 +265,32 @@ TEST(ParseCommandLineTest, BackendDepth) {
   ExpectUsageError({"/src", "/mnt", "-o", "backend_depth"}, "backend_depth needs a value");
 }
 
+TEST(ParseCommandLineTest, MetricsAddress) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->metrics_address, "");  // off by default
+  for (auto [text, want] : {std::pair<std::string, std::string>{"9100", "127.0.0.1:9100"},
+                            {"127.0.0.1:1", "127.0.0.1:1"},
+                            {"localhost:9100", "127.0.0.1:9100"},
+                            {"0.0.0.0:65535", "0.0.0.0:65535"},
+                            {"10.1.2.3:9100", "10.1.2.3:9100"},
+                            {"[::1]:9100", "[::1]:9100"},
+                            {"[::]:80", "[::]:80"}}) {
+    c = ParseOk({"--metrics", text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->metrics_address, want) << text;
+    c = ParseOk({"-o", "allow_other,metrics=" + text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->metrics_address, want) << text;
+  }
+  for (const std::string text :
+       {"0", "65536", "abc", "-1", "9100x", "1.2.3:9100", "::1:9100", "[::1]", "host.example:9100",
+        "127.0.0.1:", ":9100", "[zz]:1", "127.0.0.1:99999999999999999999"}) {
+    ExpectUsageError({"/src", "/mnt", "--metrics", text}, "--metrics '" + text + "'");
+  }
+  ExpectUsageError({"/src", "/mnt", "-o", "metrics="}, "metrics needs a value");
+}
+
 TEST(ParseCommandLineTest, ReadaheadIsKiBWhenBareElseASize) {
   for (auto [text, want] : {std::pair<std::string, uint32_t>{"0", 0},
                             {"128", 128},

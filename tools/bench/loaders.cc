@@ -1,4 +1,4 @@
-#include "tests/bench/loaders.h"
+#include "tools/bench/loaders.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,30 +18,17 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <thread>
 #include <utility>
+
+#include "cache/prefetch/safetensors.h"
 
 namespace accelfs::bench {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// Runs `load_shard(thread, file)` over `files` on `threads` threads, each taking the next shard
-// from a shared counter, and returns the sum of what it returned.
-uint64_t OverShards(const std::vector<std::string>& files, int threads,
-                    const std::function<uint64_t(int, const std::string&)>& load_shard) {
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> total{0};
-  auto worker = [&](int thread) {
-    for (size_t i; (i = next.fetch_add(1)) < files.size();) total += load_shard(thread, files[i]);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& t : pool) t.join();
-  return total;
-}
 
 uint64_t ReadShard(const std::string& f, std::vector<char>& buf) {
   const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
@@ -57,43 +44,35 @@ uint64_t ReadShard(const std::string& f, std::vector<char>& buf) {
   return total;
 }
 
+// The file's header, parsed and validated (no tensor past the end of the file). Reads it with
+// pread so that CheckShards need not map the file.
+Result<SafetensorsLayout> ReadLayout(int fd, uint64_t size) {
+  std::byte first8[8];
+  if (size < 8 || pread(fd, first8, 8, 0) != 8) return Error(EINVAL);
+  const Result<uint64_t> head_bytes = SafetensorsHeaderBytes(first8, size);
+  if (!head_bytes.ok()) return head_bytes.error();
+  std::vector<std::byte> head(head_bytes.value());
+  if (pread(fd, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()))
+    return Error(errno != 0 ? errno : EIO);
+  return ParseSafetensorsHeader(head, size);
+}
+
 uint64_t MmapShard(const std::string& f, std::vector<char>& dest, Slice slice) {
-  const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Die("open " + f + ": " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) Die("stat " + f + ": " + std::strerror(errno));
-  const auto size = static_cast<size_t>(st.st_size);
-  if (size < 8) Die(f + ": not a safetensors file");
-  auto* base = static_cast<const char*>(mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0));
-  if (base == MAP_FAILED) Die("mmap " + f + ": " + std::strerror(errno));
-  close(fd);
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, base, 8);
-  if (header_len > size - 8) Die(f + ": bad safetensors header");
-  const auto header = nlohmann::json::parse(base + 8, base + 8 + header_len);
-  const char* data = base + 8 + header_len;
-  // Tensors in header order, as safetensors' loaders walk them.
-  std::vector<std::pair<uint64_t, uint64_t>> tensors;
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__") continue;
-    tensors.emplace_back(t["data_offsets"][0].get<uint64_t>(),
-                         t["data_offsets"][1].get<uint64_t>());
-  }
+  MappedShard shard;
+  MapShard(f, shard);
   uint64_t total = 0;
   const auto ranks = static_cast<uint64_t>(slice.ranks);
   const auto rank = static_cast<uint64_t>(slice.rank);
-  for (auto [tensor_begin, tensor_end] : tensors) {
-    const uint64_t len = tensor_end - tensor_begin;
-    const uint64_t begin = tensor_begin + rank * len / ranks;
-    const uint64_t end = tensor_begin + (rank + 1) * len / ranks;
-    if (end > size - 8 - header_len) Die(f + ": tensor past the end of the file");
+  for (const TensorExtent& tensor : shard.layout.tensors) {
+    const uint64_t len = tensor.end - tensor.begin;
+    const uint64_t begin = tensor.begin + rank * len / ranks;
+    const uint64_t end = tensor.begin + (rank + 1) * len / ranks;
     for (uint64_t pos = begin; pos < end; pos += dest.size()) {
       const uint64_t n = std::min<uint64_t>(dest.size(), end - pos);
-      std::memcpy(dest.data(), data + pos, n);
+      std::memcpy(dest.data(), shard.base + pos, n);
     }
     total += end - begin;
   }
-  munmap(const_cast<char*>(base), size);
   return total;
 }
 
@@ -110,8 +89,8 @@ void DropPageCache() {
 
 // One child of LoadProcesses: allocate, say ready, wait for the release, stagger, load, report.
 [[noreturn]] void RunChild(const std::vector<std::string>& files, const ProcessOptions& options,
-                           int index, int ready_fd, int go_fd, uint64_t* bytes_out) {
-  auto dest = DestBuffers(options.threads, options.dest_bytes);
+                           int index, int ready_fd, int go_fd, ProcessFigures* out) {
+  auto dest = DestBuffers(options.read ? 0 : options.threads, options.dest_bytes);
   const char byte = 1;
   if (write(ready_fd, &byte, 1) != 1) Die("ready pipe: " + std::string(std::strerror(errno)));
   close(ready_fd);
@@ -119,10 +98,12 @@ void DropPageCache() {
   while (read(go_fd, &ignored, 1) < 0 && errno == EINTR) {
   }
   close(go_fd);
+  const auto start = Clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(index * options.stagger_ms));
   if (options.drop_caches && index > 0) DropPageCache();
   const Slice slice = options.slice ? Slice{index, options.processes} : Slice{};
-  *bytes_out = LoadMmap(files, dest, slice);
+  out->bytes = options.read ? LoadRead(files, options.threads) : LoadMmap(files, dest, slice);
+  out->seconds = std::chrono::duration<double>(Clock::now() - start).count();
   _exit(0);
 }
 
@@ -130,7 +111,73 @@ void DropPageCache() {
 
 void Die(const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, what.c_str());
-  std::exit(1);
+  std::fflush(nullptr);
+  _exit(1);
+}
+
+MappedShard::~MappedShard() {
+  if (base != nullptr) munmap(const_cast<char*>(base), size);
+}
+
+void MapShard(const std::string& f, MappedShard& shard) {
+  const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die("open " + f + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) Die("stat " + f + ": " + std::strerror(errno));
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size < 8) Die(f + ": not a safetensors file");
+  void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) Die("mmap " + f + ": " + std::strerror(errno));
+  close(fd);
+  shard.base = static_cast<const char*>(base);
+  shard.size = size;
+  const Result<uint64_t> head_bytes =
+      SafetensorsHeaderBytes(std::as_bytes(std::span(shard.base, 8)), size);
+  if (!head_bytes.ok()) Die(f + ": bad safetensors header: " + head_bytes.error().Message());
+  Result<SafetensorsLayout> layout =
+      ParseSafetensorsHeader(std::as_bytes(std::span(shard.base, head_bytes.value())), size);
+  if (!layout.ok()) Die(f + ": bad safetensors header: " + layout.error().Message());
+  shard.layout = std::move(layout.value());
+}
+
+std::optional<ShardsSummary> CheckShards(const std::vector<std::string>& files,
+                                         std::string* error) {
+  ShardsSummary summary;
+  for (const auto& f : files) {
+    const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      *error = f + ": " + std::strerror(errno);
+      if (fd >= 0) close(fd);
+      return std::nullopt;
+    }
+    const Result<SafetensorsLayout> layout =
+        S_ISREG(st.st_mode) ? ReadLayout(fd, static_cast<uint64_t>(st.st_size)) : Error(EINVAL);
+    close(fd);
+    if (!layout.ok()) {
+      *error = f + ": not a valid safetensors file (header: " + layout.error().Message() + ")";
+      return std::nullopt;
+    }
+    for (const TensorExtent& t : layout.value().tensors) {
+      summary.tensor_bytes += t.end - t.begin;
+      summary.largest_tensor = std::max(summary.largest_tensor, t.end - t.begin);
+    }
+  }
+  return summary;
+}
+
+uint64_t OverShards(const std::vector<std::string>& files, int threads,
+                    const std::function<uint64_t(int, const std::string&)>& load_shard) {
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> total{0};
+  auto worker = [&](int thread) {
+    for (size_t i; (i = next.fetch_add(1)) < files.size();) total += load_shard(thread, files[i]);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+  worker(0);
+  for (auto& t : pool) t.join();
+  return total;
 }
 
 std::vector<std::string> Shards(const std::vector<std::string>& args) {
@@ -170,13 +217,13 @@ uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<std::vector
 }
 
 uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptions& options,
-                       double& seconds) {
+                       double& seconds, std::vector<ProcessFigures>* figures) {
   const auto n = static_cast<size_t>(options.processes);
-  // Each child writes its byte count here; the mapping is shared across fork.
-  void* shared = mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+  // Each child writes its figures here; the mapping is shared across fork.
+  void* shared = mmap(nullptr, n * sizeof(ProcessFigures), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) Die("mmap: " + std::string(std::strerror(errno)));
-  auto* bytes = static_cast<uint64_t*>(shared);
+  auto* per_process = static_cast<ProcessFigures*>(shared);
   // ready: each child writes one byte once its buffers are touched, then closes its end, so a
   // child that dies early shows as EOF. go: the parent closes its write end to release them all.
   int ready[2], go[2];
@@ -190,7 +237,7 @@ uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptio
     if (pid == 0) {
       close(ready[0]);
       close(go[1]);
-      RunChild(files, options, i, ready[1], go[0], &bytes[i]);
+      RunChild(files, options, i, ready[1], go[0], &per_process[i]);
     }
     children.push_back(pid);
   }
@@ -216,8 +263,9 @@ uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptio
   seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (failed) Die("a loader process failed");
   uint64_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += bytes[i];
-  munmap(shared, n * sizeof(uint64_t));
+  for (size_t i = 0; i < n; ++i) total += per_process[i].bytes;
+  if (figures != nullptr) figures->assign(per_process, per_process + n);
+  munmap(shared, n * sizeof(ProcessFigures));
   return total;
 }
 

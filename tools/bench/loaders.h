@@ -1,18 +1,56 @@
-// The loaders accelfs_loader times, shaped like real model servers (DESIGN.md §1), and the
-// synthetic model generator. Every loader returns the bytes it read; a failure prints one line and
-// exits the process (these are benchmark tools, not library code).
+// The loaders accelfs-bench and the benchmark suite's accelfs_loader time, shaped like real model
+// servers (DESIGN.md §1), and the synthetic model generator. Every loader returns the bytes it
+// read; a failure prints one line and exits the process (these are benchmark tools, not library
+// code). Check the shards with CheckShards before timing them, so that bad input is reported
+// before any thread or process starts.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cache/prefetch/safetensors.h"
+
 namespace accelfs::bench {
 
+// Prints "<program>: <what>" on stderr and exits 1 at once (_exit: safe from any thread).
 [[noreturn]] void Die(const std::string& what);
 
 // The shards named by `args`: a directory stands for its *.safetensors files in sorted order.
 std::vector<std::string> Shards(const std::vector<std::string>& args);
+
+// What CheckShards found: the tensor bytes of the shards and their largest tensor.
+struct ShardsSummary {
+  uint64_t tensor_bytes = 0;  // sum of every tensor's size, every shard
+  uint64_t largest_tensor = 0;
+};
+
+// Reads and validates every shard's safetensors header (cache/prefetch/safetensors.h: malformed,
+// hostile or truncated headers are refused). nullopt and one line in `error` naming the file when
+// one is missing, unreadable or not a valid safetensors file.
+std::optional<ShardsSummary> CheckShards(const std::vector<std::string>& files, std::string* error);
+
+// Runs `load_shard(thread, file)` over `files` on `threads` threads, each taking the next shard
+// from a shared counter, and returns the sum of what it returned.
+uint64_t OverShards(const std::vector<std::string>& files, int threads,
+                    const std::function<uint64_t(int, const std::string&)>& load_shard);
+
+// One shard mapped (PROT_READ, MAP_SHARED) and its header parsed from the mapping, as safetensors'
+// loaders do; layout.tensors are in the order loaders take them (by name, as
+// safe_open(...).keys() returns them). Unmapped on destruction. MapShard dies on any error.
+struct MappedShard {
+  const char* base = nullptr;
+  size_t size = 0;
+  SafetensorsLayout layout;
+
+  MappedShard() = default;
+  MappedShard(const MappedShard&) = delete;
+  MappedShard& operator=(const MappedShard&) = delete;
+  ~MappedShard();
+};
+void MapShard(const std::string& file, MappedShard& shard);
 
 // Which part of every tensor a loader copies: rank r of n takes the contiguous byte range
 // [begin + r*len/n, begin + (r+1)*len/n) of each tensor, as a tensor-parallel rank does. {0, 1}
@@ -47,13 +85,21 @@ struct ProcessOptions {
   // Processes 1..n-1 drop the kernel's page cache (root) after their stagger, before loading.
   bool drop_caches = false;
   size_t dest_bytes = kDestBytes;  // each thread's destination buffer
+  bool read = false;  // read() whole files (LoadRead) instead of the mmap loader; needs !slice
 };
 
-// Forks `processes` children that each run the mmap loader over every shard, releases them at
-// once (after each allocated its buffers) and waits for the last one. Returns the bytes all of
-// them copied; `seconds` gets the wall time from the release to the last exit.
+// What one process of LoadProcesses did: its bytes and the time from the release to its end.
+struct ProcessFigures {
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Forks `processes` children that each run the mmap loader (or LoadRead with `read`) over every
+// shard, releases them at once (after each allocated its buffers) and waits for the last one.
+// Returns the bytes all of them copied; `seconds` gets the wall time from the release to the last
+// exit, `figures` (when given) each process's own.
 uint64_t LoadProcesses(const std::vector<std::string>& files, const ProcessOptions& options,
-                       double& seconds);
+                       double& seconds, std::vector<ProcessFigures>* figures = nullptr);
 
 // Tensor sizes the generator draws from.
 enum class TensorMix {

@@ -1,0 +1,41 @@
+// --metrics: the daemon's counters in Prometheus text format, served over HTTP by prometheus-cpp's
+// Exposer (its own threads). Each scrape of /metrics calls the StatsSource once; nothing is
+// counted or locked on the read path for it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cache/result.h"
+#include "fs/daemon_stats.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace accelfs {
+
+class StatsCollectable;
+
+class MetricsServer {
+ public:
+  // Listens on `address` ("127.0.0.1:9100", "[::1]:9100", "0.0.0.0:9100"; Config validated it)
+  // and serves GET /metrics from `source`. Error(EADDRINUSE) when the address cannot be bound
+  // (in use, or not an address of this machine).
+  // REQUIRES: everything `source` touches outlives the server (destroy the server first).
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& address,
+                                                      StatsSource source);
+  ~MetricsServer();  // stops serving; no scrape runs once it returns
+
+  // The port bound (the one asked for, or the one the kernel chose for port 0).
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+
+  std::shared_ptr<StatsCollectable> collectable_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace accelfs

@@ -54,7 +54,7 @@ if [[ ! -f $src/.complete ]]; then
   "$loader" gen "$src" --shards "$shards" --shard-size "$(numfmt --from=iec "$shard_size")" --tensor-mix mixed >/dev/null
   touch "$src/.complete"
 fi
-model_bytes=$(find "$src" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {print s}')
+model_bytes=$(find "$src" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}')
 mapfile -t files < <(find "$src" -name '*.safetensors' -printf '%f\n' | sort)
 
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }

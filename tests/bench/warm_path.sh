@@ -54,7 +54,7 @@ if [[ ! -f $src/.complete ]]; then
   "$loader" gen "$src" --shards "$shards" --shard-size "$(numfmt --from=iec "$shard_size")" --tensor-mix mixed >/dev/null
   touch "$src/.complete"
 fi
-model_bytes=$(find "$src" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}')
+model_bytes=$(find "$src" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}')
 mapfile -t files < <(find "$src" -name '*.safetensors' -printf '%f\n' | sort)
 
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
@@ -62,8 +62,8 @@ drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # machine's AnonPages: other processes' memory would count.
 resident() {
   local anon=0
-  [[ -n ${1:-} ]] && anon=$(awk '/^RssAnon:/ {print $2 * 1024}' "/proc/$1/status")
-  echo $(( $(awk '/^Cached:/ {print $2 * 1024}' /proc/meminfo) + anon ))
+  [[ -n ${1:-} ]] && anon=$(awk '/^RssAnon:/ {printf "%.0f\n", $2 * 1024}' "/proc/$1/status")
+  echo $(( $(awk '/^Cached:/ {printf "%.0f\n", $2 * 1024}' /proc/meminfo) + anon ))
 }
 # load MODE DIR: prints the loader's GB/s.
 load() {

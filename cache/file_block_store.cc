@@ -162,6 +162,7 @@ void FileBlockStore::LoadStored() {
     unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
     unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
   };
+  std::vector<std::string> kept;  // stems in use, sorted as `names` is
   for (const std::string& name : names) {
     if (!EndsWith(name, kMapSuffix)) continue;
     const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
@@ -177,12 +178,16 @@ void FileBlockStore::LoadStored() {
     const FileKey key{header.dev, header.ino, header.size, header.mtime_ns};
     const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     struct stat st {};
+    struct stat map_st {};
     const uint64_t blocks = BlockCount(key.size, block_size_);
-    std::vector<uint8_t> present(blocks);
-    if (StoredName(key) != stem || fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        static_cast<uint64_t>(st.st_size) != key.size ||
-        pread(map_fd, present.data(), blocks, sizeof(RecordHeader)) !=
-            static_cast<ssize_t>(blocks)) {
+    // The sizes are checked before the record is read, so a hostile header costs no memory.
+    bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+              static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
+              static_cast<uint64_t>(map_st.st_size) == sizeof(RecordHeader) + blocks;
+    std::vector<uint8_t> present(ok ? blocks : 0);
+    ok = ok && pread(map_fd, present.data(), blocks, sizeof(RecordHeader)) ==
+                   static_cast<ssize_t>(blocks);
+    if (!ok) {
       close(map_fd);
       if (fd >= 0) close(fd);
       remove(stem);
@@ -203,6 +208,13 @@ void FileBlockStore::LoadStored() {
       continue;
     }
     files_[key] = File{fd, map_fd, 0};
+    kept.push_back(stem);
+  }
+  // Data whose record is gone (a daemon killed while removing a file's two names).
+  for (const std::string& name : names) {
+    if (!EndsWith(name, kDataSuffix)) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(kDataSuffix));
+    if (!std::binary_search(kept.begin(), kept.end(), stem)) unlinkat(root_fd_, name.c_str(), 0);
   }
 }
 

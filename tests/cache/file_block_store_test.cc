@@ -307,9 +307,22 @@ TEST_P(DirStoreTest, BlocksOfAnotherBlockSizeOrBrokenRecordsAreRemoved) {
     ASSERT_TRUE(store);
     store->Retain({kFile, 0}, Put(*store, kFile, 0));
   }
-  // A record that does not parse, and one whose data file is missing.
-  for (const char* name : {"1-2-3-4.map", "5-6-7-8.map"}) {
+  // A record that does not parse, one whose data file is missing, data without a record, and a
+  // record whose header claims an absurd size (it must cost no memory).
+  for (const char* name : {"1-2-3-4.map", "5-6-7-8.map", "9-a-b-c.data"}) {
     std::ofstream(dir_->path() + "/" + name) << "not a record";
+  }
+  {
+    const FileKey huge{1, 1, uint64_t{1} << 62, 1};
+    char header[64] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '1'};
+    const uint32_t block_size = 2 * kBlock;  // the size the store below opens with
+    std::memcpy(header + 8, &block_size, 4);
+    std::memcpy(header + 16, &huge.dev, 8);
+    std::memcpy(header + 24, &huge.ino, 8);
+    std::memcpy(header + 32, &huge.size, 8);
+    std::memcpy(header + 40, &huge.mtime_ns, 8);
+    std::ofstream(dir_->path() + "/" + StoredName(huge) + ".map").write(header, sizeof(header));
+    std::ofstream(dir_->path() + "/" + StoredName(huge) + ".data") << "x";
   }
   {
     auto store = Open(2 * kBlock);

@@ -34,11 +34,10 @@ BlockCache::~BlockCache() {
 BlockCache::Adopted BlockCache::AdoptStored() {
   Adopted adopted;
   for (const StoredBlock& stored : store_.TakeStored()) {
-    const uint64_t offset = stored.key.index * options_.block_size;
     const size_t capacity = store_.CapacityFor(stored.bytes);
-    bool take = stored.key.file.size > offset &&
-                stored.bytes == std::min<uint64_t>(options_.block_size,
-                                                   stored.key.file.size - offset);
+    bool take = stored.bytes != 0 && stored.bytes == BlockBytes(stored.key.index,
+                                                                stored.key.file.size,
+                                                                options_.block_size);
     {
       std::lock_guard lock(mu_);
       take = take && map_.count(stored.key) == 0 && used_ + capacity <= options_.budget_bytes;

@@ -158,10 +158,6 @@ void FileBlockStore::LoadStored() {
   closedir(dir);
   std::sort(names.begin(), names.end());  // a stable order: files by identity
 
-  const auto remove = [this](const std::string& stem) {
-    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
-    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
-  };
   std::vector<std::string> kept;  // stems in use, sorted as `names` is
   for (const std::string& name : names) {
     if (!EndsWith(name, kMapSuffix)) continue;
@@ -172,7 +168,7 @@ void FileBlockStore::LoadStored() {
         std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 ||
         header.block_size != block_size_) {
       if (map_fd >= 0) close(map_fd);
-      remove(stem);  // unreadable, or blocks of another size: nothing in it can be used
+      RemoveFiles(stem);  // unreadable, or blocks of another size: nothing in it can be used
       continue;
     }
     const FileKey key{header.dev, header.ino, header.size, header.mtime_ns};
@@ -190,21 +186,19 @@ void FileBlockStore::LoadStored() {
     if (!ok) {
       close(map_fd);
       if (fd >= 0) close(fd);
-      remove(stem);
+      RemoveFiles(stem);
       continue;
     }
     size_t found = 0;
     for (uint64_t i = 0; i < blocks; ++i) {
       if (present[i] != 1) continue;
-      const uint64_t offset = i * block_size_;
-      stored_.push_back({{key, i}, static_cast<uint32_t>(std::min<uint64_t>(block_size_,
-                                                                            key.size - offset))});
+      stored_.push_back({{key, i}, BlockBytes(i, key.size, block_size_)});
       ++found;
     }
     if (found == 0) {
       close(map_fd);
       close(fd);
-      remove(stem);
+      RemoveFiles(stem);
       continue;
     }
     files_[key] = File{fd, map_fd, 0};
@@ -216,6 +210,12 @@ void FileBlockStore::LoadStored() {
     const std::string stem = name.substr(0, name.size() - std::strlen(kDataSuffix));
     if (!std::binary_search(kept.begin(), kept.end(), stem)) unlinkat(root_fd_, name.c_str(), 0);
   }
+}
+
+void FileBlockStore::RemoveFiles(const std::string& stem) const {
+  // The record first: data without its record is removed at the next start.
+  unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
+  unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
 }
 
 std::vector<StoredBlock> FileBlockStore::TakeStored() {
@@ -257,8 +257,7 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
     if (file->fd >= 0) close(file->fd);
     if (file->map_fd >= 0) close(file->map_fd);
     file->fd = file->map_fd = -1;
-    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
-    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
+    RemoveFiles(stem);
     return Error(err);
   }
   return Status();
@@ -325,9 +324,7 @@ void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
         std::find(present.begin(), present.end(), 1) != present.end()) {
       return;
     }
-    const std::string stem = StoredName(key);
-    unlinkat(root_fd_, (stem + kMapSuffix).c_str(), 0);
-    unlinkat(root_fd_, (stem + kDataSuffix).c_str(), 0);
+    RemoveFiles(StoredName(key));
     close(file.map_fd);
   }
   if (file.base != nullptr) munmap(file.base, file.length);

@@ -80,6 +80,8 @@ class FileBlockStore final : public BlockStore {
   // When no block of `file` is allocated or recorded any more, closes it and removes its files.
   // REQUIRES: mu_ held.
   void CloseIfUnused(const FileKey& key, File& file);
+  // Removes the cache-directory files named `stem` (StoredName): the record, then the data.
+  void RemoveFiles(const std::string& stem) const;
   // Scans the directory (OpenDir).
   void LoadStored();
 

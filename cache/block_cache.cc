@@ -35,16 +35,16 @@ BlockCache::Adopted BlockCache::AdoptStored() {
   Adopted adopted;
   for (const StoredBlock& stored : store_.TakeStored()) {
     const size_t capacity = store_.CapacityFor(stored.bytes);
-    bool take = stored.bytes != 0 && stored.bytes == BlockBytes(stored.key.index,
-                                                                stored.key.file.size,
-                                                                options_.block_size);
+    bool take =
+        stored.bytes != 0 &&
+        stored.bytes == BlockBytes(stored.key.index, stored.key.file.size, options_.block_size);
     {
       std::lock_guard lock(mu_);
       take = take && map_.count(stored.key) == 0 && used_ + capacity <= options_.budget_bytes;
       if (take) used_ += capacity;  // reserved while the buffer is mapped outside the lock
     }
-    Result<BlockBuffer> buffer = take ? store_.Allocate(stored.key, stored.bytes)
-                                      : Result<BlockBuffer>(Error(ENOSPC));
+    Result<BlockBuffer> buffer =
+        take ? store_.Allocate(stored.key, stored.bytes) : Result<BlockBuffer>(Error(ENOSPC));
     if (!buffer.ok()) {
       if (take) {
         std::lock_guard lock(mu_);
@@ -104,7 +104,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
       if (e->state == State::kReady) {
         ++stats_.hits;
         stats_.hit_bytes += e->expected;
-        ++e->pins;
+        PinLocked(e, 1);
         lru_.splice(lru_.begin(), lru_, e->lru_pos);
         hit = e;
       } else {
@@ -164,7 +164,7 @@ std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
   Entry* e = it->second.get();
   if (e->state != State::kReady || !e->unread) return std::nullopt;
   e->unread = false;
-  ++e->pins;
+  PinLocked(e, 1);
   return Ref(this, e);
 }
 
@@ -191,7 +191,7 @@ bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
       pinned.push_back(it->second.get());
     }
     for (Entry* e : pinned) {
-      ++e->pins;
+      PinLocked(e, 1);
       e->unread = false;  // read from now on by the kernel, straight from the store
       lru_.splice(lru_.begin(), lru_, e->lru_pos);
     }
@@ -244,6 +244,7 @@ CacheStats BlockCache::Stats() const {
   std::lock_guard lock(mu_);
   CacheStats s = stats_;
   s.used_bytes = used_;
+  s.pinned_bytes = pinned_bytes_;
   s.ready_blocks = lru_.size();
   s.fetching_blocks = fetching_;
   s.fetching_bytes = fetching_bytes_;
@@ -342,7 +343,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
     prefetched.swap(entry->prefetched);
     if (ok) {
       entry->state = State::kReady;
-      entry->pins += static_cast<int>(waiters.size());
+      PinLocked(entry, static_cast<int>(waiters.size()));
       lru_.push_front(entry);
       entry->lru_pos = lru_.begin();
       stats_.fetched_bytes += entry->expected;
@@ -367,12 +368,19 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   if (prefetched) prefetched();
 }
 
+void BlockCache::PinLocked(Entry* entry, int n) {
+  if (n == 0) return;
+  if (entry->pins == 0) pinned_bytes_ += entry->charged;
+  entry->pins += n;
+}
+
 void BlockCache::Unpin(Entry* entry) {
   std::vector<Fetch> fetches;
   Freed freed;
   {
     std::lock_guard lock(mu_);
-    if (--entry->pins == 0 && entry->zombie) {
+    if (--entry->pins == 0) pinned_bytes_ -= entry->charged;
+    if (entry->pins == 0 && entry->zombie) {
       freed.emplace_back(entry->key, entry->buffer);
       used_ -= entry->charged;
       auto it = std::find_if(zombies_.begin(), zombies_.end(),

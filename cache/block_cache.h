@@ -29,18 +29,19 @@ namespace accelfs {
 
 struct CacheStats {
   uint64_t budget_bytes = 0;
-  uint64_t used_bytes = 0;  // buffers held: ready, in flight and pinned-but-dropped blocks
+  uint64_t used_bytes = 0;    // buffers held: ready, in flight and pinned-but-dropped blocks
+  uint64_t pinned_bytes = 0;  // of them, blocks held by a Ref (replied from, passed through)
   uint64_t ready_blocks = 0;
   uint64_t fetching_blocks = 0;
   uint64_t queued_blocks = 0;
   // Counters for the tools (issue 5). They are updated under the lock the cache takes anyway, so
   // they add no lock to the read path; Stats() copies them under it.
-  uint64_t hits = 0;           // Get calls answered from a ready block
-  uint64_t misses = 0;         // Get calls that started or joined a fetch
-  uint64_t hit_bytes = 0;      // bytes of the blocks those hits returned
-  uint64_t miss_bytes = 0;     // bytes of the blocks those misses waited for
+  uint64_t hits = 0;            // Get calls answered from a ready block
+  uint64_t misses = 0;          // Get calls that started or joined a fetch
+  uint64_t hit_bytes = 0;       // bytes of the blocks those hits returned
+  uint64_t miss_bytes = 0;      // bytes of the blocks those misses waited for
   uint64_t fetching_bytes = 0;  // bytes of backend reads in flight
-  uint64_t fetched_bytes = 0;  // bytes read from the backend into the cache
+  uint64_t fetched_bytes = 0;   // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
   uint64_t prefetches = 0;  // fetches started by Prefetch
@@ -180,6 +181,8 @@ class BlockCache {
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
   void Complete(Entry* entry, Result<size_t> read);
+  // Adds `n` pins to a ready entry (counting its bytes as pinned on the first). REQUIRES: mu_ held.
+  void PinLocked(Entry* entry, int n);
   void Unpin(Entry* entry);
   void ReleaseAll(std::vector<std::pair<BlockKey, BlockBuffer>>& freed);
 
@@ -196,6 +199,7 @@ class BlockCache {
   uint64_t used_ = 0;                            // GUARDED_BY(mu_)
   uint64_t fetching_ = 0;                        // GUARDED_BY(mu_)
   uint64_t fetching_bytes_ = 0;                  // GUARDED_BY(mu_)
+  uint64_t pinned_bytes_ = 0;                    // GUARDED_BY(mu_)
   CacheStats stats_;                             // GUARDED_BY(mu_) counters only
 };
 

@@ -57,6 +57,8 @@ class BlockStore {
   // directly (FUSE passthrough) while every block is present and pinned; -1 when this store keeps
   // no such file. Owned by the store; valid while any block of `file` is allocated.
   virtual int FileDescriptor(const FileKey& file) const = 0;
+  // Whether FileDescriptor answers for files whose blocks are allocated (a store of files).
+  virtual bool KeepsFiles() const = 0;
 };
 
 // Budget charge for `bytes` of block memory: whole 2 MiB huge pages for big buffers (a partly used

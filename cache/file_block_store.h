@@ -54,6 +54,7 @@ class FileBlockStore final : public BlockStore {
   void Discard(const BlockKey& key) override;
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
+  bool KeepsFiles() const override { return true; }
 
   // Writes this process's pid into the cache directory's lock file, for the error a second daemon
   // gets (OpenDir does; call again in a child that inherited the lock across fork).

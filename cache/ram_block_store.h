@@ -14,6 +14,7 @@ class RamBlockStore final : public BlockStore {
   void Release(const BlockKey& key, BlockBuffer buffer) override;
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey&) const override { return -1; }
+  bool KeepsFiles() const override { return false; }
 };
 
 // Maps `bytes` (a multiple of 4096) at a 2 MiB-aligned address, so that huge pages can back it:

@@ -224,6 +224,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   bool no_passthrough = false;
   app.add_flag("--no-passthrough", no_passthrough,
                "Serve fully cached files through the daemon too (no FUSE passthrough)");
+  bool no_fill_on_open = false;
+  app.add_flag("--no-fill-on-open", no_fill_on_open,
+               "Answer the open of a large uncached file at once and stream it in while it is "
+               "read (default: the open waits until the file is cached, then the kernel reads "
+               "it from the cache in passthrough mode)");
   bool push = false;
   app.add_flag("--push", push,
                "Push streamed data into the kernel's page cache ahead of the reader (off: on the "
@@ -280,6 +285,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
         config.foreground = true;
       } else if (key == "no_passthrough") {
         no_passthrough = true;
+      } else if (key == "no_fill_on_open") {
+        no_fill_on_open = true;
       } else if (key == "push") {
         push = true;
       } else if (IsFuseOption(opt)) {
@@ -372,6 +379,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     config.metrics_address = *address;
   }
   config.passthrough = !no_passthrough;
+  config.fill_on_open = !no_fill_on_open;
   config.push = push;
   ParseOutcome out;
   out.config = std::move(config);

@@ -154,6 +154,7 @@ nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
       {"cache",
        {{"budget_bytes", c.budget_bytes},
         {"used_bytes", c.used_bytes},
+        {"pinned_bytes", c.pinned_bytes},
         {"ready_blocks", c.ready_blocks},
         {"fetching_blocks", c.fetching_blocks},
         {"queued_blocks", c.queued_blocks},
@@ -170,6 +171,7 @@ nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
       {"depth_limit", s.depth_limit},
       {"open_files", s.open_files},
       {"passthrough_files", s.passthrough_files},
+      {"filling_opens", s.filling_opens},
       {"pushed_bytes", s.pushed_bytes},
   };
 }

@@ -22,6 +22,7 @@ struct DaemonStats {
   uint32_t depth_limit = 0;  // --backend-depth
   uint64_t open_files = 0;         // file handles open (cached or passthrough)
   uint64_t passthrough_files = 0;  // of them, open in passthrough mode
+  uint64_t filling_opens = 0;      // opens waiting for their file to be cached (fill on open)
   uint64_t pushed_bytes = 0;       // bytes written into the kernel page cache (--push)
 };
 

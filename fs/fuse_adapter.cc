@@ -234,26 +234,30 @@ void OnListXattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  Result<OpenOut> out = ctx.fs.Open(ino, fi->flags);
-  if (!out.ok()) return ReplyErr(req, out.error());
-  fi->fh = out->fh;
-  fi->keep_cache = out->keep_cache && out->backing_id == 0;
-  fi->noflush = 1;
-  tls_backing_id = out->backing_id;  // IoWritev marks the reply FOPEN_PASSTHROUGH
-  spdlog::debug("open of inode {}: {}", ino,
-                out->backing_id > 0
-                    ? "passthrough, backing id " + std::to_string(out->backing_id)
-                    : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
-  if (out->changed) {
-    // The backing file changed since the last open: the kernel's cached size and mtime are stale.
-    // (Its pages are dropped by opening without keep_cache.) Safe inside OPEN: with a negative
-    // offset the kernel only invalidates attributes and takes no page locks.
-    spdlog::info("backing file of inode {} changed since its last open; dropping cached data", ino);
-    fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
-  }
-  const int rc = fuse_reply_open(req, fi);
-  tls_backing_id = 0;
-  if (rc == -ENOENT) ctx.fs.Release(out->fh);  // interrupted open
+  // Answered now or, for a file filled before it is opened, from the thread that completed its
+  // last block: libfuse's file info lives on this stack frame, so the answer works on a copy.
+  ctx.fs.Open(ino, fi->flags, [req, ino, &ctx, info = *fi](Result<OpenOut> out) mutable {
+    if (!out.ok()) return ReplyErr(req, out.error());
+    info.fh = out->fh;
+    info.keep_cache = out->keep_cache && out->backing_id == 0;
+    info.noflush = 1;
+    spdlog::debug("open of inode {}: {}", ino,
+                  out->backing_id > 0
+                      ? "passthrough, backing id " + std::to_string(out->backing_id)
+                      : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
+    if (out->changed) {
+      // The backing file changed since the last open: the kernel's cached size and mtime are
+      // stale. (Its pages are dropped by opening without keep_cache.) Safe inside OPEN: with a
+      // negative offset the kernel only invalidates attributes and takes no page locks.
+      spdlog::info("backing file of inode {} changed since its last open; dropping cached data",
+                   ino);
+      fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
+    }
+    tls_backing_id = out->backing_id;  // IoWritev marks the reply FOPEN_PASSTHROUGH
+    const int rc = fuse_reply_open(req, &info);
+    tls_backing_id = 0;
+    if (rc == -ENOENT) ctx.fs.Release(out->fh);  // interrupted open
+  });
 }
 
 void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {

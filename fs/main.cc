@@ -22,9 +22,9 @@
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
 #include "cache/block_cache.h"
+#include "cache/file_block_store.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/ram_block_store.h"
-#include "cache/file_block_store.h"
 #include "fs/config.h"
 #include "fs/control_server.h"
 #include "fs/daemon_stats.h"
@@ -145,7 +145,8 @@ int Run(const Config& config) {
   const int ready_fd = config.foreground ? -1 : Detach();
   if (!config.foreground && ready_fd < 0)
     return Fail(std::string("cannot detach: ") + std::strerror(errno));
-  if (cache_dir_store != nullptr) cache_dir_store->NoteOwner();  // the daemon's pid, not the caller's
+  if (cache_dir_store != nullptr)
+    cache_dir_store->NoteOwner();  // the daemon's pid, not the caller's
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
   if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true); uring.ok()) {
@@ -173,8 +174,11 @@ int Run(const Config& config) {
   prefetch.limits.max_in_flight = config.backend_depth;
   prefetch.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
   Prefetcher prefetcher(cache, prefetch);
-  auto fs = ReadThroughFs::Create(paths->source, cache,
-                                  {config.block_size, config.readahead_blocks}, &prefetcher);
+  FsOptions fs_options;
+  fs_options.block_size = config.block_size;
+  fs_options.readahead_blocks = config.readahead_blocks;
+  fs_options.fill_on_open = config.fill_on_open;
+  auto fs = ReadThroughFs::Create(paths->source, cache, fs_options, &prefetcher);
   if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
 
   SessionOptions session_options;
@@ -216,6 +220,7 @@ int Run(const Config& config) {
     s.depth_limit = config.backend_depth;
     s.open_files = (*fs)->open_files();
     s.passthrough_files = (*fs)->passthrough_files();
+    s.filling_opens = (*fs)->filling_opens();
     s.pushed_bytes = pusher ? pusher->Stats().pushed_bytes : 0;
     return s;
   };
@@ -287,12 +292,15 @@ int Run(const Config& config) {
         "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
         "read_ahead {}",
         paths->source, paths->mountpoint, FormatBytes(config.cache_size), config.cache_size_origin,
-        store_name, FormatBytes(config.block_size),
-        backend, config.backend_depth, readahead);
+        store_name, FormatBytes(config.block_size), backend, config.backend_depth, readahead);
     if ((*session)->passthrough()) {
       spdlog::info(
           "passthrough on: fully cached files are read by the kernel from the cache, "
-          "without the daemon");
+          "without the daemon{}",
+          config.fill_on_open && config.stream_threshold > 0
+              ? fmt::format("; opens of uncached files from {} wait until they are cached",
+                            FormatBytes(config.stream_threshold))
+              : "");
     } else {
       spdlog::info("passthrough off ({}): every read goes through the daemon",
                    !config.passthrough            ? "--no-passthrough"
@@ -304,8 +312,8 @@ int Run(const Config& config) {
         "flight, {}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, "
         "max_background {}",
         config.readahead_blocks, FormatBytes(config.stream_threshold), prefetch.limits.ahead,
-        prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout, config.entry_timeout,
-        session_options.max_background);
+        prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout,
+        config.entry_timeout, session_options.max_background);
     ReportReady(ready_fd);
     // systemd: READY only now, when the mount answers and read_ahead_kb is tuned.
     NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);

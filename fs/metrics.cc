@@ -55,6 +55,8 @@ const MetricDef kMetrics[] = {
      [](const DaemonStats& s) { return D(s.open_files); }},
     {"accelfs_passthrough_open_files", "Of them, open in FUSE passthrough mode.", kGauge,
      [](const DaemonStats& s) { return D(s.passthrough_files); }},
+    {"accelfs_filling_opens", "Opens waiting for their file to be cached (fill on open).", kGauge,
+     [](const DaemonStats& s) { return D(s.filling_opens); }},
     {"accelfs_evicted_blocks_total", "Cache blocks evicted to stay within the budget.", kCounter,
      [](const DaemonStats& s) { return D(s.cache.evicted_blocks); }},
     {"accelfs_failed_fetches_total", "Backend reads that failed.", kCounter,

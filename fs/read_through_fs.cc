@@ -10,6 +10,8 @@
 #include <climits>
 #include <mutex>
 
+#include <spdlog/spdlog.h>
+
 #include "cache/block.h"
 #include "cache/readahead.h"
 
@@ -26,6 +28,16 @@ struct ReadThroughFs::Handle {
   ReadaheadState readahead;  // GUARDED_BY(mu)
 };
 
+// An open waiting for its whole file to be cached (FsOptions::fill_on_open).
+struct ReadThroughFs::Fill {
+  std::unique_ptr<Handle> handle;
+  OpenDone done;
+  std::chrono::steady_clock::time_point started;
+  int rounds = 0;                   // only the thread ending a round touches it
+  std::atomic<uint64_t> left{0};    // answers outstanding in this round, plus one
+  std::atomic<bool> failed{false};  // a backend read failed: no second round
+};
+
 struct ReadThroughFs::DirHandle {
   std::vector<DirEntry> entries;  // snapshot taken at opendir; offsets index into it
   uint64_t ino = 0;
@@ -36,6 +48,10 @@ namespace {
 // How long an open of a changed file waits for the RELEASE of the passthrough handles of its old
 // contents: the kernel sends RELEASE after close() returns, in the background, within milliseconds.
 constexpr std::chrono::seconds kReleaseWait{1};
+
+// Fill on open: rounds of Gets of the whole file before the open is answered. A second round
+// fetches what others' reads evicted during the first.
+constexpr int kFillRounds = 2;
 
 // One READ that spans one or more blocks; replies once every block has answered.
 struct PendingRead {
@@ -196,39 +212,133 @@ Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
   return ReadSized([&](char* buf, size_t size) { return listxattr(path.c_str(), buf, size); });
 }
 
-Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
-  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0) return Error(EROFS);
+void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0) {
+    return done(Error(EROFS));
+  }
   auto inode = Find(ino);
-  if (!inode.ok()) return inode.error();
-  if (S_ISDIR((*inode)->mode)) return Error(EISDIR);
+  if (!inode.ok()) return done(inode.error());
+  if (S_ISDIR((*inode)->mode)) return done(Error(EISDIR));
   const std::string path = FdPath((*inode)->fd);
   struct stat st {};
   Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
-  if (!file.ok()) return file.error();
+  if (!file.ok()) return done(file.error());
   auto handle = std::make_unique<Handle>();
   handle->file = std::move(file.value());
   // No links left: the backing file was deleted or replaced (a new file renamed over it) since the
   // kernel looked its name up, and the kernel trusts that name for entry_timeout. ESTALE makes the
   // kernel walk the path again with LOOKUP_REVAL, so the open reaches what the name means now.
-  if (st.st_nlink == 0) return Error(ESTALE);
+  if (st.st_nlink == 0) return done(Error(ESTALE));
   handle->identity = FileKeyFromStat(st);
-
   handle->inode = *inode;
   handle->ino = ino;
+  if (!WantsFill(*handle)) {
+    return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
+  }
 
+  // Fill on open. The next shard of a set streams in behind this file's fetches (the backend
+  // serves demand reads first), so it is on its way while the loader reads this one.
+  {
+    auto [dir, name] = PlaceOf(*handle->inode);
+    if (dir && name.ends_with(".safetensors")) shard_opener_->StartNextAfter(dir, name);
+  }
+  auto fill = std::make_shared<Fill>();
+  fill->handle = std::move(handle);
+  fill->done = std::move(done);
+  fill->started = std::chrono::steady_clock::now();
+  filling_opens_.fetch_add(1, std::memory_order_relaxed);
+  RunFill(fill);
+}
+
+bool ReadThroughFs::WantsFill(const Handle& handle) const {
+  if (!options_.fill_on_open || registry_ == nullptr || !registry_->Enabled() ||
+      prefetcher_ == nullptr || !cache_.store().KeepsFiles() ||
+      !prefetcher_->Streams(handle.identity)) {
+    return false;
+  }
+  // It must fit in the budget with room to spare for what other readers need meanwhile.
+  const uint64_t blocks = BlockCount(handle.identity.size, options_.block_size);
+  if (blocks * cache_.store().CapacityFor(options_.block_size) > cache_.Stats().budget_bytes) {
+    return false;
+  }
+  {
+    // A handle of the inode open in cached mode keeps it out of passthrough mode anyway, and so
+    // do passthrough handles of the file's old contents (the kernel binds one backing file to an
+    // inode).
+    std::lock_guard lock(handle.inode->mu);
+    const Inode& node = *handle.inode;
+    if (node.cached_opens > 0) return false;
+    if (node.passthrough_opens > 0 && node.passthrough_identity != handle.identity) return false;
+  }
+  return cache_.ResidentBytes(handle.identity) < handle.identity.size;
+}
+
+void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
+  const FileKey identity = fill->handle->identity;
+  const uint64_t blocks = BlockCount(identity.size, options_.block_size);
+  ++fill->rounds;
+  // One more than the blocks: this loop's own count, so that answers arriving during the loop
+  // (cached blocks answer at once) cannot end the round before every Get was made.
+  fill->left.store(blocks + 1, std::memory_order_relaxed);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
+    // budget pinned by others) must not hold room that those others wait for. The Ref given to
+    // the callback unpins as it returns.
+    cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
+               fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
+                 if (!block.ok()) fill->failed.store(true, std::memory_order_relaxed);
+                 if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
+               });
+  }
+  if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
+}
+
+void ReadThroughFs::FillRoundDone(const std::shared_ptr<Fill>& fill) {
+  const FileKey identity = fill->handle->identity;
+  // Blocks fetched in this round can have been evicted before its end by others' reads (a small
+  // cache still pinned by the previous file, whose RELEASE the kernel sends just after this
+  // OPEN). Fetch them again once, when the file fits beside what is pinned now.
+  if (!fill->failed.load(std::memory_order_relaxed) && fill->rounds < kFillRounds &&
+      cache_.ResidentBytes(identity) < identity.size) {
+    const CacheStats stats = cache_.Stats();
+    const uint64_t need = BlockCount(identity.size, options_.block_size) *
+                          cache_.store().CapacityFor(options_.block_size);
+    if (stats.pinned_bytes + need <= stats.budget_bytes) return RunFill(fill);
+  }
+  filling_opens_.fetch_sub(1, std::memory_order_relaxed);
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - fill->started);
+  spdlog::debug("open of inode {} waited {} ms for {} bytes to be cached ({} round{}{})",
+                fill->handle->ino, waited.count(), identity.size, fill->rounds,
+                fill->rounds == 1 ? "" : "s",
+                fill->failed.load(std::memory_order_relaxed) ? ", a backend read failed" : "");
+  FinishOpen(std::move(fill->handle), /*next_started=*/true, fill->done, /*may_wait=*/false);
+}
+
+std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& inode) {
+  std::lock_guard lock(inode.mu);
+  return {inode.parent, inode.name};
+}
+
+void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started,
+                               const OpenDone& done, bool may_wait) {
+  const uint64_t ino = handle->ino;
   OpenOut out;
   std::shared_ptr<Inode> dir;  // where the kernel first found the file, and its name there
   std::string name;
   {
-    Inode& node = **inode;
+    Inode& node = *handle->inode;
     std::unique_lock lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
     if (node.passthrough_opens > 0 && node.passthrough_identity != handle->identity) {
       // The file changed while open in passthrough mode: the kernel takes one backing file per
       // inode, so the new contents can be served only once the old handles are closed. The kernel
-      // sends RELEASE asynchronously, so a handle closed just now may still count: wait a little.
-      node.passthrough_closed.wait_for(lock, kReleaseWait,
-                                       [&] { return node.passthrough_opens == 0; });
-      if (node.passthrough_opens > 0) return Error(EBUSY);
+      // sends RELEASE asynchronously, so a handle closed just now may still count: wait a little
+      // (not on the backend's thread, after a fill: its fetches took longer than that).
+      if (may_wait) {
+        node.passthrough_closed.wait_for(lock, kReleaseWait,
+                                         [&] { return node.passthrough_opens == 0; });
+      }
+      if (node.passthrough_opens > 0) return done(Error(EBUSY));
     }
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
@@ -270,7 +380,7 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     if (handle->backing_id == 0) prefetcher_->OnOpen(handle->identity, handle->file, safetensors);
     // The shard a loader opens after this one streams in once this one's stream is done, or at
     // once when this one is already cached (passed through).
-    if (safetensors && dir) {
+    if (safetensors && dir && !next_started) {
       if (handle->backing_id > 0) {
         shard_opener_->StartNextAfter(dir, name);
       } else {
@@ -286,7 +396,7 @@ Result<OpenOut> ReadThroughFs::Open(uint64_t ino, int flags) {
     handles_.emplace(out.fh, std::move(handle));
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
-  return out;
+  done(out);
 }
 
 void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done) {

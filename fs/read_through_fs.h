@@ -29,6 +29,12 @@ namespace accelfs {
 struct FsOptions {
   uint32_t block_size = 4 << 20;
   uint32_t readahead_blocks = 4;  // daemon read-ahead window of a sequential handle, in blocks
+  // Fill on open: an open of a large file (one the prefetcher streams) that fits in the cache,
+  // where passthrough is possible, is answered only once the whole file is cached, in passthrough
+  // mode. The loader then reads the cache's own pages (one copy in RAM, no daemon on its read
+  // path) instead of a second copy the daemon writes into the mount's page cache while the file
+  // streams in. Off: such an open is answered at once in cached mode and the file streams in.
+  bool fill_on_open = true;
 };
 
 struct EntryOut {
@@ -109,7 +115,10 @@ class ReadThroughFs {
   // page cache. REQUIRES: pusher outlives this; called before the first Open.
   void EnablePagePush(PagePusher* pusher) { pusher_ = pusher; }
 
-  Result<OpenOut> Open(uint64_t ino, int flags);
+  // Answers through `done`: at once, or (fill on open, see FsOptions) once the file is cached,
+  // on the thread that completed its last block. Never blocks on the backend.
+  using OpenDone = std::function<void(Result<OpenOut>)>;
+  void Open(uint64_t ino, int flags, OpenDone done);
   // Answers through `done`; never blocks on the backend.
   void Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done);
   void Release(uint64_t fh);
@@ -123,14 +132,30 @@ class ReadThroughFs {
   size_t inode_count() const { return inodes_.size(); }
   size_t open_files() const { return open_files_.load(std::memory_order_relaxed); }
   size_t passthrough_files() const { return passthrough_files_.load(std::memory_order_relaxed); }
+  // Opens waiting for their file to be cached (fill on open).
+  size_t filling_opens() const { return filling_opens_.load(std::memory_order_relaxed); }
   // One entry per open file handle.
   std::vector<OpenFileInfo> OpenFiles();
 
  private:
   struct Handle;
   struct DirHandle;
+  struct Fill;
 
   Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
+  // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill_on_open).
+  bool WantsFill(const Handle& handle) const;
+  // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
+  void RunFill(const std::shared_ptr<Fill>& fill);
+  void FillRoundDone(const std::shared_ptr<Fill>& fill);
+  // Decides the handle's mode (passthrough when the file is whole in the cache and no handle of
+  // the inode is open in cached mode), starts its stream in cached mode, registers the handle and
+  // answers. `next_started`: the next shard of its set was already asked for (by a fill).
+  // `may_wait`: the thread may wait a little for the RELEASE of a changed file's old handles.
+  void FinishOpen(std::unique_ptr<Handle> handle, bool next_started, const OpenDone& done,
+                  bool may_wait);
+  // The directory the kernel first found `inode` in, and the name there.
+  static std::pair<std::shared_ptr<Inode>, std::string> PlaceOf(Inode& inode);
 
   BlockCache& cache_;
   const FsOptions options_;
@@ -141,6 +166,7 @@ class ReadThroughFs {
   PagePusher* pusher_ = nullptr;
   std::atomic<size_t> open_files_{0};
   std::atomic<size_t> passthrough_files_{0};
+  std::atomic<size_t> filling_opens_{0};
   // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the
   // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just
   // before SIGTERM) never arrives. Lock order: handles_mu_ is a leaf.

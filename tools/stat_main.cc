@@ -102,9 +102,14 @@ void PrintSummary(const Sample& s) {
       static_cast<unsigned long long>(U(c, "fetching_blocks")),
       static_cast<unsigned long long>(U(c, "queued_blocks")),
       static_cast<unsigned long long>(U(c, "failed_fetches")));
-  std::printf("  open files %llu (%llu passthrough)\n",
+  std::printf("  open files %llu (%llu passthrough)",
               static_cast<unsigned long long>(U(st, "open_files")),
               static_cast<unsigned long long>(U(st, "passthrough_files")));
+  if (const uint64_t filling = U(st, "filling_opens"); filling > 0) {
+    std::printf("; %llu open%s waiting for the file to be cached",
+                static_cast<unsigned long long>(filling), filling == 1 ? "" : "s");
+  }
+  std::printf("\n");
   for (const auto& f : s.open) {
     std::printf("    %-11s %10s  %s\n", f.value("mode", "").c_str(),
                 FormatBytes(U(f, "size")).c_str(), f.value("name", "").c_str());

@@ -15,6 +15,7 @@
 #include "cache/ram_block_store.h"
 #include "fs/read_through_fs.h"
 #include "tests/support/awaited.h"
+#include "tests/support/open_sync.h"
 #include "tests/support/fake_backend.h"
 #include "tests/support/test_data.h"
 
@@ -50,7 +51,7 @@ class ReadFaultsTest : public ::testing::Test {
     fs_ = std::move(fs.value());
     Result<EntryOut> e = fs_->Lookup(1, "f");
     ASSERT_TRUE(e.ok());
-    Result<OpenOut> o = fs_->Open(e->ino, O_RDONLY);
+    Result<OpenOut> o = testing::OpenSync(*fs_, e->ino, O_RDONLY);
     ASSERT_TRUE(o.ok());
     fh_ = o->fh;
   }

@@ -24,6 +24,7 @@
 #include "cache/block_cache.h"
 #include "cache/ram_block_store.h"
 #include "tests/support/awaited.h"
+#include "tests/support/open_sync.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
 #include "tests/support/test_data.h"
@@ -96,7 +97,7 @@ class ReadThroughFsTest : public ::testing::Test {
   }
 
   uint64_t OpenOk(uint64_t ino, OpenOut* out = nullptr) {
-    Result<OpenOut> o = fs_->Open(ino, O_RDONLY);
+    Result<OpenOut> o = testing::OpenSync(*fs_, ino, O_RDONLY);
     EXPECT_TRUE(o.ok()) << (o.ok() ? "" : o.error().Message());
     if (!o.ok()) return 0;
     if (out != nullptr) *out = o.value();
@@ -421,11 +422,11 @@ TEST_F(ReadThroughFsTest, OpenIsReadOnly) {
   const uint64_t ino = LookupOk("one");
   for (int flags :
        {O_WRONLY, O_RDWR, O_RDONLY | O_TRUNC, O_RDONLY | O_CREAT, O_WRONLY | O_APPEND}) {
-    Result<OpenOut> o = fs_->Open(ino, flags);
+    Result<OpenOut> o = testing::OpenSync(*fs_, ino, flags);
     ASSERT_FALSE(o.ok()) << "flags " << flags;
     EXPECT_EQ(o.error().code(), EROFS) << "flags " << flags;
   }
-  Result<OpenOut> dir = fs_->Open(LookupOk("sub"), O_RDONLY);
+  Result<OpenOut> dir = testing::OpenSync(*fs_, LookupOk("sub"), O_RDONLY);
   ASSERT_FALSE(dir.ok());
   EXPECT_EQ(dir.error().code(), EISDIR);
   EXPECT_EQ(fs_->open_files(), 0u);
@@ -503,7 +504,7 @@ TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCache) {
   ASSERT_TRUE(fs.ok());
   Result<EntryOut> big = (*fs)->Lookup(kRoot, "big");
   ASSERT_TRUE(big.ok());
-  Result<OpenOut> open = (*fs)->Open(big->ino, O_RDONLY);
+  Result<OpenOut> open = testing::OpenSync(**fs, big->ino, O_RDONLY);
   ASSERT_TRUE(open.ok());
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed=" + std::to_string(seed));
@@ -600,7 +601,7 @@ TEST_F(ReadThroughFsTest, FileReplacedByRenameIsANewInode) {
   EXPECT_TRUE(*got == old_bytes);
   fs_->Release(old_fh);
   // Opening the old inode again is refused as stale, so the kernel looks the name up again.
-  Result<OpenOut> stale = fs_->Open(old_ino, O_RDONLY);
+  Result<OpenOut> stale = testing::OpenSync(*fs_, old_ino, O_RDONLY);
   ASSERT_FALSE(stale.ok());
   EXPECT_EQ(stale.error().code(), ESTALE);
 

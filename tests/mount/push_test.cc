@@ -56,9 +56,8 @@ class PushTest : public MountTest {};
 
 TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
   for (int i = 0; i < 3; ++i) WriteTestFile(Src("shard" + std::to_string(i)), kSize, 10 + i);
-  ASSERT_NO_FATAL_FAILURE(
-      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info",
-                  "--push"}));
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--cache-size", "256M",
+                                      "--log-level", "info", "--push", "--no-fill-on-open"}));
   // shard0 and shard1 mapped by two threads at once, shard2 read() beside them.
   std::thread other([&] { ExpectMappedContent(Mnt("shard1"), 11, kSize); });
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard0"), 10, kSize));
@@ -75,8 +74,8 @@ TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
 
 TEST_F(PushTest, WithoutPushNothingIsPushedAndReadsTheSame) {
   WriteTestFile(Src("shard"), kSize, 20);
-  ASSERT_NO_FATAL_FAILURE(
-      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "info"}));
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--cache-size", "256M",
+                                      "--log-level", "info", "--no-fill-on-open"}));
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard"), 20, kSize));
   EXPECT_EQ(daemon_.Stop(), 0);
   EXPECT_EQ(PushedAmount(daemon_.Log()), "0 B") << daemon_.Log();
@@ -86,8 +85,8 @@ TEST_F(PushTest, WithoutPushNothingIsPushedAndReadsTheSame) {
 // opened again: the new open must see only new bytes, never old ones pushed after it.
 TEST_F(PushTest, FileRewrittenWhileAnOldHandleStreamsReadsNewContent) {
   WriteTestFile(Src("shard"), kSize, 30);
-  ASSERT_NO_FATAL_FAILURE(
-      StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--push"}));
+  ASSERT_NO_FATAL_FAILURE(StartMount(
+      {"--stream-threshold", "1M", "--cache-size", "256M", "--push", "--no-fill-on-open"}));
   const int old_fd = open(Mnt("shard").c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(old_fd, 0) << std::strerror(errno);
   std::vector<uint8_t> page(4096);

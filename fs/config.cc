@@ -224,11 +224,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   bool no_passthrough = false;
   app.add_flag("--no-passthrough", no_passthrough,
                "Serve fully cached files through the daemon too (no FUSE passthrough)");
-  bool no_fill_on_open = false;
-  app.add_flag("--no-fill-on-open", no_fill_on_open,
-               "Answer the open of a large uncached file at once and stream it in while it is "
-               "read (default: the open waits until the file is cached, then the kernel reads "
-               "it from the cache in passthrough mode)");
+  app.add_option("--fill-on-open", config.fill_on_open,
+                 "Which opens of large uncached files wait until the file is cached, then read it "
+                 "in passthrough mode: all; shards (not the last shard of a set or a lone file, "
+                 "which stream in while read); off (all stream in); auto (default: all below 8 "
+                 "CPUs, else shards)");
   bool push = false;
   app.add_flag("--push", push,
                "Push streamed data into the kernel's page cache ahead of the reader (off: on the "
@@ -277,6 +277,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "cache_dir") target = &cache_dir;
       if (key == "control_group") target = &config.control_group;
       if (key == "metrics") target = &metrics;
+      if (key == "fill_on_open") target = &config.fill_on_open;
       if (target != nullptr) {
         if (eq == std::string::npos || value.empty())
           return usage_error("option -o " + key + " needs a value");
@@ -285,8 +286,6 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
         config.foreground = true;
       } else if (key == "no_passthrough") {
         no_passthrough = true;
-      } else if (key == "no_fill_on_open") {
-        no_fill_on_open = true;
       } else if (key == "push") {
         push = true;
       } else if (IsFuseOption(opt)) {
@@ -368,6 +367,11 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
                        "': must be trace, debug, info, warn, error, critical or off");
   }
   config.log_level = log_level;
+  if (config.fill_on_open != "auto" && config.fill_on_open != "all" &&
+      config.fill_on_open != "shards" && config.fill_on_open != "off") {
+    return usage_error("--fill-on-open '" + config.fill_on_open +
+                       "': expected auto, all, shards or off");
+  }
   config.cache_dir = cache_dir;
   if (!metrics.empty()) {
     auto address = ParseListenAddress(metrics);
@@ -379,7 +383,6 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     config.metrics_address = *address;
   }
   config.passthrough = !no_passthrough;
-  config.fill_on_open = !no_fill_on_open;
   config.push = push;
   ParseOutcome out;
   out.config = std::move(config);

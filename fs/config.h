@@ -56,10 +56,11 @@ struct Config {
   // them without the daemon, at tmpfs speed). Needs root and kernel >= 6.9; off falls back cleanly.
   bool passthrough = true;
 
-  // Fill on open (FsOptions::fill_on_open): an open of a file that is streamed and fits in the
-  // cache waits until the whole file is cached, then reads it in passthrough mode. Only where
-  // passthrough is on.
-  bool fill_on_open = true;
+  // Fill on open (FsOptions::fill): an open of a file that is streamed and fits in the cache waits
+  // until the whole file is cached, then reads it in passthrough mode. Only where passthrough is
+  // on. "auto": "all" on machines with fewer than kFillAllBelowCpus CPUs (the daemon's copy into
+  // the mount's page cache costs more than the overlap it buys), "shards" on bigger ones.
+  std::string fill_on_open = "auto";  // auto, all, shards or off
 
   // Push blocks the stream fetched into the kernel's page cache of files open in cached mode, so
   // that mmap faults find them there instead of waiting for READs (fs/page_pusher.h). Off by

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <grp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +39,23 @@ namespace accelfs {
 namespace {
 
 constexpr char kFuseDevice[] = "/dev/fuse";
+
+// --fill-on-open auto: below this many CPUs every large file is filled before its open is
+// answered. Measured (docs/BENCHMARKS.md): on 2 CPUs the daemon's copy of a streamed file into the
+// mount's page cache halved cold loads, while on 16 the overlap streaming buys for the last shard
+// was worth more than that copy.
+constexpr unsigned kFillAllBelowCpus = 8;
+
+FsOptions::Fill FillMode(const std::string& mode) {
+  if (mode == "all") return FsOptions::Fill::kAll;
+  if (mode == "shards") return FsOptions::Fill::kShards;
+  if (mode == "off") return FsOptions::Fill::kOff;
+  cpu_set_t cpus;  // auto: the CPUs this daemon may run on
+  const unsigned n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                         ? static_cast<unsigned>(CPU_COUNT(&cpus))
+                         : std::thread::hardware_concurrency();
+  return n < kFillAllBelowCpus ? FsOptions::Fill::kAll : FsOptions::Fill::kShards;
+}
 
 int Fail(const std::string& line) {
   std::fprintf(stderr, "accelfs: %s\n", line.c_str());
@@ -177,7 +195,7 @@ int Run(const Config& config) {
   FsOptions fs_options;
   fs_options.block_size = config.block_size;
   fs_options.readahead_blocks = config.readahead_blocks;
-  fs_options.fill_on_open = config.fill_on_open;
+  fs_options.fill = FillMode(config.fill_on_open);
   auto fs = ReadThroughFs::Create(paths->source, cache, fs_options, &prefetcher);
   if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
 
@@ -297,9 +315,12 @@ int Run(const Config& config) {
       spdlog::info(
           "passthrough on: fully cached files are read by the kernel from the cache, "
           "without the daemon{}",
-          config.fill_on_open && config.stream_threshold > 0
-              ? fmt::format("; opens of uncached files from {} wait until they are cached",
-                            FormatBytes(config.stream_threshold))
+          fs_options.fill != FsOptions::Fill::kOff && config.stream_threshold > 0
+              ? fmt::format("; opens of uncached files from {} wait until they are cached ({})",
+                            FormatBytes(config.stream_threshold),
+                            fs_options.fill == FsOptions::Fill::kAll
+                                ? "all"
+                                : "shards of a set but the last; others stream in")
               : "");
     } else {
       spdlog::info("passthrough off ({}): every read goes through the daemon",

@@ -250,8 +250,8 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   RunFill(fill);
 }
 
-bool ReadThroughFs::WantsFill(const Handle& handle) const {
-  if (!options_.fill_on_open || registry_ == nullptr || !registry_->Enabled() ||
+bool ReadThroughFs::WantsFill(const Handle& handle) {
+  if (options_.fill == FsOptions::Fill::kOff || registry_ == nullptr || !registry_->Enabled() ||
       prefetcher_ == nullptr || !cache_.store().KeepsFiles() ||
       !prefetcher_->Streams(handle.identity)) {
     return false;
@@ -270,7 +270,13 @@ bool ReadThroughFs::WantsFill(const Handle& handle) const {
     if (node.cached_opens > 0) return false;
     if (node.passthrough_opens > 0 && node.passthrough_identity != handle.identity) return false;
   }
-  return cache_.ResidentBytes(handle.identity) < handle.identity.size;
+  if (cache_.ResidentBytes(handle.identity) >= handle.identity.size) return false;
+  if (options_.fill == FsOptions::Fill::kShards) {
+    // Only where the next shard's fetch overlaps the loader's read of this one.
+    auto [dir, name] = PlaceOf(*handle.inode);
+    return dir && name.ends_with(".safetensors") && !NextShard(dir->fd, name).empty();
+  }
+  return true;
 }
 
 void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {

@@ -33,8 +33,13 @@ struct FsOptions {
   // where passthrough is possible, is answered only once the whole file is cached, in passthrough
   // mode. The loader then reads the cache's own pages (one copy in RAM, no daemon on its read
   // path) instead of a second copy the daemon writes into the mount's page cache while the file
-  // streams in. Off: such an open is answered at once in cached mode and the file streams in.
-  bool fill_on_open = true;
+  // streams in. The price: the file is read only after its last byte arrived. For a shard of a set
+  // the next shard's fetch overlaps that read; for the last shard or a lone file nothing does.
+  //   kAll     every such file
+  //   kShards  a shard of a set that has a next shard; the last one and lone files stream in
+  //   kOff     none: opens are answered at once in cached mode and the file streams in
+  enum class Fill { kOff, kShards, kAll };
+  Fill fill = Fill::kAll;
 };
 
 struct EntryOut {
@@ -143,8 +148,8 @@ class ReadThroughFs {
   struct Fill;
 
   Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
-  // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill_on_open).
-  bool WantsFill(const Handle& handle) const;
+  // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
+  bool WantsFill(const Handle& handle);
   // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
   void RunFill(const std::shared_ptr<Fill>& fill);
   void FillRoundDone(const std::shared_ptr<Fill>& fill);

@@ -57,7 +57,7 @@ class PushTest : public MountTest {};
 TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
   for (int i = 0; i < 3; ++i) WriteTestFile(Src("shard" + std::to_string(i)), kSize, 10 + i);
   ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--cache-size", "256M",
-                                      "--log-level", "info", "--push", "--no-fill-on-open"}));
+                                      "--log-level", "info", "--push", "--fill-on-open", "off"}));
   // shard0 and shard1 mapped by two threads at once, shard2 read() beside them.
   std::thread other([&] { ExpectMappedContent(Mnt("shard1"), 11, kSize); });
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard0"), 10, kSize));
@@ -75,7 +75,7 @@ TEST_F(PushTest, MappedAndReadStreamedFilesEqualBackingBytes) {
 TEST_F(PushTest, WithoutPushNothingIsPushedAndReadsTheSame) {
   WriteTestFile(Src("shard"), kSize, 20);
   ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--cache-size", "256M",
-                                      "--log-level", "info", "--no-fill-on-open"}));
+                                      "--log-level", "info", "--fill-on-open", "off"}));
   ASSERT_NO_FATAL_FAILURE(ExpectMappedContent(Mnt("shard"), 20, kSize));
   EXPECT_EQ(daemon_.Stop(), 0);
   EXPECT_EQ(PushedAmount(daemon_.Log()), "0 B") << daemon_.Log();
@@ -86,7 +86,7 @@ TEST_F(PushTest, WithoutPushNothingIsPushedAndReadsTheSame) {
 TEST_F(PushTest, FileRewrittenWhileAnOldHandleStreamsReadsNewContent) {
   WriteTestFile(Src("shard"), kSize, 30);
   ASSERT_NO_FATAL_FAILURE(StartMount(
-      {"--stream-threshold", "1M", "--cache-size", "256M", "--push", "--no-fill-on-open"}));
+      {"--stream-threshold", "1M", "--cache-size", "256M", "--push", "--fill-on-open", "off"}));
   const int old_fd = open(Mnt("shard").c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(old_fd, 0) << std::strerror(errno);
   std::vector<uint8_t> page(4096);

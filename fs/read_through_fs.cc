@@ -289,10 +289,14 @@ void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
   for (uint64_t b = 0; b < blocks; ++b) {
     // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
     // budget pinned by others) must not hold room that those others wait for. The Ref given to
-    // the callback unpins as it returns.
+    // the callback is given back at once.
     cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
                fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
-                 if (!block.ok()) fill->failed.store(true, std::memory_order_relaxed);
+                 if (block.ok()) {
+                   block.value().Reset();  // before the round can end: it counts what is pinned
+                 } else {
+                   fill->failed.store(true, std::memory_order_relaxed);
+                 }
                  if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
                });
   }

@@ -359,6 +359,22 @@ TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
   ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
 }
 
+TEST(ParseCommandLineTest, FillOnOpen) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fill_on_open, "auto");
+  for (const char* mode : {"all", "shards", "off", "auto"}) {
+    c = ParseOk({"--fill-on-open", mode});
+    ASSERT_TRUE(c) << mode;
+    EXPECT_EQ(c->fill_on_open, mode);
+  }
+  c = ParseOk({"-o", "fill_on_open=shards"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fill_on_open, "shards");
+  ExpectUsageError({"/src", "/mnt", "--fill-on-open", "sometimes"}, "--fill-on-open 'sometimes'");
+  ExpectUsageError({"/src", "/mnt", "-o", "fill_on_open="}, "needs a value");
+}
+
 TEST(ParseCommandLineTest, CacheDir) {
   auto c = ParseOk({});
   ASSERT_TRUE(c);

@@ -61,6 +61,18 @@ class PassthroughTest : public MountTest {
     return n;
   }
 
+  // Opens answered in cached mode ("open of inode N: cached" or "...: cached, keep_cache").
+  size_t CountCachedOpens() const {
+    const std::string log = daemon_.Log();
+    size_t n = 0;
+    for (size_t pos = log.find(": cached"); pos != std::string::npos;
+         pos = log.find(": cached", pos + 1)) {
+      const char next = pos + 8 < log.size() ? log[pos + 8] : '\n';
+      if (next == '\n' || next == ',') ++n;
+    }
+    return n;
+  }
+
   void ExpectContent(const std::string& path, uint64_t seed, uint64_t size) {
     int error = 0;
     const std::vector<uint8_t> got = ReadWholeFile(path, &error);
@@ -168,6 +180,63 @@ TEST_F(PassthroughTest, FileChangedWhilePassedThroughIsBusyUntilClosedThenNew) {
   close(old_fd);
 
   ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 52, size + 5));
+}
+
+// Fill on open: a cold open of a file the daemon streams is answered once the whole file is
+// cached, in passthrough mode, so the very first read and mmap already bypass the daemon.
+TEST_F(PassthroughTest, ColdOpenOfAStreamedFileWaitsForItAndIsPassedThrough) {
+  const uint64_t size = 12 * kMiB + 5;
+  WriteTestFile(Src("model-00001-of-00002.safetensors"), size, 71);
+  WriteTestFile(Src("model-00002-of-00002.safetensors"), size, 72);
+  ASSERT_NO_FATAL_FAILURE(
+      StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "all"}));
+  // Four readers at once, two mapping and two reading: one fill, all passed through.
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        ExpectMmapContent(Mnt("model-00001-of-00002.safetensors"), 71, size);
+      } else {
+        ExpectContent(Mnt("model-00001-of-00002.safetensors"), 71, size);
+      }
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(CountOpens("passthrough"), 4u) << daemon_.Log();
+  EXPECT_EQ(CountCachedOpens(), 0u) << daemon_.Log();
+  EXPECT_NE(daemon_.Log().find("waited"), std::string::npos) << daemon_.Log();
+  // The last shard too (all): the next shard was already streaming in behind the first.
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00002-of-00002.safetensors"), 72, size));
+  EXPECT_EQ(CountOpens("passthrough"), 5u) << daemon_.Log();
+  EXPECT_EQ(daemon_.Stop(), 0);
+  // Each byte was fetched once: 24 MiB + 10 bytes, shown rounded by the exit line.
+  EXPECT_NE(daemon_.Log().find("read 24.0 MiB from the backend"), std::string::npos)
+      << daemon_.Log();
+}
+
+TEST_F(PassthroughTest, FillOnOpenShardsStreamsTheLastShardInCachedMode) {
+  const uint64_t size = 6 * kMiB;
+  WriteTestFile(Src("model-00001-of-00002.safetensors"), size, 81);
+  WriteTestFile(Src("model-00002-of-00002.safetensors"), size, 82);
+  ASSERT_NO_FATAL_FAILURE(
+      StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "shards"}));
+  // The last shard first (opened after the first one it would already be cached, streamed in
+  // behind the first one's fill, and passed through).
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00002-of-00002.safetensors"), 82, size));
+  EXPECT_EQ(CountCachedOpens(), 1u) << "the last shard streams in while read\n" << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00001-of-00002.safetensors"), 81, size));
+  EXPECT_EQ(CountOpens("passthrough"), 1u) << daemon_.Log();
+  EXPECT_NE(daemon_.Log().find("waited"), std::string::npos) << daemon_.Log();
+}
+
+TEST_F(PassthroughTest, FillOnOpenOffServesColdOpensThroughTheDaemon) {
+  const uint64_t size = 6 * kMiB;
+  WriteTestFile(Src("model-00001-of-00002.safetensors"), size, 91);
+  ASSERT_NO_FATAL_FAILURE(
+      StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "off"}));
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00001-of-00002.safetensors"), 91, size));
+  EXPECT_EQ(CountOpens("passthrough"), 0u) << daemon_.Log();
+  EXPECT_EQ(CountCachedOpens(), 1u) << daemon_.Log();
 }
 
 TEST_F(PassthroughTest, NoPassthroughOptionServesEverythingThroughTheDaemon) {

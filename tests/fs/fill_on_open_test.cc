@@ -23,6 +23,7 @@ namespace {
 
 using testing::Awaited;
 using OpenAwaited = Awaited<Result<OpenOut>>;
+using ReadAwaited = Awaited<Result<std::vector<ReadPiece>>>;
 
 constexpr uint32_t kBlock = 64u << 10;
 constexpr uint64_t kBlocks = 16;
@@ -117,6 +118,28 @@ class FillOnOpenTest : public ::testing::Test {
     return got;
   }
 
+  // With the backend holding every read: the open of `ino` is answered before any fetch, in
+  // cached mode.
+  void ExpectAnsweredAtOnceInCachedMode(uint64_t ino, const std::string& why) {
+    backend_.Hold();
+    OpenAwaited open = StartOpen(ino);
+    ASSERT_TRUE(open.ready()) << why;
+    ASSERT_TRUE(open.value().ok()) << open.value().error().Message();
+    EXPECT_EQ(open.value()->backing_id, 0) << why;
+  }
+
+  // A READ of a one-block file "other", its answer kept: the block stays pinned until
+  // `pinned->Reset()`.
+  void PinABlockOfAnotherFile(ReadAwaited* pinned) {
+    testing::WriteTestFile(src_ / "other", kBlock, 10);
+    Result<OpenOut> other = testing::OpenSync(*fs_, Lookup("other"));
+    ASSERT_TRUE(other.ok());
+    open_.push_back(other->fh);
+    fs_->Read(other->fh, 0, kBlock, pinned->Callback());
+    ASSERT_TRUE(pinned->Wait());
+    ASSERT_TRUE(pinned->value().ok());
+  }
+
   // The store's file, as the kernel reads it in passthrough mode, equals the backing file.
   void ExpectStoreFileHolds(int fd, uint64_t seed, uint64_t size) {
     std::vector<uint8_t> got(size);
@@ -129,7 +152,7 @@ class FillOnOpenTest : public ::testing::Test {
   std::vector<uint8_t> ReadCopy(uint64_t fh, uint64_t size) {
     std::vector<uint8_t> bytes;
     for (uint64_t offset = 0; offset < size; offset += kBlock) {
-      Awaited<Result<std::vector<ReadPiece>>> got;
+      ReadAwaited got;
       fs_->Read(fh, offset, kBlock, got.Callback());
       EXPECT_TRUE(got.Wait());
       if (!got.ready() || !got.value().ok()) return bytes;
@@ -207,41 +230,25 @@ TEST_F(FillOnOpenTest, FailedFetchFallsBackToCachedModeWithCorrectReads) {
   // Every byte is right, the failed block fetched again on demand.
   EXPECT_EQ(ReadCopy(out->fh, kSize), testing::Bytes(3, 0, kSize));
   // A cached-mode handle is open: the next open cannot be passed through, so it does not wait.
-  backend_.Hold();
-  OpenAwaited again = StartOpen(ino);
-  ASSERT_TRUE(again.Wait());
-  ASSERT_TRUE(again.value().ok());
-  EXPECT_EQ(again.value()->backing_id, 0);
+  ExpectAnsweredAtOnceInCachedMode(ino, "an open of an inode open in cached mode");
 }
 
 TEST_F(FillOnOpenTest, FileLargerThanTheCacheIsAnsweredAtOnce) {
   testing::WriteTestFile(src_ / "big", kSize, 4);
   ASSERT_NO_FATAL_FAILURE(Make(kBlocks / 2));
-  backend_.Hold();
-  OpenAwaited open = StartOpen(Lookup("big"));
-  ASSERT_TRUE(open.ready()) << "waited for a file that cannot fit";
-  ASSERT_TRUE(open.value().ok());
-  EXPECT_EQ(open.value()->backing_id, 0);
+  ExpectAnsweredAtOnceInCachedMode(Lookup("big"), "waited for a file that cannot fit");
 }
 
 TEST_F(FillOnOpenTest, OffModeAnswersAtOnce) {
   testing::WriteTestFile(src_ / "big", kSize, 6);
   ASSERT_NO_FATAL_FAILURE(Make(64, FsOptions::Fill::kOff));
-  backend_.Hold();
-  OpenAwaited big = StartOpen(Lookup("big"));
-  ASSERT_TRUE(big.ready());
-  ASSERT_TRUE(big.value().ok());
-  EXPECT_EQ(big.value()->backing_id, 0);
+  ExpectAnsweredAtOnceInCachedMode(Lookup("big"), "fill on open is off");
 }
 
 TEST_F(FillOnOpenTest, FilesUnderTheStreamThresholdAreAnsweredAtOnce) {
   testing::WriteTestFile(src_ / "small", 3 * kBlock, 5);
   ASSERT_NO_FATAL_FAILURE(Make(64, FsOptions::Fill::kAll));
-  backend_.Hold();
-  OpenAwaited small = StartOpen(Lookup("small"));
-  ASSERT_TRUE(small.ready());
-  ASSERT_TRUE(small.value().ok());
-  EXPECT_EQ(small.value()->backing_id, 0);
+  ExpectAnsweredAtOnceInCachedMode(Lookup("small"), "a file under the stream threshold");
 }
 
 TEST_F(FillOnOpenTest, ShardsModeFillsEveryShardButTheLastAndLoneFiles) {
@@ -252,12 +259,8 @@ TEST_F(FillOnOpenTest, ShardsModeFillsEveryShardButTheLastAndLoneFiles) {
   const uint64_t last = Lookup("model-00002-of-00002.safetensors");
   const uint64_t lone = Lookup("model.safetensors");
   const uint64_t first = Lookup("model-00001-of-00002.safetensors");
-  backend_.Hold();
   for (uint64_t ino : {last, lone}) {
-    OpenAwaited open = StartOpen(ino);
-    ASSERT_TRUE(open.ready()) << "the last shard and a lone file stream in while read";
-    ASSERT_TRUE(open.value().ok());
-    EXPECT_EQ(open.value()->backing_id, 0);
+    ExpectAnsweredAtOnceInCachedMode(ino, "the last shard and a lone file stream in while read");
   }
   OpenAwaited open = StartOpen(first);
   EXPECT_FALSE(open.ready()) << "a shard with a next one waits for its fill";
@@ -273,16 +276,10 @@ TEST_F(FillOnOpenTest, ShardsModeFillsEveryShardButTheLastAndLoneFiles) {
 // The first round's last fetch evicts the file's own first block; once the pin is gone, a second
 // round fetches it again, and the open is passed through.
 TEST_F(FillOnOpenTest, BlocksEvictedDuringTheFillAreFetchedAgain) {
-  testing::WriteTestFile(src_ / "other", kBlock, 10);
   testing::WriteTestFile(src_ / "big", kBlocks * kBlock, 11);
   ASSERT_NO_FATAL_FAILURE(Make(kBlocks));
-  Result<OpenOut> other = testing::OpenSync(*fs_, Lookup("other"));
-  ASSERT_TRUE(other.ok());
-  open_.push_back(other->fh);
-  Awaited<Result<std::vector<ReadPiece>>> pinned;  // holds the block pinned until Reset
-  fs_->Read(other->fh, 0, kBlock, pinned.Callback());
-  ASSERT_TRUE(pinned.Wait());
-  ASSERT_TRUE(pinned.value().ok());
+  ReadAwaited pinned;
+  ASSERT_NO_FATAL_FAILURE(PinABlockOfAnotherFile(&pinned));
 
   backend_.Hold();
   OpenAwaited open = StartOpen(Lookup("big"));
@@ -301,16 +298,10 @@ TEST_F(FillOnOpenTest, BlocksEvictedDuringTheFillAreFetchedAgain) {
 // With the budget pinned by others for good, a fill that cannot complete falls back to cached
 // mode instead of waiting, and never goes over the budget.
 TEST_F(FillOnOpenTest, FillThatCannotFitBesidePinnedDataFallsBackToCachedMode) {
-  testing::WriteTestFile(src_ / "other", kBlock, 12);
   testing::WriteTestFile(src_ / "big", kBlocks * kBlock, 13);
   ASSERT_NO_FATAL_FAILURE(Make(kBlocks));
-  Result<OpenOut> other = testing::OpenSync(*fs_, Lookup("other"));
-  ASSERT_TRUE(other.ok());
-  open_.push_back(other->fh);
-  Awaited<Result<std::vector<ReadPiece>>> pinned;
-  fs_->Read(other->fh, 0, kBlock, pinned.Callback());
-  ASSERT_TRUE(pinned.Wait());
-  ASSERT_TRUE(pinned.value().ok());
+  ReadAwaited pinned;
+  ASSERT_NO_FATAL_FAILURE(PinABlockOfAnotherFile(&pinned));
 
   OpenAwaited open = StartOpen(Lookup("big"));
   ASSERT_TRUE(open.Wait());

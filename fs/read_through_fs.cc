@@ -256,7 +256,8 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
       !prefetcher_->Streams(handle.identity)) {
     return false;
   }
-  // It must fit in the budget with room to spare for what other readers need meanwhile.
+  // It must fit in the budget (whether it fits beside what others pin is seen at the end of the
+  // fill, see FillRoundDone: those pins are released as their reads end).
   const uint64_t blocks = BlockCount(handle.identity.size, options_.block_size);
   if (blocks * cache_.store().CapacityFor(options_.block_size) > cache_.Stats().budget_bytes) {
     return false;

@@ -597,6 +597,12 @@ format_results() {
   echo "    $command_line"
   echo
   echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, Linux $(uname -r); load average at the start $load_start, at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+  # A VM whose balloon takes freed memory back makes every first touch of memory slow, and so
+  # whichever row allocates most (docs/BENCHMARKS.md, "Fill on open"): say so beside the numbers.
+  local pr=/sys/module/page_reporting/parameters
+  if [[ -r $pr/reported_kib ]]; then
+    echo "- free page reporting (VM balloon) on: $(( ($(cat "$pr/reported_kib") - reported_start) / 1048576 )) GiB of freed memory went back to the host during this run, to be faulted in again when next touched (see docs/BENCHMARKS.md, \"Fill on open\")"
+  fi
   echo "- binaries: $build, built from ${src_dir:-?} at \`$commit\`"
   echo "- model: $model_bytes bytes of tensors in $shards shards ($mix tensor mix), generated in $model, copied to /dev/shm (the tmpfs peer and NET's backing store)"
   echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model); ACCELFS_OPTS=\`${ACCELFS_OPTS:-}\`"
@@ -615,6 +621,7 @@ format_results() {
 
 # ---- main -------------------------------------------------------------------------------------
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+reported_start=$(cat /sys/module/page_reporting/parameters/reported_kib 2>/dev/null || echo 0)
 : > "$tsv"
 accelfs_runs=0
 for m in "$acc_mnt" "$net_mnt" "$disk_dir"; do

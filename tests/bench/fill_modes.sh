@@ -2,7 +2,8 @@
 # Cold loads from NET through accelfs under each --fill-on-open mode, in one invocation: the NET
 # ceiling, then per mode the suite's loaders cold and warm (a new daemon per loader), accelfs-bench
 # cold and warm (to a GPU with --device cuda:0 where this build has CUDA and the machine a GPU, else
-# on the CPU), and a lone 2 GiB file. Run as root on an otherwise idle machine:
+# on the CPU), and a lone 2 GiB file; where the VM's balloon takes freed memory back, the mmap load
+# with memory just freed and with it given back. Run as root on an otherwise idle machine:
 #
 #   BUILD=build tests/bench/fill_modes.sh [--modes "auto all off"] [--out FILE]
 #
@@ -91,4 +92,24 @@ for mode in $modes; do
   drop; echo "-- cold lone 2 GiB file, mmap"
   "$loader" mmap --dest-mib 256 "$work/acc/lone/model.safetensors"
 done
+# The price of new memory: on a VM whose balloon takes freed memory back (free page reporting),
+# what a cold load touches for the first time is faulted in from the host. The mmap loader cold,
+# right after 8 GB were written and freed (the kernel hands those pages out again), then after
+# 30 s idle (the balloon has taken them back).
+if [[ -r /sys/module/page_reporting/parameters/reported_kib ]] && command -v python3 > /dev/null &&
+   (($(awk '/MemAvailable/ {print $2}' /proc/meminfo) > 20 << 20)); then
+  echo "== memory state: just freed, then given back to the host"
+  for state in freed returned; do
+    for mode in all off; do
+      start_accelfs "$mode"
+      if [[ $state == freed ]]; then
+        python3 -c 'bytearray(b"\x01") * (8000 << 20)'  # 8 GB written, freed at exit
+      else
+        sleep 30
+      fi
+      drop; echo "-- cold mmap --dest-mib 256, --fill-on-open $mode, memory $state"
+      "$loader" mmap --dest-mib 256 "$work/acc"
+    done
+  done
+fi
 echo "== done"

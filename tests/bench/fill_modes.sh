@@ -97,7 +97,7 @@ done
 # right after 8 GB were written and freed (the kernel hands those pages out again), then after
 # 30 s idle (the balloon has taken them back).
 if [[ -r /sys/module/page_reporting/parameters/reported_kib ]] && command -v python3 > /dev/null &&
-   (($(awk '/MemAvailable/ {print $2}' /proc/meminfo) > 20 << 20)); then
+   (($(awk '/MemAvailable/ {print $2}' /proc/meminfo) > 14 << 20)); then
   echo "== memory state: just freed, then given back to the host"
   for state in freed returned; do
     for mode in all off; do

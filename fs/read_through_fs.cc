@@ -258,10 +258,7 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
   }
   // It must fit in the budget (whether it fits beside what others pin is seen at the end of the
   // fill, see FillRoundDone: those pins are released as their reads end).
-  const uint64_t blocks = BlockCount(handle.identity.size, options_.block_size);
-  if (blocks * cache_.store().CapacityFor(options_.block_size) > cache_.Stats().budget_bytes) {
-    return false;
-  }
+  if (FillBudget(handle.identity) > cache_.Stats().budget_bytes) return false;
   {
     // A handle of the inode open in cached mode keeps it out of passthrough mode anyway, and so
     // do passthrough handles of the file's old contents (the kernel binds one backing file to an
@@ -278,6 +275,11 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
     return dir && name.ends_with(".safetensors") && !NextShard(dir->fd, name).empty();
   }
   return true;
+}
+
+uint64_t ReadThroughFs::FillBudget(const FileKey& file) const {
+  return BlockCount(file.size, options_.block_size) *
+         cache_.store().CapacityFor(options_.block_size);
 }
 
 void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
@@ -312,9 +314,7 @@ void ReadThroughFs::FillRoundDone(const std::shared_ptr<Fill>& fill) {
   if (!fill->failed.load(std::memory_order_relaxed) && fill->rounds < kFillRounds &&
       cache_.ResidentBytes(identity) < identity.size) {
     const CacheStats stats = cache_.Stats();
-    const uint64_t need = BlockCount(identity.size, options_.block_size) *
-                          cache_.store().CapacityFor(options_.block_size);
-    if (stats.pinned_bytes + need <= stats.budget_bytes) return RunFill(fill);
+    if (stats.pinned_bytes + FillBudget(identity) <= stats.budget_bytes) return RunFill(fill);
   }
   filling_opens_.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(

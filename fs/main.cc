@@ -254,10 +254,6 @@ int Run(const Config& config) {
   }
   // --- end DaemonStats and --metrics ---
 
-  if (!(*session)->Mount().ok()) {
-    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
-  }
-
   // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
   // named after the mountpoint (fs/control_protocol.h). Stopped before the backend and unmount.
   Warmer warmer(open(paths->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), cache,
@@ -286,6 +282,12 @@ int Run(const Config& config) {
     spdlog::debug("control socket {}", (*control)->path());
   }
   // ---- end of the control channel's block
+
+  // Mounted only now, with the control socket in place: a tool that finds the mount also finds
+  // its daemon (a stale socket of a killed daemon is swept or replaced above).
+  if (!(*session)->Mount().ok()) {
+    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
+  }
 
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
   // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,

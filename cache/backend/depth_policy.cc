@@ -19,6 +19,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
   if (!sample.saturated || sample.seconds <= 0) return depth_;
   const double rate = static_cast<double>(sample.bytes) / sample.seconds;
   const double latency = sample.latency;
+  best_rate_ = std::max(rate, best_rate_ * options_.best_decay);
   // A step up pays when throughput rises; it is harmless when latency does not climb.
   const auto up_pays = [&] { return rate > base_rate_ * (1 + options_.gain); };
   const auto up_queues = [&] { return latency > base_latency_ * options_.climb; };
@@ -43,7 +44,6 @@ unsigned DepthController::Update(const DepthSample& sample) {
         // (base_latency_ is still the latency at the depth we go back to).
         const unsigned back = base_depth_;
         const unsigned lower = std::max(options_.min_depth, back * 3 / 4);
-        descent_rate_ = base_rate_;
         if (lower == back) {
           Hold(back);
         } else {
@@ -63,7 +63,6 @@ unsigned DepthController::Update(const DepthSample& sample) {
       const bool down = can_down && (down_next_ || !can_up);
       down_next_ = !down;
       if (down) {
-        descent_rate_ = rate;
         start_step(depth_ * 3 / 4, Phase::kProbingDown);
       } else {
         start_step(depth_ + std::max(1u, depth_ / 2), Phase::kClimbing);
@@ -71,9 +70,9 @@ unsigned DepthController::Update(const DepthSample& sample) {
       break;
     }
     case Phase::kProbingDown:
-      // Fewer in flight, (almost) the same throughput as before the descent began, faster
-      // requests: the device was queueing. Keep it and go on down; else back to the last good one.
-      if (rate >= descent_rate_ * (1 - options_.keep) &&
+      // Fewer in flight, (almost) the best throughput seen lately, faster requests: the device
+      // was queueing. Keep it and go on down; else back to the last good one.
+      if (rate >= best_rate_ * (1 - options_.keep) &&
           latency < base_latency_ * options_.faster) {
         const unsigned lower = std::max(options_.min_depth, depth_ * 3 / 4);
         if (lower == depth_) {

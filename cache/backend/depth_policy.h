@@ -12,7 +12,12 @@
 //     costs nothing is kept: deeper is free then);
 //   - every `probe_every` intervals try half as much again, or three quarters (by turns); a lower
 //     depth is kept, and the next three quarters tried at once, while requests get faster (less
-//     queueing) and throughput stays within `keep` of where the descent began.
+//     queueing) and throughput stays within `keep` of the best seen lately (a maximum that
+//     decays by `best_decay` per interval). Not of the throughput where the descent began: while
+//     something else limits what the client takes (its memory faulting in, its CPUs), fewer
+//     requests lose nothing and wait less, and a descent measured against that would walk down
+//     to the depth of the limit and leave the store starved when it lifts. A limit that lasts
+//     (the best decays to it) is followed down.
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
 #pragma once
 
@@ -38,6 +43,7 @@ class DepthController {
     double keep = 0.05;         // a step down may lose at most this fraction of throughput,
     double faster = 0.85;       // and must bring latency below this fraction
     unsigned probe_every = 10;  // holding intervals between probes
+    double best_decay = 0.99;   // per interval, of the best throughput seen (half in ~70)
   };
 
   explicit DepthController(Options options);
@@ -59,7 +65,7 @@ class DepthController {
   unsigned base_depth_ = 0;   // the depth the current step started from (0: none yet)
   double base_rate_ = 0;      // its throughput, bytes per second
   double base_latency_ = 0;   // its mean request latency
-  double descent_rate_ = 0;   // the throughput when the current descent began
+  double best_rate_ = 0;      // the best throughput seen, decaying by best_decay per interval
   unsigned held_ = 0;         // saturated intervals since the last probe
   bool down_next_ = true;     // which way the next probe goes
 };

@@ -169,5 +169,26 @@ TEST(DepthControllerTest, FollowsABackendThatGetsFaster) {
   EXPECT_EQ(Settled(Simulate(c, backend, 200)), 64u);
 }
 
+TEST(DepthControllerTest, KeepsItsDepthThroughAWhileTheClientLimits) {
+  // A store that gives 2 GB/s from ~13 requests, read by a client that for 40 intervals takes
+  // only 0.5 GB/s at any depth (its memory faults in slowly, its CPUs are busy): fewer requests
+  // lose nothing then, and wait less. The depth must stay where the store gives its rate (probes
+  // aside), so that the store is not starved when the client catches up; a limit that lasts is
+  // followed down.
+  DepthController c(Opts(32, 10));
+  bool limited = false;
+  const Backend store = [&](unsigned d) {
+    const double rate = std::min(d * 160e6, 2000e6);
+    return limited ? std::min(rate, 500e6) : rate;
+  };
+  EXPECT_EQ(Settled(Simulate(c, store, 30)), 13u);
+  limited = true;
+  EXPECT_EQ(Settled(Simulate(c, store, 40)), 13u);
+  limited = false;
+  EXPECT_EQ(Settled(Simulate(c, store, 20)), 13u);
+  limited = true;
+  EXPECT_LE(Settled(Simulate(c, store, 400)), 4u);
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -23,6 +23,13 @@
 // --dest-mib M (mmap, dp, tp): each thread copies tensors into an M MiB buffer, allocated and
 // touched before the clock starts (default 256). Touching it costs seconds per GiB on a VM with
 // slow page faults; smoke runs of tiny models use a smaller one.
+//   accelfs_loader prime MIB
+//       maps MIB of anonymous memory (transparent huge pages where the kernel gives them), writes
+//       one byte per page and exits, freeing it: the benchmarks run this right before a cold case
+//       so that every case, peer or accelfs, is handed recently used memory. On a VM whose balloon
+//       takes freed memory back (free page reporting), memory the guest has not used for a few
+//       seconds costs seconds per GB to touch again, and otherwise whichever case ran after a
+//       large free would be the fast one (docs/BENCHMARKS.md, "Memory priming").
 // Prints one line: "<mode> <bytes> <seconds> <GB/s>" (GB = 1e9 bytes). For dp and tp, bytes are
 // those all processes copied and seconds the wall time from the first start to the last finish.
 #include <algorithm>
@@ -34,6 +41,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "tools/bench/loaders.h"
 
@@ -47,7 +56,8 @@ constexpr char kUsage[] =
     "[--tensor-mix small|mixed|large]\n"
     "       accelfs_loader read|mmap [--threads N] [--dest-mib M] PATH...\n"
     "       accelfs_loader dp|tp N [--stagger-ms M] [--drop-caches] [--threads T] [--dest-mib M] "
-    "PATH...";
+    "PATH...\n"
+    "       accelfs_loader prime MIB";
 
 uint64_t ParseNumber(const std::string& text, const std::string& what, uint64_t min) {
   char* end = nullptr;
@@ -114,6 +124,19 @@ int Generate(const Args& args) {
   return 0;
 }
 
+// Touches `bytes` of new anonymous memory once, one write per page; munmap at exit frees it.
+uint64_t Prime(size_t bytes, double& seconds) {
+  const auto start = Clock::now();
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) Die("cannot map " + std::to_string(bytes >> 20) + " MiB to prime");
+  madvise(p, bytes, MADV_HUGEPAGE);  // a hint: whole huge pages come and go faster
+  auto* bytes_p = static_cast<volatile char*>(p);
+  for (size_t at = 0; at < bytes; at += 4096) bytes_p[at] = 1;
+  seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  munmap(p, bytes);
+  return bytes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +145,14 @@ int main(int argc, char** argv) {
   if (mode == "gen")
     return Generate(
         ParseArgs(argc, argv, 2, {"--shards", "--shard-size", "--seed", "--tensor-mix"}));
+  if (mode == "prime") {
+    if (argc != 3) Die(kUsage);
+    double seconds = 0;
+    const uint64_t bytes = Prime(ParseNumber(argv[2], "MiB to prime", 1) << 20, seconds);
+    std::printf("prime %llu %.3f %.2f\n", static_cast<unsigned long long>(bytes), seconds,
+                static_cast<double>(bytes) / seconds / 1e9);
+    return 0;
+  }
   const bool processes = mode == "dp" || mode == "tp";
   if (!processes && mode != "read" && mode != "mmap") Die("unknown mode " + mode + "\n" + kUsage);
   const Args args =

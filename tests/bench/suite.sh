@@ -5,7 +5,7 @@
 #   tests/bench/suite.sh [--model-size-mib 4096] [--shards 4] [--tensor-mix mixed]
 #                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
-#                        [--dest-mib 256] [--case-timeout 900] [--quick]
+#                        [--dest-mib 256] [--prime-mib MODEL+1024] [--case-timeout 900] [--quick]
 #
 # BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
 # and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
@@ -46,6 +46,14 @@
 #                   the daemon's VmRSS sampled every 50 ms (and its VmHWM) against budget + 64 MiB
 # and once for all backends, tmpfs: each loader on the /dev/shm copy (the memory ceiling).
 #
+# Memory priming: right before every case that fills memory it has not held (ceiling, direct,
+# accelfs cold, accelfs-warm, cache ½ model), `accelfs_loader prime` touches and frees
+# --prime-mib MiB (default the model + 1 GiB; 0: off), so that every such case, peer or accelfs,
+# starts with recently used free memory, as on a machine without a balloon. On a VM whose balloon
+# takes freed memory back (free page reporting), memory not used for a few seconds costs about
+# 2 s per GB to touch again, and without priming a case is fast or slow by what freed memory just
+# before it (docs/BENCHMARKS.md, "Memory priming"). Elsewhere priming takes a fraction of a second.
+#
 # Everything the suite mounts, the loop device and the cgroup are undone on exit, error or Ctrl-C.
 set -euo pipefail
 invoked_from=$PWD
@@ -69,6 +77,7 @@ stagger_ms=
 disk_mbps=200
 case_timeout=900
 dest_mib=
+prime_mib=
 quick=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -85,6 +94,7 @@ while (($#)); do
     --disk-mbps) disk_mbps=$2; shift 2 ;;
     --case-timeout) case_timeout=$2; shift 2 ;;
     --dest-mib) dest_mib=$2; shift 2 ;;
+    --prime-mib) prime_mib=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "suite: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -96,6 +106,7 @@ model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:
 for v in model_mib shards threads procs disk_mbps case_timeout dest_mib; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --${v//_/-} must be a positive integer" >&2; exit 2; }
 done
+[[ -z $prime_mib || $prime_mib =~ ^[0-9]+$ ]] || { echo "suite: --prime-mib must be an integer" >&2; exit 2; }
 [[ $stagger_ms =~ ^[0-9]+$ ]] || { echo "suite: --stagger-ms must be an integer" >&2; exit 2; }
 [[ $mix =~ ^(small|mixed|large)$ ]] || { echo "suite: --tensor-mix is small, mixed or large" >&2; exit 2; }
 ((model_mib % shards == 0)) || { echo "suite: --model-size-mib must be a multiple of --shards" >&2; exit 2; }
@@ -125,6 +136,8 @@ probe=$("$netfs" --help 2>&1 || true)
 [[ $probe == *--stats-file* ]] || { echo "suite: $netfs is older than --stats-file: rebuild it" >&2; exit 1; }
 probe=$("$loader" dp 1 --drop-caches --dest-mib 1 2>&1 || true)
 [[ $probe != *"unknown option"* ]] || { echo "suite: $loader is older than dp --drop-caches and --dest-mib: rebuild it" >&2; exit 1; }
+probe=$("$loader" prime 1 2>&1 || true)
+[[ $probe == prime* ]] || { echo "suite: $loader is older than prime: rebuild it" >&2; exit 1; }
 
 # --dir and --out are taken relative to where the suite was started.
 [[ $dir == /* ]] || dir=$invoked_from/$dir
@@ -258,15 +271,29 @@ settled_bytes() {
   echo "$a"
 }
 
+# ---- memory priming ---------------------------------------------------------------------------
+# Touches and frees --prime-mib MiB (see the top); each run's rate goes to PRIME_RATES.
+prime_next=0
+PRIME_RATES=()
+prime_memory() {
+  local line
+  ((prime_mib > 0)) || return 0
+  line=$("$loader" prime "$prime_mib") || die "accelfs_loader prime $prime_mib failed"
+  PRIME_RATES+=("$(cut -d' ' -f4 <<< "$line")")
+}
+
 # ---- running one measured command -------------------------------------------------------------
 # measure BACKEND IN_CGROUP CMD... : runs CMD (its output one "<mode> <bytes> <seconds> <GB/s>"
 # line) under --case-timeout, inside DISK's throttled cgroup when IN_CGROUP is 1, and sets
-# m_gbps, m_secs, m_bytes (read from the backend during it) and m_note (why it failed).
+# m_gbps, m_secs, m_bytes (read from the backend during it) and m_note (why it failed). With
+# prime_next set (a cold case), memory is primed right before CMD starts.
 measure() {
   local backend=$1 in_cgroup=$2 before after rc=0 outf=$logs/case.out errf=$logs/case.err
   shift 2
   ((in_cgroup)) && set -- "$disk_sh" run "$@"
   before=$(settled_bytes "$backend")
+  ((prime_next)) && prime_memory
+  prime_next=0
   # timeout leads its own process group, so that an interrupt can end the case with its children.
   timeout -k 10 "$case_timeout" "$@" > "$outf" 2> "$errf" &
   case_pid=$!
@@ -396,6 +423,7 @@ case_ceiling() {
   CEIL[$backend]=0
   for t in "$@"; do
     drop_caches
+    prime_next=1
     measure "$backend" "$in_cgroup" "$ceiling" --threads "$t" "$path"
     record "$backend" ceiling "ceiling-$t" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
     [[ $m_gbps != - ]] && CEIL[$backend]=$(awk -v a="$m_gbps" -v b="${CEIL[$backend]}" \
@@ -408,6 +436,7 @@ case_direct() {
   local backend=$1 path=$2 in_cgroup=$3 l
   for l in "${loaders[@]}"; do
     drop_caches
+    prime_next=1
     # shellcheck disable=SC2086
     measure "$backend" "$in_cgroup" "$loader" ${loader_args[$l]} "$path"
     record "$backend" direct "$l" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
@@ -423,6 +452,7 @@ case_accelfs() {
     start_accelfs "$backend" "$src" "$cache_bytes"
     for c in cold warm repeat; do
       [[ $c != repeat ]] && drop_caches
+      [[ $c == cold ]] && prime_next=1
       # shellcheck disable=SC2086
       measure "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
       record "$backend" "accelfs $c" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
@@ -438,6 +468,7 @@ case_warm_tool() {
   local backend=$1 src=$2 resident
   start_accelfs "$backend" "$src" "$cache_bytes"
   drop_caches
+  prime_next=1
   # shellcheck disable=SC2016  # expanded by the inner shell
   measure "$backend" 0 bash -c 'start=$(date +%s%N); "$1" "$2" > /dev/null || exit $?
     end=$(date +%s%N)
@@ -465,6 +496,7 @@ case_small_cache() {
   done) >> "$samples" 2>/dev/null &
   sampler_pid=$!
   drop_caches
+  prime_next=1
   # shellcheck disable=SC2086
   measure "$backend" 0 "$loader" ${loader_args[mmap]} "$acc_mnt"
   hwm=$(daemon_hwm_kib)
@@ -603,6 +635,11 @@ format_results() {
   if [[ -r $pr/reported_kib ]]; then
     echo "- free page reporting (VM balloon) on: $(( ($(cat "$pr/reported_kib") - reported_start) / 1048576 )) GiB of freed memory went back to the host during this run, to be faulted in again when next touched (see docs/BENCHMARKS.md, \"Fill on open\")"
   fi
+  if ((prime_mib > 0)); then
+    echo "- memory primed before each cold case (ceiling, direct, accelfs cold, accelfs-warm, cache ½ model): $prime_mib MiB touched and freed, ${#PRIME_RATES[@]} times, at $(printf '%s\n' "${PRIME_RATES[@]:-}" | sort -n | sed -n '1p;$p' | paste -sd '-' | sed 's/-/–/') GB/s (the price of memory not used just before)"
+  else
+    echo "- memory not primed (--prime-mib 0): each case meets whatever memory the one before it freed"
+  fi
   echo "- binaries: $build, built from ${src_dir:-?} at \`$commit\`"
   echo "- model: $model_bytes bytes of tensors in $shards shards ($mix tensor mix), generated in $model, copied to /dev/shm (the tmpfs peer and NET's backing store)"
   echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model); ACCELFS_OPTS=\`${ACCELFS_OPTS:-}\`"
@@ -629,6 +666,12 @@ for m in "$acc_mnt" "$net_mnt" "$disk_dir"; do
 done
 prepare_model
 cache_bytes=$((model_bytes * 3 / 2 + (256 << 20)))
+# Priming: the model and 1 GiB for loader buffers, within what the machine has free (2 GiB spare).
+if [[ -z $prime_mib ]]; then
+  prime_mib=$(((model_bytes >> 20) + 1024))
+  avail_mib=$(($(awk '/^MemAvailable/ {print $2}' /proc/meminfo) >> 10))
+  ((prime_mib <= avail_mib - 2048)) || prime_mib=$((avail_mib > 2048 ? avail_mib - 2048 : 0))
+fi
 small_cache_bytes=$((model_bytes / 2))
 say "model $model_bytes bytes; results to $out"
 case_tmpfs

@@ -1,6 +1,7 @@
 // The adaptive backend depth (cache/backend/depth_policy.h), against model backends: a latency-
 // bound store whose throughput grows with depth up to a cap climbs to the cap's depth; a disk that
-// gives the same at any depth settles low; intervals where the depth limited nothing change
+// gives the same at any depth settles low; a while in which the client, not the store, limits
+// throughput does not walk the depth down; intervals where the depth limited nothing change
 // nothing; the depth never leaves [min, max].
 #include "cache/backend/depth_policy.h"
 

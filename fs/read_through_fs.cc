@@ -289,20 +289,28 @@ void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
   // One more than the blocks: this loop's own count, so that answers arriving during the loop
   // (cached blocks answer at once) cannot end the round before every Get was made.
   fill->left.store(blocks + 1, std::memory_order_relaxed);
-  for (uint64_t b = 0; b < blocks; ++b) {
-    // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
-    // budget pinned by others) must not hold room that those others wait for. The Ref given to
-    // the callback is given back at once.
-    cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
-               fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
-                 if (block.ok()) {
-                   block.value().Reset();  // before the round can end: it counts what is pinned
-                 } else {
-                   fill->failed.store(true, std::memory_order_relaxed);
-                 }
-                 if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
-               });
+  // One round's Gets at a time: the backend reader serves demand first come, first served, so
+  // the file opened first is cached first, and a loader thread can read it while the files of
+  // the others are still coming (several threads opening shards at once). With the rounds'
+  // Gets interleaved every such open would be answered only at the end.
+  {
+    std::lock_guard order(fill_order_mu_);
+    for (uint64_t b = 0; b < blocks; ++b) {
+      // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
+      // budget pinned by others) must not hold room that those others wait for. The Ref given to
+      // the callback is given back at once.
+      cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
+                 fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
+                   if (block.ok()) {
+                     block.value().Reset();  // before the round can end: it counts what is pinned
+                   } else {
+                     fill->failed.store(true, std::memory_order_relaxed);
+                   }
+                   if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
+                 });
+    }
   }
+  // Outside the lock: ending the round may start the next one.
   if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
 }
 

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <latch>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -215,6 +217,40 @@ TEST_F(FillOnOpenTest, OpensDuringAFillShareItsFetchesAndBackingFile) {
   EXPECT_EQ(first.value()->backing_id, second.value()->backing_id);
   EXPECT_EQ(backend_.submitted(), kBlocks);
   EXPECT_EQ(registry_.opened(), 1u);
+}
+
+TEST_F(FillOnOpenTest, FillsStartedTogetherAreFetchedOneFileAfterTheOther) {
+  // Two threads open two files at once (a multithread loader): the backend is asked for one
+  // whole file and then the other, so that the first opened is answered first instead of both
+  // at the end. Long files, so that unordered rounds would interleave.
+  constexpr uint64_t kLong = 256;
+  testing::WriteTestFile(src_ / "a", kLong * kBlock, 1);
+  testing::WriteTestFile(src_ / "b", kLong * kBlock, 2);
+  ASSERT_NO_FATAL_FAILURE(Make(2 * kLong + 8));
+  const uint64_t inos[2] = {Lookup("a"), Lookup("b")};
+  backend_.Hold();
+  std::vector<OpenAwaited> opens(2);
+  std::latch start(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      opens[i] = StartOpen(inos[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(backend_.submitted(), 2 * kLong);  // the opens made their Gets before returning
+  backend_.ReleaseAll();
+  for (OpenAwaited& open : opens) {
+    ASSERT_TRUE(open.Wait());
+    ASSERT_TRUE(open.value().ok()) << open.value().error().Message();
+    EXPECT_GT(open.value()->backing_id, 0);
+  }
+  const std::vector<uint64_t> served = backend_.served_offsets();
+  ASSERT_EQ(served.size(), 2 * kLong);
+  for (uint64_t i = 0; i < served.size(); ++i) {
+    ASSERT_EQ(served[i], (i % kLong) * kBlock) << "request " << i << " is out of file order";
+  }
 }
 
 TEST_F(FillOnOpenTest, FailedFetchFallsBackToCachedModeWithCorrectReads) {

@@ -124,8 +124,27 @@ int Generate(const Args& args) {
   return 0;
 }
 
+// MemAvailable from /proc/meminfo, bytes (0 when unreadable).
+uint64_t AvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib << 10;
+}
+
 // Touches `bytes` of new anonymous memory once, one write per page; munmap at exit frees it.
+// More than the machine has available is refused: touching it would wake the OOM killer.
 uint64_t Prime(size_t bytes, double& seconds) {
+  const uint64_t available = AvailableBytes();
+  if (available != 0 && bytes > available) {
+    Die("cannot prime " + std::to_string(bytes >> 20) + " MiB: only " +
+        std::to_string(available >> 20) + " MiB available");
+  }
   const auto start = Clock::now();
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) Die("cannot map " + std::to_string(bytes >> 20) + " MiB to prime");

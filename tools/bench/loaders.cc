@@ -201,9 +201,9 @@ std::vector<std::string> Shards(const std::vector<std::string>& args) {
 std::vector<std::vector<char>> DestBuffers(int threads, size_t bytes) {
   std::vector<std::vector<char>> buffers(static_cast<size_t>(threads));
   for (std::vector<char>& buffer : buffers) {
-    // In huge pages where the kernel gives them (as a server's large tensors get): 4 KiB pages
-    // touched one by one cost seconds per GiB on a VM whose balloon has taken the memory back,
-    // all spent before the clock starts but after the benchmark primed memory for the case.
+    // In huge pages where the kernel gives them: 4 KiB pages touched one by one cost seconds per
+    // GiB on a VM whose balloon has taken the memory back, spent before the clock starts but
+    // after the benchmark primed memory for the case (tests/bench/suite.sh).
     buffer.reserve(bytes);
     constexpr uintptr_t kHuge = 2 << 20;
     const auto begin = (reinterpret_cast<uintptr_t>(buffer.data()) + kHuge - 1) & ~(kHuge - 1);

@@ -44,6 +44,7 @@
 
 #include <sys/mman.h>
 
+#include "fs/config.h"
 #include "tools/bench/loaders.h"
 
 namespace {
@@ -124,23 +125,12 @@ int Generate(const Args& args) {
   return 0;
 }
 
-// MemAvailable from /proc/meminfo, bytes (0 when unreadable).
-uint64_t AvailableBytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib << 10;
-}
-
 // Touches `bytes` of new anonymous memory once, one write per page; munmap at exit frees it.
 // More than the machine has available is refused: touching it would wake the OOM killer.
 uint64_t Prime(size_t bytes, double& seconds) {
-  const uint64_t available = AvailableBytes();
+  uint64_t available = 0;
+  uint64_t total = 0;
+  accelfs::ReadMemInfo(&available, &total);
   if (available != 0 && bytes > available) {
     Die("cannot prime " + std::to_string(bytes >> 20) + " MiB: only " +
         std::to_string(available >> 20) + " MiB available");
@@ -165,7 +155,7 @@ int main(int argc, char** argv) {
     return Generate(
         ParseArgs(argc, argv, 2, {"--shards", "--shard-size", "--seed", "--tensor-mix"}));
   if (mode == "prime") {
-    if (argc != 3) Die(kUsage);
+    if (argc != 3) Die("usage: accelfs_loader prime MIB");
     double seconds = 0;
     const uint64_t bytes = Prime(ParseNumber(argv[2], "MiB to prime", 1) << 20, seconds);
     std::printf("prime %llu %.3f %.2f\n", static_cast<unsigned long long>(bytes), seconds,

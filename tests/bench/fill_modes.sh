@@ -96,14 +96,14 @@ done
 # what a cold load touches for the first time is faulted in from the host. The mmap loader cold,
 # right after 8 GB were written and freed (the kernel hands those pages out again), then after
 # 30 s idle (the balloon has taken them back).
-if [[ -r /sys/module/page_reporting/parameters/reported_kib ]] && command -v python3 > /dev/null &&
+if [[ -r /sys/module/page_reporting/parameters/reported_kib ]] &&
    (($(awk '/MemAvailable/ {print $2}' /proc/meminfo) > 14 << 20)); then
   echo "== memory state: just freed, then given back to the host"
   for state in freed returned; do
     for mode in all off; do
       start_accelfs "$mode"
       if [[ $state == freed ]]; then
-        python3 -c 'bytearray(b"\x01") * (8000 << 20)'  # 8 GB written, freed at exit
+        "$loader" prime 8000 > /dev/null  # 8000 MiB written, freed at exit
       else
         sleep 30
       fi

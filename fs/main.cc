@@ -20,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "cache/backend/populating_reader.h"
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
 #include "cache/block_cache.h"
@@ -175,6 +176,9 @@ int Run(const Config& config) {
     reader = std::make_unique<PreadReader>(config.backend_depth);
     backend = "pread";
   }
+  // Blocks' memory is faulted in on a few threads ahead of the reads, not by the ring's one thread
+  // inside each O_DIRECT read (cache/backend/populating_reader.h).
+  reader = std::make_unique<PopulatingReader>(std::move(reader), PopulateThreads());
   BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
   if (const BlockCache::Adopted kept = cache.AdoptStored(); kept.blocks + kept.discarded_blocks) {
     spdlog::info("cache dir {}: {} cached by an earlier run, served without refetching{}",

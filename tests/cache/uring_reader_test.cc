@@ -1,6 +1,7 @@
-// The backend readers on a real temp file: the io_uring reader (MakeUringReader) and the pread
-// thread pool (PreadReader), run through the same cases, plus PreadBlock itself. A kernel without
-// io_uring skips the io_uring cases.
+// The backend readers on a real temp file: the io_uring reader (MakeUringReader), the pread
+// thread pool (PreadReader) and the adaptive io_uring reader behind a PopulatingReader (as the
+// daemon runs it), through the same cases, plus PreadBlock itself. A kernel without io_uring skips
+// the io_uring cases.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/backend/populating_reader.h"
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
 #include "cache/block.h"
@@ -83,13 +85,18 @@ Done Submit(BackendReader& reader, const std::shared_ptr<BackingFile>& file, uin
   return done;
 }
 
-enum class Kind { kUring, kUringAdaptive, kPread };
+enum class Kind { kUring, kUringAdaptive, kPread, kPopulatingUring };
 
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
-    case Kind::kUring: return "Uring";
-    case Kind::kUringAdaptive: return "UringAdaptive";
-    case Kind::kPread: return "Pread";
+    case Kind::kUring:
+      return "Uring";
+    case Kind::kUringAdaptive:
+      return "UringAdaptive";
+    case Kind::kPread:
+      return "Pread";
+    case Kind::kPopulatingUring:
+      return "PopulatingUring";
   }
   return "?";
 }
@@ -104,11 +111,14 @@ class ReaderTest : public ::testing::TestWithParam<Kind> {
   // nullptr (and skip_reason_) when this kernel has no io_uring.
   std::unique_ptr<BackendReader> Make(unsigned depth) {
     if (GetParam() == Kind::kPread) return std::make_unique<PreadReader>(depth);
-    auto uring = MakeUringReader(depth, GetParam() == Kind::kUringAdaptive);
+    auto uring = MakeUringReader(depth, GetParam() != Kind::kUring);
     if (!uring.ok()) {
       skip_reason_ = "io_uring is unavailable in this kernel (" + uring.error().Message() +
                      "); the io_uring reader cannot be tested here";
       return nullptr;
+    }
+    if (GetParam() == Kind::kPopulatingUring) {  // as the daemon runs it
+      return std::make_unique<PopulatingReader>(std::move(uring.value()), 2);
     }
     return std::move(uring.value());
   }
@@ -297,8 +307,9 @@ TEST_P(ReaderTest, StopFinishesEverythingSubmittedThenRefuses) {
   reader->Stop();  // a second Stop is harmless
 }
 
-INSTANTIATE_TEST_SUITE_P(Readers, ReaderTest, ::testing::Values(Kind::kUring, Kind::kUringAdaptive,
-                                                           Kind::kPread),
+INSTANTIATE_TEST_SUITE_P(Readers, ReaderTest,
+                         ::testing::Values(Kind::kUring, Kind::kUringAdaptive, Kind::kPread,
+                                           Kind::kPopulatingUring),
                          KindName);
 
 // PreadBlock directly, the shared read loop of both readers' fallbacks.

@@ -1,0 +1,89 @@
+#include "cache/backend/populating_reader.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <utility>
+
+#include "cache/block.h"
+
+namespace accelfs {
+
+namespace {
+
+// Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14), asked once on a page of its own: an
+// older one answers EINVAL, which a later call could also answer for a buffer it cannot write.
+bool KernelPopulates() {
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return false;
+  const bool ok = madvise(page, 4096, MADV_POPULATE_WRITE) == 0;
+  munmap(page, 4096);
+  return ok;
+}
+
+}  // namespace
+
+PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
+    : inner_(std::move(inner)), populate_(KernelPopulates()) {
+  for (unsigned i = 0; i < std::max(threads, 1u); ++i) threads_.emplace_back([this] { Run(); });
+}
+
+PopulatingReader::~PopulatingReader() { Stop(); }
+
+void PopulatingReader::Submit(ReadRequest request) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      queue_.Push(std::move(request));
+      cv_.notify_one();
+      return;
+    }
+  }
+  request.done(Error(ECANCELED));
+}
+
+void PopulatingReader::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  inner_->Stop();
+}
+
+void PopulatingReader::Run() {
+  for (;;) {
+    ReadRequest request;
+    bool stopping;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything submitted has been passed on
+      request = queue_.Pop();
+      stopping = stopping_;
+    }
+    if (!stopping) Populate(request);
+    inner_->Submit(std::move(request));
+  }
+}
+
+void PopulatingReader::Populate(const ReadRequest& request) {
+  if (!populate_) return;
+  // What the read will write: an O_DIRECT read rounds the length up to whole pages.
+  const size_t bytes = std::min(RoundUp(request.expected, 4096), request.capacity);
+  if (bytes == 0) return;
+  // A failure (no memory, a mapping that cannot be written) is the read's to meet and report;
+  // populating is only a head start.
+  if (madvise(request.buffer, bytes, MADV_POPULATE_WRITE) == 0) {
+    populated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+unsigned PopulateThreads() { return std::clamp(std::thread::hardware_concurrency() / 2, 2u, 4u); }
+
+}  // namespace accelfs

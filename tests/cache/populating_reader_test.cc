@@ -1,0 +1,198 @@
+// PopulatingReader in front of a probe reader that records, when each read reaches it, whether the
+// pages the read will write are already in memory (mincore), and answers it at once.
+#include "cache/backend/populating_reader.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cache/block.h"
+#include "tests/support/awaited.h"
+
+namespace accelfs {
+namespace {
+
+using testing::Awaited;
+using Done = Awaited<Result<size_t>>;
+
+constexpr size_t kPage = 4096;
+constexpr size_t kMiB = 1u << 20;
+
+// Pages of [p, p + bytes) resident now.
+size_t ResidentPages(const std::byte* p, size_t bytes) {
+  std::vector<unsigned char> vec((bytes + kPage - 1) / kPage);
+  if (mincore(const_cast<std::byte*>(p), bytes, vec.data()) != 0) return 0;
+  size_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n;
+}
+
+class Probe final : public BackendReader {
+ public:
+  struct Seen {
+    std::byte* buffer;
+    size_t resident_pages;  // of the pages the read will write
+    bool demand;
+  };
+
+  void Submit(ReadRequest request) override {
+    const size_t bytes = RoundUp(request.expected, kPage);
+    {
+      std::lock_guard lock(mu_);
+      seen_.push_back({request.buffer, ResidentPages(request.buffer, bytes), request.demand});
+    }
+    if (stopped()) {
+      request.done(Error(ECANCELED));
+    } else {
+      request.done(request.expected);
+    }
+  }
+  void Stop() override {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+  }
+  unsigned CurrentDepth() const override { return 7; }
+
+  std::vector<Seen> seen() const {
+    std::lock_guard lock(mu_);
+    return seen_;
+  }
+  bool stopped() const {
+    std::lock_guard lock(mu_);
+    return stopped_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Seen> seen_;
+  bool stopped_ = false;
+};
+
+// Fresh anonymous memory, never touched, in 4 KiB pages (so that residency is counted per page).
+class Region {
+ public:
+  explicit Region(size_t bytes, int prot = PROT_READ | PROT_WRITE) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    madvise(p, bytes, MADV_NOHUGEPAGE);
+    data_ = static_cast<std::byte*>(p);
+  }
+  ~Region() { munmap(data_, bytes_); }
+  std::byte* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  std::byte* data_;
+};
+
+Done Submit(BackendReader& reader, std::byte* buffer, size_t capacity, size_t expected,
+            bool demand = true) {
+  Done done;
+  ReadRequest request;
+  request.buffer = buffer;
+  request.capacity = capacity;
+  request.expected = expected;
+  request.demand = demand;
+  request.done = done.Callback();
+  reader.Submit(std::move(request));
+  return done;
+}
+
+TEST(PopulatingReaderTest, EveryReadReachesTheReaderBehindWithTheMemoryItWillWriteInPlace) {
+  auto probe_owner = std::make_unique<Probe>();
+  Probe& probe = *probe_owner;
+  PopulatingReader reader(std::move(probe_owner), 2);
+  if (!reader.populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  EXPECT_EQ(reader.CurrentDepth(), 7u) << "the depth is the inner reader's";
+
+  // Eight 2 MiB buffers, each read expecting 1 MiB + 100 bytes: 257 pages to populate, the
+  // other 255 left alone.
+  constexpr size_t kBuffers = 8;
+  constexpr size_t kCapacity = 2 * kMiB;
+  constexpr size_t kExpected = kMiB + 100;
+  Region region(kBuffers * kCapacity);
+  ASSERT_EQ(ResidentPages(region.data(), kBuffers * kCapacity), 0u);
+  std::vector<Done> done;
+  for (size_t i = 0; i < kBuffers; ++i) {
+    done.push_back(Submit(reader, region.data() + i * kCapacity, kCapacity, kExpected, i % 2));
+  }
+  for (auto& d : done) {
+    ASSERT_TRUE(d.Wait());
+    EXPECT_EQ(d.calls(), 1);
+    ASSERT_TRUE(d.value().ok());
+    EXPECT_EQ(d.value().value(), kExpected) << "the inner reader's answer passes through";
+  }
+  const auto seen = probe.seen();
+  ASSERT_EQ(seen.size(), kBuffers);
+  for (const auto& s : seen) {
+    EXPECT_EQ(s.resident_pages, 257u) << "every page the read writes is in memory before it";
+  }
+  for (size_t i = 0; i < kBuffers; ++i) {
+    EXPECT_EQ(ResidentPages(region.data() + i * kCapacity + 257 * kPage, kCapacity - 257 * kPage),
+              0u)
+        << "nothing past what the read writes";
+  }
+  EXPECT_EQ(reader.populated_bytes(), kBuffers * 257 * kPage);
+}
+
+TEST(PopulatingReaderTest, ABufferThatCannotBeWrittenStillGoesOnToTheRead) {
+  auto probe_owner = std::make_unique<Probe>();
+  Probe& probe = *probe_owner;
+  PopulatingReader reader(std::move(probe_owner), 2);
+  Region read_only(kMiB, PROT_READ);
+  Done done = Submit(reader, read_only.data(), kMiB, kMiB);
+  ASSERT_TRUE(done.Wait());
+  EXPECT_EQ(done.calls(), 1);
+  ASSERT_EQ(probe.seen().size(), 1u);
+  EXPECT_EQ(probe.seen()[0].resident_pages, 0u);
+  EXPECT_EQ(reader.populated_bytes(), 0u);
+
+  // And populating goes on for the next buffer.
+  Region writable(kMiB);
+  Done next = Submit(reader, writable.data(), kMiB, kMiB);
+  ASSERT_TRUE(next.Wait());
+  if (reader.populates()) {
+    EXPECT_EQ(reader.populated_bytes(), kMiB);
+  }
+}
+
+TEST(PopulatingReaderTest, StopPassesOnEverythingSubmittedThenStopsTheReaderBehindAndRefuses) {
+  auto probe_owner = std::make_unique<Probe>();
+  Probe& probe = *probe_owner;
+  PopulatingReader reader(std::move(probe_owner), 2);
+  constexpr size_t kRequests = 64;
+  Region region(kRequests * kMiB);
+  std::vector<Done> done;
+  for (size_t i = 0; i < kRequests; ++i) {
+    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB, i % 3 == 0));
+  }
+  reader.Stop();
+  EXPECT_TRUE(probe.stopped());
+  for (auto& d : done) {
+    ASSERT_TRUE(d.ready()) << "answered before Stop returned";
+    EXPECT_EQ(d.calls(), 1);
+    ASSERT_TRUE(d.value().ok()) << "reached the inner reader before its Stop";
+  }
+  EXPECT_EQ(probe.seen().size(), kRequests);
+
+  Done late = Submit(reader, region.data(), kMiB, kMiB);
+  ASSERT_TRUE(late.ready()) << "a refused request is answered at once";
+  ASSERT_FALSE(late.value().ok());
+  EXPECT_EQ(late.value().error().code(), ECANCELED);
+  EXPECT_EQ(probe.seen().size(), kRequests) << "and never reaches the inner reader";
+  reader.Stop();  // a second Stop is harmless
+}
+
+TEST(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {
+  EXPECT_GE(PopulateThreads(), 2u);
+  EXPECT_LE(PopulateThreads(), 4u);
+}
+
+}  // namespace
+}  // namespace accelfs

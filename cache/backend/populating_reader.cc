@@ -26,8 +26,8 @@ bool KernelPopulates() {
 }  // namespace
 
 PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
-    : inner_(std::move(inner)), populate_(KernelPopulates()) {
-  for (unsigned i = 0; i < std::max(threads, 1u); ++i) threads_.emplace_back([this] { Run(); });
+    : inner_(std::move(inner)), populate_(KernelPopulates()), thread_count_(std::max(threads, 1u)) {
+  for (unsigned i = 0; i < thread_count_; ++i) threads_.emplace_back([this] { Run(); });
 }
 
 PopulatingReader::~PopulatingReader() { Stop(); }
@@ -62,14 +62,25 @@ void PopulatingReader::Run() {
     bool stopping;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return stopping_ || (!queue_.empty() && passed_on_ < Window()); });
       if (queue_.empty()) return;  // stopping, and everything submitted has been passed on
       request = queue_.Pop();
       stopping = stopping_;
+      ++passed_on_;
     }
     if (!stopping) Populate(request);
+    request.done = [this, done = std::move(request.done)](Result<size_t> result) {
+      done(std::move(result));
+      std::lock_guard lock(mu_);
+      --passed_on_;
+      cv_.notify_one();
+    };
     inner_->Submit(std::move(request));
   }
+}
+
+unsigned PopulatingReader::Window() const {
+  return 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_;
 }
 
 void PopulatingReader::Populate(const ReadRequest& request) {

@@ -24,8 +24,11 @@ class PopulatingReader final : public BackendReader {
  public:
   // `threads` >= 1 fault buffers in, demand requests first, each kind in submission order; a
   // request goes on to `inner` once its buffer is populated (reads may reach `inner` up to
-  // `threads` apart from submission order). A buffer the kernel will not populate
-  // (MADV_POPULATE_WRITE needs Linux 5.14) goes on as it is, and the read faults it in itself.
+  // `threads` apart from submission order). Populating runs only a window ahead of the reads:
+  // while twice `inner`'s depth (plus `threads`) requests are with `inner`, the rest wait, so
+  // that memory for data far ahead does not take CPU from the reads in flight. A buffer the
+  // kernel will not populate (MADV_POPULATE_WRITE needs Linux 5.14) goes on as it is, and the
+  // read faults it in itself.
   PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads);
   ~PopulatingReader() override;
 
@@ -41,15 +44,18 @@ class PopulatingReader final : public BackendReader {
  private:
   void Run();
   void Populate(const ReadRequest& request);
+  unsigned Window() const;
 
   const std::unique_ptr<BackendReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
+  const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
-  RequestQueue queue_;     // GUARDED_BY(mu_)
-  bool stopping_ = false;  // GUARDED_BY(mu_)
+  RequestQueue queue_;      // GUARDED_BY(mu_)
+  bool stopping_ = false;   // GUARDED_BY(mu_)
+  unsigned passed_on_ = 0;  // GUARDED_BY(mu_) requests with inner_, not yet answered
   std::vector<std::thread> threads_;
 };
 

@@ -7,9 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "cache/block.h"
@@ -46,6 +50,10 @@ class Probe final : public BackendReader {
     {
       std::lock_guard lock(mu_);
       seen_.push_back({request.buffer, ResidentPages(request.buffer, bytes), request.demand});
+      if (hold_ && !stopped_) {
+        held_.push_back(std::move(request));
+        return;
+      }
     }
     if (stopped()) {
       request.done(Error(ECANCELED));
@@ -53,7 +61,25 @@ class Probe final : public BackendReader {
       request.done(request.expected);
     }
   }
+  // Keeps the reads it gets unanswered until Answer.
+  void Hold() {
+    std::lock_guard lock(mu_);
+    hold_ = true;
+  }
+  // Answers the `n` oldest held reads (on this thread, as a reader's completion would run).
+  void Answer(size_t n) {
+    std::vector<ReadRequest> answer;
+    {
+      std::lock_guard lock(mu_);
+      n = std::min(n, held_.size());
+      answer.assign(std::make_move_iterator(held_.begin()),
+                    std::make_move_iterator(held_.begin() + static_cast<long>(n)));
+      held_.erase(held_.begin(), held_.begin() + static_cast<long>(n));
+    }
+    for (auto& request : answer) request.done(request.expected);
+  }
   void Stop() override {
+    Answer(SIZE_MAX);
     std::lock_guard lock(mu_);
     stopped_ = true;
   }
@@ -71,6 +97,8 @@ class Probe final : public BackendReader {
  private:
   mutable std::mutex mu_;
   std::vector<Seen> seen_;
+  std::vector<ReadRequest> held_;
+  bool hold_ = false;
   bool stopped_ = false;
 };
 
@@ -187,6 +215,53 @@ TEST(PopulatingReaderTest, StopPassesOnEverythingSubmittedThenStopsTheReaderBehi
   EXPECT_EQ(late.value().error().code(), ECANCELED);
   EXPECT_EQ(probe.seen().size(), kRequests) << "and never reaches the inner reader";
   reader.Stop();  // a second Stop is harmless
+}
+
+// Eventually-true condition, polled (the populating threads work asynchronously).
+template <typename F>
+bool Within(F&& f, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(PopulatingReaderTest, PopulatesOnlyAWindowAheadOfTheReadsInFlight) {
+  auto probe_owner = std::make_unique<Probe>();
+  Probe& probe = *probe_owner;
+  probe.Hold();
+  PopulatingReader reader(std::move(probe_owner), 2);
+  // The probe's depth is 7: 2 * 7 + 2 threads = 16 reads may be with it at once.
+  constexpr size_t kRequests = 40;
+  Region region(kRequests * kMiB);
+  std::vector<Done> done;
+  for (size_t i = 0; i < kRequests; ++i) {
+    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB));
+  }
+  ASSERT_TRUE(Within([&] { return probe.seen().size() == 16; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(probe.seen().size(), 16u) << "no more than the window";
+  if (reader.populates()) {
+    EXPECT_EQ(ResidentPages(region.data() + 16 * kMiB, (kRequests - 16) * kMiB), 0u)
+        << "the memory of reads behind the window is left alone";
+  }
+
+  probe.Answer(5);  // five answered: five more go on
+  ASSERT_TRUE(Within([&] { return probe.seen().size() == 21; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(probe.seen().size(), 21u);
+  size_t answered = 0;
+  for (auto& d : done) answered += d.ready() ? 1 : 0;
+  EXPECT_EQ(answered, 5u);
+
+  reader.Stop();  // answers everything: the probe answers what it holds, the rest go on
+  for (auto& d : done) {
+    ASSERT_TRUE(d.ready());
+    EXPECT_EQ(d.calls(), 1);
+  }
+  EXPECT_EQ(probe.seen().size(), kRequests);
 }
 
 TEST(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {

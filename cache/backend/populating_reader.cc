@@ -62,25 +62,31 @@ void PopulatingReader::Run() {
     bool stopping;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || (!queue_.empty() && passed_on_ < Window()); });
+      cv_.wait(lock, [this] { return stopping_ || MayPassOn(); });
       if (queue_.empty()) return;  // stopping, and everything submitted has been passed on
       request = queue_.Pop();
       stopping = stopping_;
       ++passed_on_;
+      if (request.demand) ++demand_passed_on_;
     }
     if (!stopping) Populate(request);
-    request.done = [this, done = std::move(request.done)](Result<size_t> result) {
+    request.done = [this, demand = request.demand,
+                    done = std::move(request.done)](Result<size_t> result) {
       done(std::move(result));
       std::lock_guard lock(mu_);
       --passed_on_;
+      if (demand) --demand_passed_on_;
       cv_.notify_one();
     };
     inner_->Submit(std::move(request));
   }
 }
 
-unsigned PopulatingReader::Window() const {
-  return 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_;
+bool PopulatingReader::MayPassOn() const {
+  if (queue_.empty()) return false;
+  const unsigned window = 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_;
+  // Demand has a window of its own, so that a reader's miss does not wait behind prefetch.
+  return queue_.has_demand() ? demand_passed_on_ < window : passed_on_ < window;
 }
 
 void PopulatingReader::Populate(const ReadRequest& request) {

@@ -26,7 +26,8 @@ class PopulatingReader final : public BackendReader {
   // request goes on to `inner` once its buffer is populated (reads may reach `inner` up to
   // `threads` apart from submission order). Populating runs only a window ahead of the reads:
   // while twice `inner`'s depth (plus `threads`) requests are with `inner`, the rest wait, so
-  // that memory for data far ahead does not take CPU from the reads in flight. A buffer the
+  // that memory for data far ahead does not take CPU from the reads in flight; demand requests
+  // have a window of their own, so a reader's miss never waits for prefetch. A buffer the
   // kernel will not populate (MADV_POPULATE_WRITE needs Linux 5.14) goes on as it is, and the
   // read faults it in itself.
   PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads);
@@ -44,7 +45,7 @@ class PopulatingReader final : public BackendReader {
  private:
   void Run();
   void Populate(const ReadRequest& request);
-  unsigned Window() const;
+  bool MayPassOn() const;  // REQUIRES: mu_ held
 
   const std::unique_ptr<BackendReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
@@ -53,9 +54,10 @@ class PopulatingReader final : public BackendReader {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  RequestQueue queue_;      // GUARDED_BY(mu_)
-  bool stopping_ = false;   // GUARDED_BY(mu_)
-  unsigned passed_on_ = 0;  // GUARDED_BY(mu_) requests with inner_, not yet answered
+  RequestQueue queue_;             // GUARDED_BY(mu_)
+  bool stopping_ = false;          // GUARDED_BY(mu_)
+  unsigned passed_on_ = 0;         // GUARDED_BY(mu_) requests with inner_, not yet answered
+  unsigned demand_passed_on_ = 0;  // GUARDED_BY(mu_) those of them that are demand
   std::vector<std::thread> threads_;
 };
 

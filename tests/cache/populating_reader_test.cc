@@ -264,6 +264,30 @@ TEST(PopulatingReaderTest, PopulatesOnlyAWindowAheadOfTheReadsInFlight) {
   EXPECT_EQ(probe.seen().size(), kRequests);
 }
 
+TEST(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
+  auto probe_owner = std::make_unique<Probe>();
+  Probe& probe = *probe_owner;
+  probe.Hold();
+  PopulatingReader reader(std::move(probe_owner), 2);
+  constexpr size_t kRequests = 40;
+  Region region((kRequests + 1) * kMiB);
+  std::vector<Done> done;
+  for (size_t i = 0; i < kRequests; ++i) {
+    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB, /*demand=*/false));
+  }
+  ASSERT_TRUE(Within([&] { return probe.seen().size() == 16; }));  // the window, all prefetch
+  done.push_back(Submit(reader, region.data() + kRequests * kMiB, kMiB, kMiB, /*demand=*/true));
+  ASSERT_TRUE(Within([&] { return probe.seen().size() == 17; })) << "the demand read went on";
+  EXPECT_TRUE(probe.seen().back().demand);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(probe.seen().size(), 17u) << "and no prefetch with it";
+  reader.Stop();
+  for (auto& d : done) {
+    ASSERT_TRUE(d.ready());
+    EXPECT_EQ(d.calls(), 1);
+  }
+}
+
 TEST(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {
   EXPECT_GE(PopulateThreads(), 2u);
   EXPECT_LE(PopulateThreads(), 4u);

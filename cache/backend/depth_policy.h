@@ -43,7 +43,7 @@ class DepthController {
     double keep = 0.05;         // a step down may lose at most this fraction of throughput,
     double faster = 0.85;       // and must bring latency below this fraction
     unsigned probe_every = 10;  // holding intervals between probes
-    double best_decay = 0.99;   // per interval, of the best throughput seen (half in ~70)
+    double best_decay = 0.998;  // per interval, of the best throughput seen (half in ~350)
   };
 
   explicit DepthController(Options options);

@@ -168,7 +168,9 @@ int Run(const Config& config) {
     cache_dir_store->NoteOwner();  // the daemon's pid, not the caller's
   std::unique_ptr<BackendReader> reader;
   std::string backend = "io_uring";
-  if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true); uring.ok()) {
+  if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true,
+                                   [](const std::string& line) { spdlog::debug("{}", line); });
+      uring.ok()) {
     reader = std::move(uring.value());
   } else {
     spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",

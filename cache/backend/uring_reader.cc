@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -30,10 +31,12 @@ struct Op {
 
 class UringReader final : public BackendReader {
  public:
-  UringReader(unsigned depth, bool adaptive, int event_fd)
+  UringReader(unsigned depth, bool adaptive, int event_fd,
+              std::function<void(const std::string&)> debug_log)
       : depth_(depth),
         adaptive_(adaptive),
         event_fd_(event_fd),
+        debug_log_(std::move(debug_log)),
         controller_({1, depth, std::min(depth, 32u), 0.10, 1.3, 0.10, 0.85, 10}),
         limit_(adaptive ? controller_.depth() : depth) {
     current_depth_ = limit_;
@@ -225,11 +228,21 @@ class UringReader final : public BackendReader {
       return;
     }
     const unsigned before = limit_;
-    limit_ = controller_.Update(
-        {interval_bytes_, seconds, interval_latency_ / interval_ops_, saturated_});
+    const double latency = interval_latency_ / interval_ops_;
+    limit_ = controller_.Update({interval_bytes_, seconds, latency, saturated_});
     current_depth_.store(limit_, std::memory_order_relaxed);
+    if (limit_ != before) {
+      ++epoch_;
+      if (debug_log_) {
+        char line[160];
+        std::snprintf(line, sizeof line,
+                      "backend depth %u -> %u after %.0f ms at %.2f GB/s, %.1f ms per read", before,
+                      limit_, seconds * 1e3, static_cast<double>(interval_bytes_) / seconds / 1e9,
+                      latency * 1e3);
+        debug_log_(line);
+      }
+    }
     StartInterval();
-    if (limit_ != before) ++epoch_;
   }
 
   // Submitting to the ring failed: answer what is queued rather than let it wait on a ring that
@@ -251,16 +264,17 @@ class UringReader final : public BackendReader {
   const unsigned depth_;
   const bool adaptive_;
   const int event_fd_;
-  DepthController controller_;       // ring thread only
-  unsigned limit_;                   // ring thread only: reads allowed in flight now
+  const std::function<void(const std::string&)> debug_log_;
+  DepthController controller_;  // ring thread only
+  unsigned limit_;              // ring thread only: reads allowed in flight now
   std::atomic<unsigned> current_depth_{0};
   Clock::time_point interval_start_ = Clock::now();  // ring thread only, as the three below
   uint64_t interval_bytes_ = 0;
   unsigned interval_ops_ = 0;
   double interval_latency_ = 0;  // seconds, summed over the interval's completed requests
   bool saturated_ = false;
-  bool warming_ = true;  // ring thread only: the next interval is discarded
-  unsigned epoch_ = 0;   // ring thread only: bumped at each depth change
+  bool warming_ = true;              // ring thread only: the next interval is discarded
+  unsigned epoch_ = 0;               // ring thread only: bumped at each depth change
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only
   io_uring ring_{};
@@ -275,10 +289,11 @@ class UringReader final : public BackendReader {
 
 }  // namespace
 
-Result<std::unique_ptr<BackendReader>> MakeUringReader(unsigned depth, bool adaptive) {
+Result<std::unique_ptr<BackendReader>> MakeUringReader(
+    unsigned depth, bool adaptive, std::function<void(const std::string&)> debug_log) {
   const int event_fd = eventfd(0, EFD_CLOEXEC);
   if (event_fd < 0) return Error(errno);
-  auto reader = std::make_unique<UringReader>(depth, adaptive, event_fd);
+  auto reader = std::make_unique<UringReader>(depth, adaptive, event_fd, std::move(debug_log));
   if (Status s = reader->Start(); !s.ok()) return s.error();
   return std::unique_ptr<BackendReader>(std::move(reader));
 }

@@ -1,6 +1,7 @@
 #include "cache/backend/depth_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace accelfs {
 
@@ -12,6 +13,11 @@ void DepthController::Hold(unsigned at) {
   depth_ = at;
   phase_ = Phase::kHolding;
   held_ = 0;
+}
+
+void DepthController::HoldAboveKnee(unsigned knee) {
+  const double above = std::ceil(knee * options_.headroom);
+  Hold(std::clamp(static_cast<unsigned>(above), options_.min_depth, options_.max_depth));
 }
 
 unsigned DepthController::Update(const DepthSample& sample) {
@@ -49,6 +55,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
         } else {
           depth_ = lower;
           phase_ = Phase::kProbingDown;
+          descended_ = false;
         }
       } else {
         Hold(depth_);  // no gain, no cost: keep it
@@ -64,6 +71,7 @@ unsigned DepthController::Update(const DepthSample& sample) {
       down_next_ = !down;
       if (down) {
         start_step(depth_ * 3 / 4, Phase::kProbingDown);
+        descended_ = false;
       } else {
         start_step(depth_ + std::max(1u, depth_ / 2), Phase::kClimbing);
       }
@@ -72,18 +80,20 @@ unsigned DepthController::Update(const DepthSample& sample) {
     case Phase::kProbingDown:
       // Fewer in flight, (almost) the best throughput seen lately, faster requests: the device
       // was queueing. Keep it and go on down; else back to the last good one.
-      if (rate >= best_rate_ * (1 - options_.keep) &&
-          latency < base_latency_ * options_.faster) {
+      if (rate >= best_rate_ * (1 - options_.keep) && latency < base_latency_ * options_.faster) {
         const unsigned lower = std::max(options_.min_depth, depth_ * 3 / 4);
         if (lower == depth_) {
-          Hold(depth_);
+          HoldAboveKnee(depth_);
         } else {
           base_depth_ = depth_;
           base_latency_ = latency;
           depth_ = lower;
+          descended_ = true;
         }
+      } else if (descended_) {
+        HoldAboveKnee(base_depth_);  // the fewest requests that kept the rate
       } else {
-        Hold(base_depth_);
+        Hold(base_depth_);  // the first step down lost: nothing learnt about the knee
       }
       break;
   }

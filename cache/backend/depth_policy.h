@@ -17,7 +17,13 @@
 //     something else limits what the client takes (its memory faulting in, its CPUs), fewer
 //     requests lose nothing and wait less, and a descent measured against that would walk down
 //     to the depth of the limit and leave the store starved when it lifts. A limit that lasts
-//     (the best decays to it) is followed down.
+//     (the best decays to it) is followed down;
+//   - hold `headroom` times the fewest requests that kept the rate, not the fewest: at the knee
+//     any slowdown of a request (the client's CPUs busy with the data just read, a hiccup of the
+//     store) is throughput lost, and the suite's NET daemons, walked down from 64 to 4-6 while
+//     the store was at its cap, got 1.0-1.5 GB/s of its 2 GB/s once the loaders' copying took
+//     the CPUs. Twice the knee is what a congestion window keeps over the path's
+//     bandwidth-delay product; on a 200 MB/s disk it is 4 reads, 84 ms of queue for a demand miss.
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
 #pragma once
 
@@ -44,6 +50,7 @@ class DepthController {
     double faster = 0.85;       // and must bring latency below this fraction
     unsigned probe_every = 10;  // holding intervals between probes
     double best_decay = 0.998;  // per interval, of the best throughput seen (half in ~350)
+    double headroom = 2.0;      // held: this many times the fewest requests that kept the rate
   };
 
   explicit DepthController(Options options);
@@ -58,16 +65,19 @@ class DepthController {
   enum class Phase { kClimbing, kHolding, kProbingDown };
 
   void Hold(unsigned at);
+  // Holds `headroom` times `knee`, the fewest requests found to give the store's rate.
+  void HoldAboveKnee(unsigned knee);
 
   const Options options_;
   unsigned depth_;
   Phase phase_ = Phase::kClimbing;
-  unsigned base_depth_ = 0;   // the depth the current step started from (0: none yet)
-  double base_rate_ = 0;      // its throughput, bytes per second
-  double base_latency_ = 0;   // its mean request latency
-  double best_rate_ = 0;      // the best throughput seen, decaying by best_decay per interval
-  unsigned held_ = 0;         // saturated intervals since the last probe
-  bool down_next_ = true;     // which way the next probe goes
+  unsigned base_depth_ = 0;  // the depth the current step started from (0: none yet)
+  double base_rate_ = 0;     // its throughput, bytes per second
+  double base_latency_ = 0;  // its mean request latency
+  double best_rate_ = 0;     // the best throughput seen, decaying by best_decay per interval
+  unsigned held_ = 0;        // saturated intervals since the last probe
+  bool down_next_ = true;    // which way the next probe goes
+  bool descended_ = false;   // ProbingDown: a step of this descent was kept
 };
 
 }  // namespace accelfs

@@ -62,13 +62,14 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
   constexpr double kMB = 1e6;
   const std::vector<Case> cases = {
       // 5 ms latency, 200 MB/s per request: 4 MiB takes 26 ms, so each request adds ~160 MB/s
-      // until the 2 GB/s cap at ~13; past it requests only queue.
-      {"net capped at 2 GB/s", [](unsigned d) { return std::min(d * 160 * kMB, 2000 * kMB); }, 12,
-       20},
+      // until the 2 GB/s cap at ~13; past it requests only queue. Held at twice that.
+      {"net capped at 2 GB/s", [](unsigned d) { return std::min(d * 160 * kMB, 2000 * kMB); }, 24,
+       32},
       // Grows all the way, at the same latency: the maximum.
       {"net never capped", [](unsigned d) { return d * 50 * kMB; }, 64, 64},
-      // A throttled disk: the same at any depth from 2 on; one request alone gets half.
-      {"disk at 200 MB/s", [](unsigned d) { return d >= 2 ? 200 * kMB : 100 * kMB; }, 2, 3},
+      // A throttled disk: the same at any depth from 2 on; one request alone gets half. Held at
+      // twice 2 (probes aside).
+      {"disk at 200 MB/s", [](unsigned d) { return d >= 2 ? 200 * kMB : 100 * kMB; }, 2, 4},
       // Deeper is worse (seek storms): back to few.
       {"disk that degrades", [](unsigned d) { return 300 * kMB / (1 + d / 16.0); }, 1, 2},
       // A store behind a busy 2-core client: 75 MB/s per request up to 1.2 GB/s at 16, and then
@@ -98,7 +99,8 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
 
 TEST(DepthControllerTest, ClimbsByDoublingWhileThroughputRises) {
   DepthController c(Opts(4, 1000));
-  const std::vector<unsigned> path = Simulate(c, [](unsigned d) { return d * 1e6; }, 5);
+  const std::vector<unsigned> path = Simulate(
+      c, [](unsigned d) { return d * 1e6; }, 5);
   EXPECT_EQ(path, (std::vector<unsigned>{8, 16, 32, 64, 64}));
 }
 
@@ -106,15 +108,16 @@ TEST(DepthControllerTest, StepThatOnlyQueuesIsTakenBack) {
   DepthController c(Opts(8, 1000));
   // Flat throughput: twice the requests take twice as long each.
   // Taken back to 8, and the descent from there pays as well (fewer requests, same throughput).
-  const std::vector<unsigned> path = Simulate(c, [](unsigned) { return 200e6; }, 4);
+  const std::vector<unsigned> path = Simulate(
+      c, [](unsigned) { return 200e6; }, 4);
   EXPECT_EQ(path, (std::vector<unsigned>{16, 6, 4, 3}));
 }
 
 TEST(DepthControllerTest, StepThatCostsNothingIsKept) {
   DepthController c(Opts(8, 1000));
   // Flat throughput at the same latency (the limit is elsewhere, e.g. the client's CPU).
-  const std::vector<unsigned> path =
-      Simulate(c, [](unsigned) { return 200e6; }, 3, [](unsigned) { return 0.03; });
+  const std::vector<unsigned> path = Simulate(
+      c, [](unsigned) { return 200e6; }, 3, [](unsigned) { return 0.03; });
   EXPECT_EQ(path, (std::vector<unsigned>{16, 16, 16}));
 }
 
@@ -122,14 +125,13 @@ TEST(DepthControllerTest, FewerRequestsAreKeptOnlyWhenTheyAreFaster) {
   // A throttled disk: flat throughput, so fewer requests queue less. From 16 (probing every
   // interval): 32 only queues, so back and down, on while it pays.
   DepthController disk(Opts(16, 1));
-  const std::vector<unsigned> path = Simulate(disk, [](unsigned d) {
-    return d >= 2 ? 200e6 : 100e6;
-  }, 12);
+  const std::vector<unsigned> path = Simulate(
+      disk, [](unsigned d) { return d >= 2 ? 200e6 : 100e6; }, 12);
   EXPECT_EQ(path[0], 32u) << "the first step up";
   EXPECT_EQ(path[1], 12u) << "taken back, as it only queued, and a descent begun";
   EXPECT_LE(*std::max_element(path.begin() + 1, path.end()), 16u);
   EXPECT_EQ(path[7], 1u) << "tried";
-  EXPECT_EQ(path[8], 2u) << "descended to where one request alone would lose half";
+  EXPECT_EQ(path[8], 4u) << "one request alone lost half: held at twice the fewest that kept it";
 
   // Throughput proportional to depth at a fixed latency: 48 loses a quarter: back to 64.
   DepthController network(Opts(16, 1));
@@ -153,7 +155,8 @@ TEST(DepthControllerTest, StaysWithinItsBounds) {
   o.max_depth = 8;
   DepthController c(o);
   EXPECT_EQ(c.depth(), 8u) << "the start depth is clamped";
-  const std::vector<unsigned> path = Simulate(c, [](unsigned) { return 1e6; }, 100);
+  const std::vector<unsigned> path = Simulate(
+      c, [](unsigned) { return 1e6; }, 100);
   for (unsigned d : path) {
     EXPECT_GE(d, 4u);
     EXPECT_LE(d, 8u);
@@ -171,8 +174,8 @@ TEST(DepthControllerTest, FollowsABackendThatGetsFaster) {
 }
 
 TEST(DepthControllerTest, KeepsItsDepthThroughAWhileTheClientLimits) {
-  // A store that gives 2 GB/s from ~13 requests, read by a client that for 40, then 150
-  // intervals (15 s or more: most of a model's load) takes only 0.5 GB/s at any depth (its memory
+  // A store that gives 2 GB/s from ~13 requests, read by a client that for 40, then 300
+  // intervals (30 s or more: most of a model's load) takes only 0.5 GB/s at any depth (its memory
   // faults in slowly, its CPUs are busy): fewer requests lose nothing then, and wait less. The
   // depth must stay where the store gives its rate (probes aside), so that the store is not
   // starved when the client catches up; a limit that lasts (1000 intervals) is followed down.
@@ -182,17 +185,19 @@ TEST(DepthControllerTest, KeepsItsDepthThroughAWhileTheClientLimits) {
     const double rate = std::min(d * 160e6, 2000e6);
     return limited ? std::min(rate, 500e6) : rate;
   };
-  EXPECT_EQ(Settled(Simulate(c, store, 30)), 13u);
+  // Held at twice the knee, give or take a probe's step; never below the knee.
+  const auto at_the_stores_depth = [](unsigned settled) { return settled >= 13 && settled <= 48; };
+  EXPECT_PRED1(at_the_stores_depth, Settled(Simulate(c, store, 30)));
   limited = true;
-  EXPECT_EQ(Settled(Simulate(c, store, 40)), 13u);
+  EXPECT_PRED1(at_the_stores_depth, Settled(Simulate(c, store, 40)));
   limited = false;
-  EXPECT_EQ(Settled(Simulate(c, store, 20)), 13u);
+  EXPECT_PRED1(at_the_stores_depth, Settled(Simulate(c, store, 20)));
   limited = true;
-  EXPECT_EQ(Settled(Simulate(c, store, 150)), 13u);
+  EXPECT_PRED1(at_the_stores_depth, Settled(Simulate(c, store, 300)));
   limited = false;
-  EXPECT_EQ(Settled(Simulate(c, store, 20)), 13u);
+  EXPECT_PRED1(at_the_stores_depth, Settled(Simulate(c, store, 20)));
   limited = true;
-  EXPECT_LE(Settled(Simulate(c, store, 1000)), 4u);
+  EXPECT_LE(Settled(Simulate(c, store, 1000)), 8u) << "the lasting limit's knee is 4";
 }
 
 }  // namespace

@@ -141,6 +141,23 @@ TEST(DepthControllerTest, FewerRequestsAreKeptOnlyWhenTheyAreFaster) {
   EXPECT_EQ(Simulate(network, net, 2, fixed), (std::vector<unsigned>{48, 64}));
 }
 
+TEST(DepthControllerTest, ADescentIsNotStoppedByAFirstIntervalMeasuredWhileTheQueueFilled) {
+  // A 200 MB/s disk (2 reads give its rate). The first interval at 32 measured its latency while
+  // the queue was still filling: 83 % of what 32 reads settle at (556 ms against 671 ms on the
+  // DISK backend). 64 only queues; 24 must still count as faster than that, and the descent go
+  // on down to the disk's knee.
+  DepthController c(Opts(32, 10));
+  const Backend disk = [](unsigned d) { return d >= 2 ? 200e6 : 100e6; };
+  int intervals = 0;
+  const Backend latency = [&](unsigned d) {
+    const double settled = d * kRequest / disk(d);
+    return intervals++ == 0 ? settled * 0.83 : settled;
+  };
+  const std::vector<unsigned> path = Simulate(c, disk, 8, latency);
+  EXPECT_EQ(path, (std::vector<unsigned>{64, 24, 18, 13, 9, 6, 4, 3}))
+      << "from 64 back to 24, then on down at once, not held at 32 until the next probe";
+}
+
 TEST(DepthControllerTest, UnsaturatedIntervalsChangeNothing) {
   DepthController c(Opts(16, 1));
   for (int i = 0; i < 50; ++i) {

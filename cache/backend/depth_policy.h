@@ -21,7 +21,7 @@
 //   - hold `headroom` times the fewest requests that kept the rate, not the fewest: at the knee
 //     any slowdown of a request (the client's CPUs busy with the data just read, a hiccup of the
 //     store) is throughput lost, and the suite's NET daemons, walked down from 64 to 4-6 while
-//     the store was at its cap, got 1.0-1.5 GB/s of its 2 GB/s once the loaders' copying took
+//     the store was at its cap, got 1.0-1.6 GB/s of its 2 GB/s once the loaders' copying took
 //     the CPUs. Twice the knee is what a congestion window keeps over the path's
 //     bandwidth-delay product; on a 200 MB/s disk it is 4 reads, 84 ms of queue for a demand miss.
 // The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.

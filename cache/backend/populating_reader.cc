@@ -27,32 +27,15 @@ bool KernelPopulates() {
 
 PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
     : inner_(std::move(inner)), populate_(KernelPopulates()), thread_count_(std::max(threads, 1u)) {
-  for (unsigned i = 0; i < thread_count_; ++i) threads_.emplace_back([this] { Run(); });
+  for (unsigned i = 0; i < thread_count_; ++i) served_.threads.emplace_back([this] { Run(); });
 }
 
 PopulatingReader::~PopulatingReader() { Stop(); }
 
-void PopulatingReader::Submit(ReadRequest request) {
-  {
-    std::lock_guard lock(mu_);
-    if (!stopping_) {
-      queue_.Push(std::move(request));
-      cv_.notify_one();
-      return;
-    }
-  }
-  request.done(Error(ECANCELED));
-}
+void PopulatingReader::Submit(ReadRequest request) { served_.Submit(std::move(request)); }
 
 void PopulatingReader::Stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    cv_.notify_all();
-  }
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
+  served_.StopAndJoin();
   inner_->Stop();
 }
 
@@ -61,11 +44,11 @@ void PopulatingReader::Run() {
     ReadRequest request;
     bool stopping;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || MayPassOn(); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has been passed on
-      request = queue_.Pop();
-      stopping = stopping_;
+      std::unique_lock lock(served_.mu);
+      served_.cv.wait(lock, [this] { return served_.stopping || MayPassOn(); });
+      if (served_.queue.empty()) return;  // stopping, and everything submitted has been passed on
+      request = served_.queue.Pop();
+      stopping = served_.stopping;
       ++passed_on_;
       if (request.demand) ++demand_passed_on_;
     }
@@ -73,20 +56,20 @@ void PopulatingReader::Run() {
     request.done = [this, demand = request.demand,
                     done = std::move(request.done)](Result<size_t> result) {
       done(std::move(result));
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(served_.mu);
       --passed_on_;
       if (demand) --demand_passed_on_;
-      cv_.notify_one();
+      served_.cv.notify_one();
     };
     inner_->Submit(std::move(request));
   }
 }
 
 bool PopulatingReader::MayPassOn() const {
-  if (queue_.empty()) return false;
+  if (served_.queue.empty()) return false;
   const unsigned window = 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_;
   // Demand has a window of its own, so that a reader's miss does not wait behind prefetch.
-  return queue_.has_demand() ? demand_passed_on_ < window : passed_on_ < window;
+  return served_.queue.has_demand() ? demand_passed_on_ < window : passed_on_ < window;
 }
 
 void PopulatingReader::Populate(const ReadRequest& request) {

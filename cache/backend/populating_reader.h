@@ -46,19 +46,16 @@ class PopulatingReader final : public BackendReader {
  private:
   void Run();
   void Populate(const ReadRequest& request);
-  bool MayPassOn() const;  // REQUIRES: mu_ held
+  bool MayPassOn() const;  // REQUIRES: served_.mu held
 
   const std::unique_ptr<BackendReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
   const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  RequestQueue queue_;             // GUARDED_BY(mu_)
-  bool stopping_ = false;          // GUARDED_BY(mu_)
-  unsigned passed_on_ = 0;         // GUARDED_BY(mu_) requests with inner_, not yet answered
-  unsigned demand_passed_on_ = 0;  // GUARDED_BY(mu_) those of them that are demand
+  ServedQueue served_;
+  unsigned passed_on_ = 0;         // GUARDED_BY(served_.mu) requests with inner_, not yet answered
+  unsigned demand_passed_on_ = 0;  // GUARDED_BY(served_.mu) those of them that are demand
   std::vector<std::thread> threads_;
 };
 

@@ -56,43 +56,47 @@ void DropBackingPageCache(const ReadRequest& request, size_t bytes) {
   }
 }
 
-PreadReader::PreadReader(unsigned threads) {
-  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-}
-
-PreadReader::~PreadReader() { Stop(); }
-
-void PreadReader::Submit(ReadRequest request) {
+void ServedQueue::Submit(ReadRequest request) {
   {
-    std::lock_guard lock(mu_);
-    if (!stopping_) {
-      queue_.Push(std::move(request));
-      cv_.notify_one();
+    std::lock_guard lock(mu);
+    if (!stopping) {
+      queue.Push(std::move(request));
+      cv.notify_one();
       return;
     }
   }
   request.done(Error(ECANCELED));
 }
 
-void PreadReader::Stop() {
+void ServedQueue::StopAndJoin() {
   {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    cv_.notify_all();
+    std::lock_guard lock(mu);
+    stopping = true;
+    cv.notify_all();
   }
-  for (auto& t : threads_) {
+  for (auto& t : threads) {
     if (t.joinable()) t.join();
   }
 }
+
+PreadReader::PreadReader(unsigned threads) : threads_count_(threads) {
+  for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { Run(); });
+}
+
+PreadReader::~PreadReader() { Stop(); }
+
+void PreadReader::Submit(ReadRequest request) { served_.Submit(std::move(request)); }
+
+void PreadReader::Stop() { served_.StopAndJoin(); }
 
 void PreadReader::Run() {
   for (;;) {
     ReadRequest request;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has been served
-      request = queue_.Pop();
+      std::unique_lock lock(served_.mu);
+      served_.cv.wait(lock, [this] { return served_.stopping || !served_.queue.empty(); });
+      if (served_.queue.empty()) return;  // stopping, and everything submitted has been served
+      request = served_.queue.Pop();
     }
     request.done(PreadBlock(request));
   }

@@ -19,16 +19,14 @@ class PreadReader final : public BackendReader {
   void Submit(ReadRequest request) override;
   void Stop() override;
   // One read per thread: a fixed depth.
-  unsigned CurrentDepth() const override { return static_cast<unsigned>(threads_.size()); }
+  unsigned CurrentDepth() const override { return threads_count_; }
 
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  RequestQueue queue_;     // GUARDED_BY(mu_)
-  bool stopping_ = false;  // GUARDED_BY(mu_)
-  std::vector<std::thread> threads_;
+  const unsigned threads_count_;
+
+  ServedQueue served_;
 };
 
 }  // namespace accelfs

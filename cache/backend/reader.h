@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "cache/result.h"
 
@@ -86,6 +90,21 @@ class RequestQueue {
  private:
   std::deque<ReadRequest> demand_;
   std::deque<ReadRequest> prefetch_;
+};
+
+// A RequestQueue served by a reader's own threads, with its lock. Submit queues a request, or
+// answers it ECANCELED once stopping; StopAndJoin sets `stopping`, wakes every thread and joins
+// them. Each thread waits on `cv` under `mu` for what it needs and returns once `stopping` and
+// nothing is queued, so everything submitted before the stop is served.
+struct ServedQueue {
+  void Submit(ReadRequest request);
+  void StopAndJoin();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  RequestQueue queue;     // GUARDED_BY(mu)
+  bool stopping = false;  // GUARDED_BY(mu)
+  std::vector<std::thread> threads;
 };
 
 // Opens `path` (relative to `dir_fd`, or AT_FDCWD) for the readers: a buffered descriptor, and an

@@ -79,7 +79,7 @@ void ServedQueue::StopAndJoin() {
   }
 }
 
-PreadReader::PreadReader(unsigned threads) : threads_count_(threads) {
+PreadReader::PreadReader(unsigned threads) {
   for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { Run(); });
 }
 

@@ -19,12 +19,10 @@ class PreadReader final : public BackendReader {
   void Submit(ReadRequest request) override;
   void Stop() override;
   // One read per thread: a fixed depth.
-  unsigned CurrentDepth() const override { return threads_count_; }
+  unsigned CurrentDepth() const override { return static_cast<unsigned>(served_.threads.size()); }
 
  private:
   void Run();
-
-  const unsigned threads_count_;
 
   ServedQueue served_;
 };

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -132,10 +133,39 @@ Done Submit(BackendReader& reader, std::byte* buffer, size_t capacity, size_t ex
   return done;
 }
 
-TEST(PopulatingReaderTest, EveryReadReachesTheReaderBehindWithTheMemoryItWillWriteInPlace) {
-  auto probe_owner = std::make_unique<Probe>();
-  Probe& probe = *probe_owner;
-  PopulatingReader reader(std::move(probe_owner), 2);
+// A PopulatingReader with 2 threads in front of a Probe, whose depth is 7: a window of
+// 2 * 7 + 2 = 16 reads.
+class PopulatingReaderTest : public ::testing::Test {
+ protected:
+  PopulatingReaderTest() : probe_(new Probe), reader_(std::unique_ptr<BackendReader>(probe_), 2) {}
+
+  // `n` reads of `expected` bytes into the `stride`-byte buffers from `base` on; read i is demand
+  // when demand(i).
+  std::vector<Done> SubmitEach(std::byte* base, size_t n, size_t stride, size_t expected,
+                               const std::function<bool(size_t)>& demand) {
+    std::vector<Done> done;
+    for (size_t i = 0; i < n; ++i) {
+      done.push_back(Submit(reader_, base + i * stride, stride, expected, demand(i)));
+    }
+    return done;
+  }
+
+  Probe& probe() { return *probe_; }
+
+  Probe* const probe_;  // owned by reader_
+  PopulatingReader reader_;
+};
+
+void ExpectEachAnsweredOnce(const std::vector<Done>& done) {
+  for (const Done& d : done) {
+    ASSERT_TRUE(d.ready());
+    EXPECT_EQ(d.calls(), 1);
+  }
+}
+
+TEST_F(PopulatingReaderTest, EveryReadReachesTheReaderBehindWithTheMemoryItWillWriteInPlace) {
+  Probe& probe = this->probe();
+  PopulatingReader& reader = reader_;
   if (!reader.populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
   EXPECT_EQ(reader.CurrentDepth(), 7u) << "the depth is the inner reader's";
 
@@ -146,10 +176,8 @@ TEST(PopulatingReaderTest, EveryReadReachesTheReaderBehindWithTheMemoryItWillWri
   constexpr size_t kExpected = kMiB + 100;
   Region region(kBuffers * kCapacity);
   ASSERT_EQ(ResidentPages(region.data(), kBuffers * kCapacity), 0u);
-  std::vector<Done> done;
-  for (size_t i = 0; i < kBuffers; ++i) {
-    done.push_back(Submit(reader, region.data() + i * kCapacity, kCapacity, kExpected, i % 2));
-  }
+  std::vector<Done> done =
+      SubmitEach(region.data(), kBuffers, kCapacity, kExpected, [](size_t i) { return i % 2; });
   for (auto& d : done) {
     ASSERT_TRUE(d.Wait());
     EXPECT_EQ(d.calls(), 1);
@@ -169,10 +197,9 @@ TEST(PopulatingReaderTest, EveryReadReachesTheReaderBehindWithTheMemoryItWillWri
   EXPECT_EQ(reader.populated_bytes(), kBuffers * 257 * kPage);
 }
 
-TEST(PopulatingReaderTest, ABufferThatCannotBeWrittenStillGoesOnToTheRead) {
-  auto probe_owner = std::make_unique<Probe>();
-  Probe& probe = *probe_owner;
-  PopulatingReader reader(std::move(probe_owner), 2);
+TEST_F(PopulatingReaderTest, ABufferThatCannotBeWrittenStillGoesOnToTheRead) {
+  Probe& probe = this->probe();
+  PopulatingReader& reader = reader_;
   Region read_only(kMiB, PROT_READ);
   Done done = Submit(reader, read_only.data(), kMiB, kMiB);
   ASSERT_TRUE(done.Wait());
@@ -190,21 +217,17 @@ TEST(PopulatingReaderTest, ABufferThatCannotBeWrittenStillGoesOnToTheRead) {
   }
 }
 
-TEST(PopulatingReaderTest, StopPassesOnEverythingSubmittedThenStopsTheReaderBehindAndRefuses) {
-  auto probe_owner = std::make_unique<Probe>();
-  Probe& probe = *probe_owner;
-  PopulatingReader reader(std::move(probe_owner), 2);
+TEST_F(PopulatingReaderTest, StopPassesOnEverythingSubmittedThenStopsTheReaderBehindAndRefuses) {
+  Probe& probe = this->probe();
+  PopulatingReader& reader = reader_;
   constexpr size_t kRequests = 64;
   Region region(kRequests * kMiB);
-  std::vector<Done> done;
-  for (size_t i = 0; i < kRequests; ++i) {
-    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB, i % 3 == 0));
-  }
+  const std::vector<Done> done =
+      SubmitEach(region.data(), kRequests, kMiB, kMiB, [](size_t i) { return i % 3 == 0; });
   reader.Stop();
   EXPECT_TRUE(probe.stopped());
-  for (auto& d : done) {
-    ASSERT_TRUE(d.ready()) << "answered before Stop returned";
-    EXPECT_EQ(d.calls(), 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectEachAnsweredOnce(done)) << "answered before Stop returned";
+  for (Done d : done) {
     ASSERT_TRUE(d.value().ok()) << "reached the inner reader before its Stop";
   }
   EXPECT_EQ(probe.seen().size(), kRequests);
@@ -228,18 +251,15 @@ bool Within(F&& f, std::chrono::milliseconds timeout = std::chrono::seconds(10))
   return true;
 }
 
-TEST(PopulatingReaderTest, PopulatesOnlyAWindowAheadOfTheReadsInFlight) {
-  auto probe_owner = std::make_unique<Probe>();
-  Probe& probe = *probe_owner;
+TEST_F(PopulatingReaderTest, PopulatesOnlyAWindowAheadOfTheReadsInFlight) {
+  Probe& probe = this->probe();
+  PopulatingReader& reader = reader_;
   probe.Hold();
-  PopulatingReader reader(std::move(probe_owner), 2);
-  // The probe's depth is 7: 2 * 7 + 2 threads = 16 reads may be with it at once.
+  // The window: 16 reads may be with the probe at once.
   constexpr size_t kRequests = 40;
   Region region(kRequests * kMiB);
-  std::vector<Done> done;
-  for (size_t i = 0; i < kRequests; ++i) {
-    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB));
-  }
+  const std::vector<Done> done =
+      SubmitEach(region.data(), kRequests, kMiB, kMiB, [](size_t) { return true; });
   ASSERT_TRUE(Within([&] { return probe.seen().size() == 16; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(probe.seen().size(), 16u) << "no more than the window";
@@ -253,28 +273,22 @@ TEST(PopulatingReaderTest, PopulatesOnlyAWindowAheadOfTheReadsInFlight) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(probe.seen().size(), 21u);
   size_t answered = 0;
-  for (auto& d : done) answered += d.ready() ? 1 : 0;
+  for (const Done& d : done) answered += d.ready() ? 1 : 0;
   EXPECT_EQ(answered, 5u);
 
   reader.Stop();  // answers everything: the probe answers what it holds, the rest go on
-  for (auto& d : done) {
-    ASSERT_TRUE(d.ready());
-    EXPECT_EQ(d.calls(), 1);
-  }
+  ExpectEachAnsweredOnce(done);
   EXPECT_EQ(probe.seen().size(), kRequests);
 }
 
-TEST(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
-  auto probe_owner = std::make_unique<Probe>();
-  Probe& probe = *probe_owner;
+TEST_F(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
+  Probe& probe = this->probe();
+  PopulatingReader& reader = reader_;
   probe.Hold();
-  PopulatingReader reader(std::move(probe_owner), 2);
   constexpr size_t kRequests = 40;
   Region region((kRequests + 1) * kMiB);
-  std::vector<Done> done;
-  for (size_t i = 0; i < kRequests; ++i) {
-    done.push_back(Submit(reader, region.data() + i * kMiB, kMiB, kMiB, /*demand=*/false));
-  }
+  std::vector<Done> done =
+      SubmitEach(region.data(), kRequests, kMiB, kMiB, [](size_t) { return false; });
   ASSERT_TRUE(Within([&] { return probe.seen().size() == 16; }));  // the window, all prefetch
   done.push_back(Submit(reader, region.data() + kRequests * kMiB, kMiB, kMiB, /*demand=*/true));
   ASSERT_TRUE(Within([&] { return probe.seen().size() == 17; })) << "the demand read went on";
@@ -282,13 +296,10 @@ TEST(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(probe.seen().size(), 17u) << "and no prefetch with it";
   reader.Stop();
-  for (auto& d : done) {
-    ASSERT_TRUE(d.ready());
-    EXPECT_EQ(d.calls(), 1);
-  }
+  ExpectEachAnsweredOnce(done);
 }
 
-TEST(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {
+TEST_F(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {
   EXPECT_GE(PopulateThreads(), 2u);
   EXPECT_LE(PopulateThreads(), 4u);
 }

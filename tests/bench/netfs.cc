@@ -3,13 +3,19 @@
 //
 //   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
 //                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]
-//                 [--stats-file PATH]
+//                 [--copy-replies] [--stats-file PATH]
 //
 // Every READ of n bytes completes at max(arrival + latency + n / request bandwidth, the time the
 // store's shared link has carried it at the aggregate bandwidth): per-request cost, plus a
 // virtual-time FIFO pipe that caps the sum. A worker thread sleeps until then (no CPU burnt) and
 // handles one request at a time, so --threads is the store's concurrency. Throughput therefore
 // grows with parallel readers until the aggregate cap (or the CPU) stops it.
+//
+// A READ's bytes are spliced from SOURCE's page cache into the reply when a pipe can hold a whole
+// reply (a 1 MiB READ needs a 2 MiB pipe: /proc/sys/fs/pipe-max-size 2097152, or
+// CAP_SYS_RESOURCE), so the store costs the client one copy, into the reader's pages, as a
+// network client's receive does. Otherwise (or with --copy-replies) each READ is read into a
+// buffer and copied again into the reply; the start-up line says which.
 //
 // Like network storage, nothing survives a close: opens are answered without keep_cache, so the
 // kernel drops the file's cached pages at every open. Reads still go through the page cache (no
@@ -66,6 +72,7 @@ struct Options {
   unsigned threads = 64;
   unsigned max_background = 64;
   unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
+  bool copy_replies = false;               // never splice
   std::string stats_file;                  // empty: none
 };
 
@@ -126,6 +133,7 @@ struct Net {
   Inode root;
   std::mutex mutex;  // guards inodes and every Inode::nlookup
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes;
+  bool splice = false;  // set by INIT, before any READ: replies are spliced from the source file
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<unsigned> in_flight{0};
@@ -138,10 +146,23 @@ int Stat(int fd, struct stat* st) {
   return fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
 }
 
+// Whether this process may size a pipe to hold a whole reply, as libfuse 3.14 sizes its pipe
+// for a spliced reply: the data, the header and a page per buffer and one more.
+bool CanSpliceReplies() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return false;
+  const bool ok = fcntl(fds[0], F_SETPIPE_SZ, kMaxRead + 4 * 4096) >= 0;
+  close(fds[0]);
+  close(fds[1]);
+  return ok;
+}
+
 void OnInit(void* userdata, fuse_conn_info* conn) {
-  const Options& o = static_cast<Net*>(userdata)->options;
-  // Splicing would hide the copy a network client pays; fewer moving parts without it.
+  Net& net = *static_cast<Net*>(userdata);
+  const Options& o = net.options;
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_WRITE);
+  net.splice = !o.copy_replies && (conn->capable & FUSE_CAP_SPLICE_WRITE) && CanSpliceReplies();
+  if (net.splice) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->max_write = kMaxRead;  // libfuse derives max_pages, the READ size cap, from it
   conn->max_readahead = kMaxRead;
@@ -250,6 +271,47 @@ ssize_t PreadFull(int fd, char* buf, size_t size, off_t off) {
   return static_cast<ssize_t>(done);
 }
 
+// Waits until the link has carried a READ of `bytes` that arrived at `arrival`, and counts it.
+void Carry(Net& net, uint64_t bytes, Clock::time_point arrival) {
+  std::this_thread::sleep_until(net.link.Admit(bytes, arrival));
+  net.reads.fetch_add(1, std::memory_order_relaxed);
+  net.bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void ReplySpliced(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
+                  Clock::time_point arrival) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    std::this_thread::sleep_until(net.link.Admit(0, arrival));
+    fuse_reply_err(req, err);
+    return;
+  }
+  const uint64_t n = off >= st.st_size ? 0 : std::min<uint64_t>(size, st.st_size - off);
+  Carry(net, n, arrival);
+  fuse_bufvec data = FUSE_BUFVEC_INIT(n);
+  data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  data.buf[0].fd = fd;
+  data.buf[0].pos = off;
+  fuse_reply_data(req, &data, fuse_buf_copy_flags{});  // fewer bytes at an EOF moved meanwhile
+}
+
+void ReplyCopied(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
+                 Clock::time_point arrival) {
+  // One buffer per worker thread, kept for its life: a fresh 1 MiB allocation per READ would be
+  // an mmap, page faults and an munmap each time.
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  const ssize_t n = PreadFull(fd, buffer.data(), size, off);
+  if (n < 0) {
+    std::this_thread::sleep_until(net.link.Admit(0, arrival));
+    fuse_reply_err(req, static_cast<int>(-n));
+    return;
+  }
+  Carry(net, static_cast<uint64_t>(n), arrival);
+  fuse_reply_buf(req, buffer.data(), static_cast<size_t>(n));
+}
+
 void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   Net& net = NetOf(req);
   const Clock::time_point arrival = Clock::now();
@@ -257,18 +319,11 @@ void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   unsigned seen = net.max_in_flight.load();
   while (now_in_flight > seen && !net.max_in_flight.compare_exchange_weak(seen, now_in_flight)) {
   }
-  // One buffer per worker thread, kept for its life: a fresh 1 MiB allocation per READ would be
-  // an mmap, page faults and an munmap each time.
-  thread_local std::vector<char> buffer;
-  if (buffer.size() < size) buffer.resize(size);
-  const ssize_t n = PreadFull(static_cast<int>(fi->fh), buffer.data(), size, off);
-  std::this_thread::sleep_until(net.link.Admit(n > 0 ? static_cast<uint64_t>(n) : 0, arrival));
-  if (n < 0) {
-    fuse_reply_err(req, static_cast<int>(-n));
+  const int fd = static_cast<int>(fi->fh);
+  if (net.splice) {
+    ReplySpliced(req, net, fd, size, off, arrival);
   } else {
-    net.reads.fetch_add(1, std::memory_order_relaxed);
-    net.bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    fuse_reply_buf(req, buffer.data(), static_cast<size_t>(n));
+    ReplyCopied(req, net, fd, size, off, arrival);
   }
   net.in_flight.fetch_sub(1);
 }
@@ -458,9 +513,10 @@ int Serve(const Options& o, int ready_fd) {
         SetReadAhead(o);
         std::fprintf(stderr,
                      "accelfs_netfs: serving %s at %s: latency %g ms, %g MB/s per READ, %g MB/s "
-                     "in all, %u threads, max_background %u, read_ahead_kb %u\n",
+                     "in all, %u threads, max_background %u, read_ahead_kb %u, replies %s\n",
                      o.source.c_str(), o.mountpoint.c_str(), o.latency_ms, o.request_mbps,
-                     o.total_mbps, o.threads, o.max_background, o.readahead_kb);
+                     o.total_mbps, o.threads, o.max_background, o.readahead_kb,
+                     net.splice ? "spliced" : "copied");
         if (ready_fd >= 0) {
           const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
           for (int fd : {0, 1, 2}) dup2(null_fd, fd);
@@ -510,6 +566,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-background", o.max_background, "kernel cap on background READs")
       ->check(CLI::Range(1, 65535));
   app.add_option("--readahead-kb", o.readahead_kb, "the mount's read_ahead_kb (0: kernel's)");
+  app.add_flag("--copy-replies", o.copy_replies,
+               "read each READ into a buffer and copy it into the reply, never splice");
   app.add_option("--stats-file", o.stats_file,
                  "keep the exit line's counters current in this file while serving");
   try {

@@ -1,6 +1,8 @@
 // accelfs_netfs (NET, the slow network store emulator) mounted for real with a 1 ms latency: what
 // it serves through read() and mmap is byte for byte what the backing files hold, every open sees
-// the backing file afresh, and it is read-only. No timing is checked here (see net_scaling.sh).
+// the backing file afresh, and it is read-only. Every test runs with replies spliced from the
+// backing file (pipe-max-size raised while it runs) and with --copy-replies. No timing is checked
+// here (see net_scaling.sh).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -29,11 +31,61 @@ using std::chrono::milliseconds;
 
 const std::vector<std::string> kFastNet = {"--latency-ms", "1", "--request-mbps", "2000"};
 
-class NetfsTest : public ::testing::Test {
+constexpr char kPipeMaxSize[] = "/proc/sys/fs/pipe-max-size";
+// What a spliced 1 MiB reply needs: its pipe size is rounded up to a power of two.
+constexpr uint64_t kSplicePipeSize = 2 << 20;
+
+uint64_t ReadPipeMaxSize() {
+  std::ifstream in(kPipeMaxSize);
+  uint64_t size = 0;
+  in >> size;
+  return size;
+}
+
+bool WritePipeMaxSize(uint64_t size) {
+  std::ofstream out(kPipeMaxSize);
+  out << size;
+  out.close();
+  return !out.fail() && ReadPipeMaxSize() == size;
+}
+
+// Raises pipe-max-size to kSplicePipeSize while it lives, if it was lower, and puts it back.
+class SplicePipes {
+ public:
+  SplicePipes() = default;
+  ~SplicePipes() {
+    if (old_ != 0) WritePipeMaxSize(old_);
+  }
+  SplicePipes(const SplicePipes&) = delete;
+  SplicePipes& operator=(const SplicePipes&) = delete;
+
+  // Returns false, with the reason, where it cannot be raised.
+  bool Raise(std::string* why) {
+    const uint64_t now = ReadPipeMaxSize();
+    if (now >= kSplicePipeSize) return true;
+    if (!WritePipeMaxSize(kSplicePipeSize)) {
+      *why = std::string("cannot raise ") + kPipeMaxSize + " to " +
+             std::to_string(kSplicePipeSize) + " (needs root)";
+      return false;
+    }
+    old_ = now;
+    return true;
+  }
+
+ private:
+  uint64_t old_ = 0;  // 0: not raised
+};
+
+enum class Replies { kSpliced, kCopied };
+
+class NetfsTest : public ::testing::TestWithParam<Replies> {
  protected:
   void SetUp() override {
     std::string why;
     if (!FuseUsable(&why)) GTEST_SKIP() << "cannot mount FUSE here: " << why;
+    if (GetParam() == Replies::kSpliced && !pipes_.Raise(&why)) {
+      GTEST_SKIP() << "cannot splice NET's replies here: " << why;
+    }
     source_ = dir_ / "src";
     ASSERT_EQ(mkdir(source_.c_str(), 0755), 0) << std::strerror(errno);
     ASSERT_EQ(mkdir((dir_ / "mnt").c_str(), 0755), 0) << std::strerror(errno);
@@ -55,14 +107,22 @@ class NetfsTest : public ::testing::Test {
   void Mount(const std::vector<std::string>& extra = kFastNet) {
     std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source_, mountpoint_, "-f"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (GetParam() == Replies::kCopied) args.push_back("--copy-replies");
     ASSERT_TRUE(netfs_.StartDaemon(args, mountpoint_, "fuse.accelfs_netfs", dir_ / "netfs.log"));
     started_ = true;
+    // The start-up line, printed once INIT is through, names the reply mode.
+    const std::string want = GetParam() == Replies::kSpliced ? "replies spliced" : "replies copied";
+    for (int i = 0; i < 250 && netfs_.Log().find("replies ") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    EXPECT_NE(netfs_.Log().find(want), std::string::npos) << netfs_.Log();
   }
 
   std::string Src(const std::string& name) const { return source_ + "/" + name; }
   std::string Mnt(const std::string& name) const { return mountpoint_ + "/" + name; }
 
-  TempDir dir_{"accelfs-netfs"};  // declared first: removed after the mount is gone
+  SplicePipes pipes_;             // declared first: put back after the mount is gone
+  TempDir dir_{"accelfs-netfs"};  // removed after the mount is gone
   std::string source_;
   std::string mountpoint_;
   AccelfsProcess netfs_;  // any foreground FUSE daemon; here accelfs_netfs
@@ -101,7 +161,7 @@ void WriteFiles(const std::string& source) {
   return ::testing::AssertionFailure() << path << ": mmap differs from the backing file";
 }
 
-TEST_F(NetfsTest, ReadAndMmapMatchBackingFiles) {
+TEST_P(NetfsTest, ReadAndMmapMatchBackingFiles) {
   ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
   ASSERT_NO_FATAL_FAILURE(Mount());
   for (const auto& f : kFiles) {
@@ -130,7 +190,7 @@ TEST_F(NetfsTest, ReadAndMmapMatchBackingFiles) {
   }
 }
 
-TEST_F(NetfsTest, ParallelReadersGetTheirOwnBytes) {
+TEST_P(NetfsTest, ParallelReadersGetTheirOwnBytes) {
   ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
   ASSERT_NO_FATAL_FAILURE(Mount());
   const TestFile& f = kFiles[3];
@@ -158,7 +218,7 @@ TEST_F(NetfsTest, ParallelReadersGetTheirOwnBytes) {
   EXPECT_EQ(bad, std::vector<int>(bad.size(), 0));
 }
 
-TEST_F(NetfsTest, EveryOpenSeesTheBackingFileAfresh) {
+TEST_P(NetfsTest, EveryOpenSeesTheBackingFileAfresh) {
   const TestFile f{"weights.bin", 2 << 20, 5};
   WriteTestFile(Src(f.name), f.size, f.seed);
   ASSERT_NO_FATAL_FAILURE(Mount());
@@ -170,7 +230,7 @@ TEST_F(NetfsTest, EveryOpenSeesTheBackingFileAfresh) {
   EXPECT_TRUE(MmapMatches(Mnt(f.name), {f.name, f.size, f.seed + 100}));
 }
 
-TEST_F(NetfsTest, ListsLinksAndRefusesWrites) {
+TEST_P(NetfsTest, ListsLinksAndRefusesWrites) {
   ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
   ASSERT_EQ(symlink("dir with spaces/a shard.bin", Src("link").c_str()), 0);
   ASSERT_NO_FATAL_FAILURE(Mount());
@@ -212,7 +272,7 @@ int64_t StatsBytes(const std::string& path) {
   return static_cast<int64_t>(bytes);
 }
 
-TEST_F(NetfsTest, StatsFileFollowsTheBytesServed) {
+TEST_P(NetfsTest, StatsFileFollowsTheBytesServed) {
   const TestFile f{"weights.bin", (2 << 20) + 3, 6};
   WriteTestFile(Src(f.name), f.size, f.seed);
   const std::string stats = dir_ / "stats";
@@ -234,7 +294,7 @@ TEST_F(NetfsTest, StatsFileFollowsTheBytesServed) {
   EXPECT_EQ(wait_for(2 * static_cast<int64_t>(f.size)), 2 * static_cast<int64_t>(f.size));
 }
 
-TEST_F(NetfsTest, DetachesOnceMounted) {
+TEST_P(NetfsTest, DetachesOnceMounted) {
   WriteTestFile(Src("f"), 100'000, 7);
   std::vector<std::string> args = {ACCELFS_NETFS_BINARY, source_, mountpoint_};
   args.insert(args.end(), kFastNet.begin(), kFastNet.end());
@@ -247,7 +307,7 @@ TEST_F(NetfsTest, DetachesOnceMounted) {
   EXPECT_TRUE(UnmountAll(mountpoint_));
 }
 
-TEST_F(NetfsTest, BadArgumentsExitTwoAndMountNothing) {
+TEST_P(NetfsTest, BadArgumentsExitTwoAndMountNothing) {
   for (const auto& args : std::vector<std::vector<std::string>>{
            {source_},
            {source_ + "/missing", mountpoint_},
@@ -261,6 +321,11 @@ TEST_F(NetfsTest, BadArgumentsExitTwoAndMountNothing) {
     EXPECT_FALSE(IsMounted(mountpoint_));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Replies, NetfsTest, ::testing::Values(Replies::kSpliced, Replies::kCopied),
+                         [](const ::testing::TestParamInfo<Replies>& info) {
+                           return info.param == Replies::kSpliced ? "Spliced" : "Copied";
+                         });
 
 }  // namespace
 }  // namespace accelfs::testing

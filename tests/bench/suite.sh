@@ -23,6 +23,9 @@
 #   NET   accelfs_netfs over the /dev/shm copy: 5 ms per READ, 200 MB/s per READ, 2000 MB/s in all,
 #         64 worker threads and max_background 64 (FUSE's defaults would cap it, see
 #         net_scaling.sh); no caching across opens. Bytes read from it: its --stats-file counter.
+#         Its replies are spliced from the /dev/shm copy (one copy per byte, into the client's
+#         pages, like a network receive; not read into a buffer and copied again): the suite
+#         raises /proc/sys/fs/pipe-max-size to 2 MiB while it runs, if lower, for that.
 #   DISK  disk_backend.sh: an ext4 image on a loop device, reads capped at --disk-mbps by the
 #         cgroup blkio throttle; the loaders read it and accelfs's daemon runs inside the throttled
 #         cgroup. Bytes read from it: /sys/block/loopN/stat sectors read × 512. Skipped with one
@@ -189,6 +192,7 @@ mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
 
 # ---- cleanup: whatever is up, in reverse order; runs on every exit ----------------------------
 case_pid='' sampler_pid='' acc_pid='' net_pid='' disk_up=0 results_written=0 incomplete=''
+pipe_max_old=''  # pipe-max-size before the suite raised it for NET
 
 # Waits up to 10 s for process $1 to exit, then kills it.
 reap() {
@@ -217,6 +221,7 @@ cleanup() {
   unmount "$net_mnt"
   [[ -n $net_pid ]] && reap "$net_pid"
   ((disk_up)) && mounted "$disk_dir" && "$disk_sh" down "$disk_dir" >&2
+  [[ -n $pipe_max_old ]] && echo "$pipe_max_old" > /proc/sys/fs/pipe-max-size
   rm -rf "$shm"
   # An error or an interrupt: still write the rows measured so far, marked as such.
   if ((!results_written && ${#rows[@]} > 0)); then
@@ -328,6 +333,13 @@ prepare_model() {
 
 start_net() {
   rm -f "$net_stats"
+  # A spliced 1 MiB reply needs a 2 MiB pipe (accelfs_netfs falls back to copying without one).
+  local pipe_max
+  pipe_max=$(cat /proc/sys/fs/pipe-max-size)
+  if ((pipe_max < 2097152)) && [[ -z $pipe_max_old ]]; then
+    pipe_max_old=$pipe_max
+    echo 2097152 > /proc/sys/fs/pipe-max-size || say "cannot raise pipe-max-size: NET copies"
+  fi
   "$netfs" "$shm" "$net_mnt" -f --latency-ms 5 --request-mbps 200 --total-mbps 2000 \
     --threads 64 --max-background 64 --readahead-kb 1024 --stats-file "$net_stats" \
     2> "$logs/netfs.log" &

@@ -5,7 +5,8 @@
 #   tests/bench/suite.sh [--model-size-mib 4096] [--shards 4] [--tensor-mix mixed]
 #                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
-#                        [--dest-mib 256] [--prime-mib MODEL+1024] [--case-timeout 900] [--quick]
+#                        [--dest-mib 256] [--prime-mib MODEL+4×DEST+2048] [--case-timeout 900]
+#                        [--quick]
 #
 # BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
 # and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
@@ -51,11 +52,12 @@
 #
 # Memory priming: right before every case that fills memory it has not held (ceiling, direct,
 # accelfs cold, accelfs-warm, cache ½ model), `accelfs_loader prime` touches and frees
-# --prime-mib MiB (default the model + 1 GiB; 0: off), so that every such case, peer or accelfs,
-# starts with recently used free memory, as on a machine without a balloon. On a VM whose balloon
-# takes freed memory back (free page reporting), memory not used for a few seconds costs about
-# 2 s per GB to touch again, and without priming a case is fast or slow by what freed memory just
-# before it (docs/BENCHMARKS.md, "Memory priming"). Elsewhere priming takes a fraction of a second.
+# --prime-mib MiB (default the model, every loader's destination buffers and 2 GiB; 0: off), so
+# that every such case, peer or accelfs, starts with recently used free memory, as on a machine
+# without a balloon. On a VM whose balloon takes freed memory back (free page reporting), memory
+# not used for a few seconds costs about 2 s per GB to touch again, and without priming a case is
+# fast or slow by what freed memory just before it (docs/BENCHMARKS.md, "Memory priming").
+# Elsewhere priming takes a fraction of a second.
 #
 # Everything the suite mounts, the loop device and the cgroup are undone on exit, error or Ctrl-C.
 set -euo pipefail
@@ -678,9 +680,13 @@ for m in "$acc_mnt" "$net_mnt" "$disk_dir"; do
 done
 prepare_model
 cache_bytes=$((model_bytes * 3 / 2 + (256 << 20)))
-# Priming: the model and 1 GiB for loader buffers, within what the machine has free (2 GiB spare).
+# Priming: what the largest case holds (the model, in the cache or the page cache, and every
+# loader thread's or process's destination buffer) and 2 GiB for the rest, within what the machine
+# has free (2 GiB spare). Memory a case touches beyond what was primed is the balloon's: with the
+# model + 1 GiB, the 4-thread load's last 0.4 GB was fetched at 0.3-0.6 GB/s, the cache's pages
+# for it faulting in from the host (docs/BENCHMARKS.md).
 if [[ -z $prime_mib ]]; then
-  prime_mib=$(((model_bytes >> 20) + 1024))
+  prime_mib=$(((model_bytes >> 20) + (threads > procs ? threads : procs) * dest_mib + 2048))
   avail_mib=$(($(awk '/^MemAvailable/ {print $2}' /proc/meminfo) >> 10))
   ((prime_mib <= avail_mib - 2048)) || prime_mib=$((avail_mib > 2048 ? avail_mib - 2048 : 0))
 fi

@@ -278,13 +278,17 @@ void Carry(Net& net, uint64_t bytes, Clock::time_point arrival) {
   net.bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
+// Answers a READ that failed with `err`, after the store's latency.
+void ReplyError(fuse_req_t req, Net& net, int err, Clock::time_point arrival) {
+  std::this_thread::sleep_until(net.link.Admit(0, arrival));
+  fuse_reply_err(req, err);
+}
+
 void ReplySpliced(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
                   Clock::time_point arrival) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    std::this_thread::sleep_until(net.link.Admit(0, arrival));
-    fuse_reply_err(req, err);
+    ReplyError(req, net, errno, arrival);
     return;
   }
   const uint64_t n = off >= st.st_size ? 0 : std::min<uint64_t>(size, st.st_size - off);
@@ -304,8 +308,7 @@ void ReplyCopied(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
   if (buffer.size() < size) buffer.resize(size);
   const ssize_t n = PreadFull(fd, buffer.data(), size, off);
   if (n < 0) {
-    std::this_thread::sleep_until(net.link.Admit(0, arrival));
-    fuse_reply_err(req, static_cast<int>(-n));
+    ReplyError(req, net, static_cast<int>(-n), arrival);
     return;
   }
   Carry(net, static_cast<uint64_t>(n), arrival);

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -50,17 +51,25 @@ bool WritePipeMaxSize(uint64_t size) {
 }
 
 // Raises pipe-max-size to kSplicePipeSize while it lives, if it was lower, and puts it back.
+// Holds a lock file meanwhile, so that tests run in parallel (ctest -j) do not put it back
+// under each other's NET.
 class SplicePipes {
  public:
   SplicePipes() = default;
   ~SplicePipes() {
     if (old_ != 0) WritePipeMaxSize(old_);
+    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
   }
   SplicePipes(const SplicePipes&) = delete;
   SplicePipes& operator=(const SplicePipes&) = delete;
 
   // Returns false, with the reason, where it cannot be raised.
   bool Raise(std::string* why) {
+    lock_fd_ = open(kLockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX) != 0) {
+      *why = std::string(kLockFile) + ": " + std::strerror(errno);
+      return false;
+    }
     const uint64_t now = ReadPipeMaxSize();
     if (now >= kSplicePipeSize) return true;
     if (!WritePipeMaxSize(kSplicePipeSize)) {
@@ -73,6 +82,8 @@ class SplicePipes {
   }
 
  private:
+  static constexpr char kLockFile[] = "/tmp/accelfs-netfs-test-pipe-max-size.lock";
+  int lock_fd_ = -1;
   uint64_t old_ = 0;  // 0: not raised
 };
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "cache/block.h"

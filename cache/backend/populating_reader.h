@@ -10,12 +10,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "cache/backend/reader.h"
 
@@ -56,7 +52,6 @@ class PopulatingReader final : public BackendReader {
   ServedQueue served_;
   unsigned passed_on_ = 0;         // GUARDED_BY(served_.mu) requests with inner_, not yet answered
   unsigned demand_passed_on_ = 0;  // GUARDED_BY(served_.mu) those of them that are demand
-  std::vector<std::thread> threads_;
 };
 
 // The populating threads for this machine: half its CPUs, from 2 to 4.

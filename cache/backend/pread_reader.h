@@ -2,12 +2,6 @@
 // available (kernel.io_uring_disabled, old kernels, seccomp).
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
-#include <vector>
-
 #include "cache/backend/reader.h"
 
 namespace accelfs {

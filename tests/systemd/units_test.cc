@@ -1,6 +1,11 @@
 // systemd-analyze verify on the units as installed (ExecStart in the install's bin directory),
 // with that directory replaced by one holding the built binaries, since verify checks that
 // every ExecStart is executable. Skips, saying so, where systemd-analyze is missing.
+//
+// verify searches only our directory and a mirror of the system's unit directories that leaves
+// out every accelfs unit (and drop-in) installed there, so that an installed copy (from
+// `tools/setup.sh mount`, say) neither stands in for the unit under test nor for one a test
+// removes on purpose.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +45,7 @@ class UnitsTest : public ::testing::Test {
     units_ = dir_ / "units";
     std::filesystem::create_directories(bin_);
     std::filesystem::create_directories(units_);
+    MirrorSystemUnits();
     std::filesystem::create_symlink(ACCELFS_BINARY, bin_ + "/accelfs");
     std::filesystem::create_symlink(ACCELFS_WARM_BINARY, bin_ + "/accelfs-warm");
     for (const char* unit : {"accelfs@.service", "accelfs-warm@.service"}) {
@@ -52,13 +58,38 @@ class UnitsTest : public ::testing::Test {
     }
   }
 
-  // systemd-analyze verify UNIT... with our units found first; fails on any complaint about
-  // them (verify exits 0 on mere warnings such as an unknown key).
-  void ExpectClean(const std::vector<std::string>& units) {
-    std::vector<std::string> argv = {"env", "SYSTEMD_UNIT_PATH=" + units_ + ":", "systemd-analyze",
-                                     "verify", "--man=no"};
+  // Links, in system_, every entry of the system's unit directories (the first of a name wins,
+  // as in systemd's own search) but those named accelfs*.
+  void MirrorSystemUnits() {
+    system_ = dir_ / "system";
+    std::filesystem::create_directories(system_);
+    const CommandResult paths = RunCommand({"systemd-analyze", "unit-paths"});
+    ASSERT_EQ(paths.exit_code, 0) << paths.err;
+    std::istringstream lines(paths.out);
+    for (std::string path; std::getline(lines, path);) {
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+        const std::string name = entry.path().filename();
+        if (name.starts_with("accelfs")) continue;
+        std::filesystem::create_symlink(entry.path(), system_ + "/" + name, ec);
+      }
+    }
+  }
+
+  // systemd-analyze verify UNIT... over our units and the mirror.
+  CommandResult Verify(const std::vector<std::string>& units,
+                       const std::vector<std::string>& opts) {
+    std::vector<std::string> argv = {"env", "SYSTEMD_UNIT_PATH=" + units_ + ":" + system_,
+                                     "systemd-analyze", "verify"};
+    argv.insert(argv.end(), opts.begin(), opts.end());
     argv.insert(argv.end(), units.begin(), units.end());
-    const CommandResult r = RunCommand(argv, std::chrono::seconds(60));
+    return RunCommand(argv, std::chrono::seconds(60));
+  }
+
+  // Fails on any complaint about our units (verify exits 0 on mere warnings such as an unknown
+  // key).
+  void ExpectClean(const std::vector<std::string>& units) {
+    const CommandResult r = Verify(units, {"--man=no"});
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::istringstream lines(r.out + r.err);
     for (std::string line; std::getline(lines, line);) {
@@ -70,6 +101,7 @@ class UnitsTest : public ::testing::Test {
   TempDir dir_{"accelfs-units"};
   std::string bin_;
   std::string units_;
+  std::string system_;
 };
 
 TEST_F(UnitsTest, TemplatesAndInstancesVerify) {
@@ -89,8 +121,7 @@ TEST_F(UnitsTest, ServerDropInPullsInTheMountAndTheWarmUp) {
   ExpectClean({"llm.service"});
   // Without the warm unit the drop-in's dependency cannot load: verify does check it.
   std::filesystem::remove(units_ + "/accelfs-warm@.service");
-  const CommandResult r = RunCommand(
-      {"env", "SYSTEMD_UNIT_PATH=" + units_ + ":", "systemd-analyze", "verify", "llm.service"});
+  const CommandResult r = Verify({"llm.service"}, {});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE((r.out + r.err).find("accelfs-warm@models.service"), std::string::npos) << r.err;
 }

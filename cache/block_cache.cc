@@ -319,6 +319,7 @@ void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
     request.buffer = e->buffer.data;
     request.capacity = e->buffer.capacity;
     request.expected = e->expected;
+    request.view = e->buffer.view;
     request.demand = f.demand;
     request.done = [this, e](Result<size_t> read) { Complete(e, std::move(read)); };
     reader_.Submit(std::move(request));

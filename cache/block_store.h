@@ -14,6 +14,9 @@ namespace accelfs {
 struct BlockBuffer {
   std::byte* data = nullptr;
   size_t capacity = 0;  // bytes usable at data; what the cache charges to its budget
+  // The same bytes through a read-only mapping, where the store keeps one (a store of files,
+  // whose files passthrough readers map): see ReadRequest::view. nullptr otherwise.
+  const std::byte* view = nullptr;
 };
 
 // A block a persistent store kept from an earlier daemon: `bytes` of `key`'s data, complete.

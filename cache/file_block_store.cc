@@ -87,8 +87,8 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_si
       new FileBlockStore(mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
 }
 
-std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
-                                                        uint32_t block_size, std::string* error) {
+std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir, uint32_t block_size,
+                                                        std::string* error) {
   const auto fail = [&](const std::string& what, int err) {
     *error = "cache dir '" + dir + "': " + what + (err != 0 ? ": " + Error(err).Message() : "");
     return nullptr;
@@ -120,8 +120,8 @@ std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir,
   // RAM-backed directories lose their pages only with the machine, never halfway through a
   // write; anything else must have the data on disk before the record says it is there.
   struct statfs fs {};
-  const bool ram = fstatfs(root_fd, &fs) == 0 &&
-                   (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  const bool ram =
+      fstatfs(root_fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   std::unique_ptr<FileBlockStore> store(
       new FileBlockStore(root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
   if (!store->NoteOwner()) return fail("cannot write its lock file", errno);
@@ -137,7 +137,7 @@ bool FileBlockStore::NoteOwner() {
 
 FileBlockStore::~FileBlockStore() {
   for (auto& [key, file] : files_) {
-    if (file.base != nullptr) munmap(file.base, file.length);
+    Unmap(file);
     close(file.fd);
     if (file.map_fd >= 0) close(file.map_fd);
   }
@@ -287,9 +287,18 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
       CloseIfUnused(key.file, file);
       return Error(err == 0 ? ENOMEM : err);
     }
+    file.view = MapAligned(file.length, file.fd, 0, /*writable=*/false);
   }
   ++file.blocks;
-  return BlockBuffer{file.base + offset, length};
+  return BlockBuffer{file.base + offset, length,
+                     file.view != nullptr ? file.view + offset : nullptr};
+}
+
+void FileBlockStore::Unmap(File& file) {
+  if (file.base != nullptr) munmap(file.base, file.length);
+  if (file.view != nullptr) munmap(const_cast<std::byte*>(file.view), file.length);
+  file.base = nullptr;
+  file.view = nullptr;
 }
 
 void FileBlockStore::Mark(const File& file, uint64_t index, bool present) const {
@@ -327,7 +336,7 @@ void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
     RemoveFiles(StoredName(key));
     close(file.map_fd);
   }
-  if (file.base != nullptr) munmap(file.base, file.length);
+  Unmap(file);
   close(file.fd);
   files_.erase(key);
 }

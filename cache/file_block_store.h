@@ -1,7 +1,7 @@
 // Blocks in files: one sparse file per backing file identity, each block at its own offset; each
-// file is mapped into the daemon whole, once. Because the file holds a fully cached backing file's bytes at
-// their offsets, the kernel can read it directly (FUSE passthrough): native tmpfs speed, and one
-// copy of the data in RAM.
+// file is mapped into the daemon whole, once. Because the file holds a fully cached backing file's
+// bytes at their offsets, the kernel can read it directly (FUSE passthrough): native tmpfs speed,
+// and one copy of the data in RAM.
 //
 // Two homes:
 // - Private (Create): a tmpfs created with the new mount API (fsopen/fsmount) and never attached
@@ -67,15 +67,20 @@ class FileBlockStore final : public BlockStore {
   FileBlockStore(int root_fd, int lock_fd, uint32_t block_size, bool persistent, bool sync);
 
   struct File {
-    int fd = -1;      // the data
-    int map_fd = -1;  // the presence record; -1 in a private store
-    size_t blocks = 0;  // allocated blocks
+    int fd = -1;                // the data
+    int map_fd = -1;            // the presence record; -1 in a private store
+    size_t blocks = 0;          // allocated blocks
     std::byte* base = nullptr;  // the whole file, mapped at its first Allocate
-    size_t length = 0;          // of the mapping
+    // The same, read-only (BlockBuffer::view); nullptr where that mapping failed, which only
+    // costs passthrough readers their first reads.
+    const std::byte* view = nullptr;
+    size_t length = 0;  // of each mapping
   };
 
   // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.
   Status OpenFile(const FileKey& key, File* file);
+  // Unmaps both of `file`'s mappings.
+  static void Unmap(File& file);
   // Writes block `index`'s presence byte. REQUIRES: the file is open.
   void Mark(const File& file, uint64_t index, bool present) const;
   // When no block of `file` is allocated or recorded any more, closes it and removes its files.
@@ -91,7 +96,7 @@ class FileBlockStore final : public BlockStore {
   const uint32_t block_size_;
   const bool persistent_;  // blocks are recorded and outlive the store
   const bool sync_;        // fdatasync the data before recording it (not RAM-backed)
-  mutable std::mutex mu_;                                 // a leaf lock
+  mutable std::mutex mu_;  // a leaf lock
   std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
   std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
 };

@@ -19,11 +19,11 @@ size_t ChargeFor(size_t bytes) {
   return bytes >= kHugePage ? RoundUp(bytes, kHugePage) : RoundUp(bytes == 0 ? 1 : bytes, kPage);
 }
 
-std::byte* MapAligned(size_t bytes, int fd, uint64_t offset) {
+std::byte* MapAligned(size_t bytes, int fd, uint64_t offset, bool writable) {
+  const int prot = fd < 0 || writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (bytes < kHugePage) {
     void* p =
-        fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                       static_cast<off_t>(offset))
+        fd >= 0 ? mmap(nullptr, bytes, prot, MAP_SHARED, fd, static_cast<off_t>(offset))
                 : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
   }
@@ -34,8 +34,8 @@ std::byte* MapAligned(size_t bytes, int fd, uint64_t offset) {
   if (raw == MAP_FAILED) return nullptr;
   const auto base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = RoundUp(base, kHugePage);
-  void* p = fd >= 0 ? mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(offset))
+  void* p = fd >= 0 ? mmap(reinterpret_cast<void*>(aligned), bytes, prot, MAP_SHARED | MAP_FIXED,
+                           fd, static_cast<off_t>(offset))
                     : mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   if (p == MAP_FAILED) {

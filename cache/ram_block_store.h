@@ -18,7 +18,8 @@ class RamBlockStore final : public BlockStore {
 };
 
 // Maps `bytes` (a multiple of 4096) at a 2 MiB-aligned address, so that huge pages can back it:
-// mmap(fd, offset) of a file when fd >= 0, anonymous memory otherwise. nullptr on failure.
-std::byte* MapAligned(size_t bytes, int fd, uint64_t offset);
+// mmap(fd, offset) of a file when fd >= 0 (read-only unless `writable`), anonymous memory
+// otherwise. nullptr on failure.
+std::byte* MapAligned(size_t bytes, int fd, uint64_t offset, bool writable = true);
 
 }  // namespace accelfs

@@ -47,7 +47,14 @@ void PopulatingReader::Run() {
     bool stopping;
     {
       std::unique_lock lock(served_.mu);
-      served_.cv.wait(lock, [this] { return served_.stopping || MayPassOn(); });
+      served_.cv.wait(lock, [this] { return served_.stopping || !filled_.empty() || MayPassOn(); });
+      if (!filled_.empty()) {
+        Filled filled = std::move(filled_.front());
+        filled_.pop_front();
+        lock.unlock();
+        ReadView(filled);
+        continue;
+      }
       if (served_.queue.empty()) return;  // stopping, and everything submitted has been passed on
       request = served_.queue.Pop();
       stopping = served_.stopping;
@@ -55,16 +62,37 @@ void PopulatingReader::Run() {
       if (request.demand) ++demand_passed_on_;
     }
     if (!stopping) Populate(request);
-    request.done = [this, demand = request.demand,
-                    done = std::move(request.done)](Result<size_t> result) {
-      done(std::move(result));
-      std::lock_guard lock(served_.mu);
-      --passed_on_;
-      if (demand) --demand_passed_on_;
-      served_.cv.notify_one();
+    request.done = [this, view = request.view, demand = request.demand,
+                    done = std::move(request.done)](Result<size_t> result) mutable {
+      Finish(view, demand, std::move(done), std::move(result));
     };
     inner_->Submit(std::move(request));
   }
+}
+
+void PopulatingReader::Finish(const std::byte* view, bool demand,
+                              std::function<void(Result<size_t>)> done, Result<size_t> result) {
+  {
+    std::lock_guard lock(served_.mu);
+    --passed_on_;
+    if (demand) --demand_passed_on_;
+    // Once stopping, the threads may be gone: answer here, unread.
+    if (view != nullptr && result.ok() && result.value() > 0 && !served_.stopping) {
+      filled_.push_back({view, result.value(), std::move(done)});
+      served_.cv.notify_one();
+      return;
+    }
+    served_.cv.notify_one();
+  }
+  done(std::move(result));
+}
+
+void PopulatingReader::ReadView(const Filled& filled) {
+  for (size_t offset = 0; offset < filled.bytes; offset += 4096) {
+    static_cast<void>(*static_cast<const volatile std::byte*>(filled.view + offset));
+  }
+  viewed_bytes_.fetch_add(RoundUp(filled.bytes, 4096), std::memory_order_relaxed);
+  filled.done(filled.bytes);
 }
 
 bool PopulatingReader::MayPassOn() const {

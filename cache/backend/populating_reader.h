@@ -7,10 +7,16 @@
 // Measured (docs/BENCHMARKS.md, "Block memory off the ring thread, and a depth with headroom"):
 // that thread at 100% of a CPU in clear_page while the fill of a shard ran at 0.4 GB/s and the
 // other CPU idled.
+//
+// The same threads read each page of a filled buffer once through its read-only view, where the
+// request has one (ReadRequest::view), before answering it: off the ring's thread, and off the
+// path of a loader that maps the cached file.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 
 #include "cache/backend/reader.h"
@@ -26,32 +32,51 @@ class PopulatingReader final : public BackendReader {
   // that memory for data far ahead does not take CPU from the reads in flight; demand requests
   // have a window of their own, so a reader's miss never waits for prefetch. A buffer the
   // kernel will not populate (MADV_POPULATE_WRITE needs Linux 5.14) goes on as it is, and the
-  // read faults it in itself.
+  // read faults it in itself. A read that succeeds for a request with a view is answered by one
+  // of `threads` once it has read each page of the view that the read filled; those come before
+  // populating.
   PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads);
   ~PopulatingReader() override;
 
   void Submit(ReadRequest request) override;
-  // Passes on what is queued without populating it, then stops `inner`.
+  // Passes on what is queued without populating it, answers what was filled without reading its
+  // view, then stops `inner`.
   void Stop() override;
   unsigned CurrentDepth() const override { return inner_->CurrentDepth(); }
 
   // Bytes faulted in so far, and whether this kernel populates at all.
   uint64_t populated_bytes() const { return populated_bytes_.load(std::memory_order_relaxed); }
+  // Bytes read through views so far (whole pages).
+  uint64_t viewed_bytes() const { return viewed_bytes_.load(std::memory_order_relaxed); }
   bool populates() const { return populate_; }
 
  private:
+  // A successful read whose view is still to be read before `done` is called with `bytes`.
+  struct Filled {
+    const std::byte* view;
+    size_t bytes;
+    std::function<void(Result<size_t>)> done;
+  };
+
   void Run();
   void Populate(const ReadRequest& request);
+  // What the inner reader calls with `result`: counts the read out of the window, then answers
+  // `done` at once, or queues the view to be read first.
+  void Finish(const std::byte* view, bool demand, std::function<void(Result<size_t>)> done,
+              Result<size_t> result);
+  void ReadView(const Filled& filled);
   bool MayPassOn() const;  // REQUIRES: served_.mu held
 
   const std::unique_ptr<BackendReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
   const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};
+  std::atomic<uint64_t> viewed_bytes_{0};
 
   ServedQueue served_;
   unsigned passed_on_ = 0;         // GUARDED_BY(served_.mu) requests with inner_, not yet answered
   unsigned demand_passed_on_ = 0;  // GUARDED_BY(served_.mu) those of them that are demand
+  std::deque<Filled> filled_;      // GUARDED_BY(served_.mu)
 };
 
 // The populating threads for this machine: half its CPUs, from 2 to 4.

@@ -110,8 +110,8 @@ size_t MappingsOf(dev_t dev, ino_t ino) {
 }
 
 // A process may hold 65530 mappings (vm.max_map_count), fewer than the blocks of a large cache:
-// the blocks of a file share one mapping.
-TEST(FileBlockStoreTest, BlocksOfAFileShareOneMapping) {
+// the blocks of a file share one mapping, and one read-only view (BlockBuffer::view).
+TEST(FileBlockStoreTest, BlocksOfAFileShareOneMappingAndOneView) {
   constexpr uint32_t kSmallBlock = 64 << 10;
   auto made = FileBlockStore::Create(kSmallBlock, 256 << 20);
   if (!made.ok()) GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN)";
@@ -126,9 +126,13 @@ TEST(FileBlockStoreTest, BlocksOfAFileShareOneMapping) {
   }
   struct stat st {};
   ASSERT_EQ(fstat(store->FileDescriptor(file), &st), 0);
-  EXPECT_EQ(MappingsOf(st.st_dev, st.st_ino), 1u) << "512 blocks, one mapping";
+  EXPECT_EQ(MappingsOf(st.st_dev, st.st_ino), 2u)
+      << "512 blocks, one mapping to write them and one read-only view";
   for (uint64_t i = 0; i < 512; ++i) {
     EXPECT_EQ(static_cast<int>(buffers[i].data[kSmallBlock - 1]), static_cast<int>(i & 0xff));
+    ASSERT_NE(buffers[i].view, nullptr);
+    EXPECT_EQ(static_cast<int>(buffers[i].view[kSmallBlock - 1]), static_cast<int>(i & 0xff))
+        << "the view shows the same bytes";
     store->Release({file, i}, buffers[i]);
   }
   EXPECT_EQ(MappingsOf(st.st_dev, st.st_ino), 0u) << "gone with the file's last block";
@@ -369,7 +373,8 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
   const FileKey key = testing::KeyOf(*backing);
   const auto get = [&](BlockCache& cache, uint64_t index) {
     testing::Awaited<Result<BlockCache::Ref>> got;
-    const uint32_t expected = static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - index * kBlock));
+    const uint32_t expected =
+        static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - index * kBlock));
     cache.Get({key, index}, expected, backing, got.Callback());
     EXPECT_TRUE(got.Wait());
     if (!got.ready() || !got.value().ok()) return std::string("no block");

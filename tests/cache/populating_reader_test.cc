@@ -2,10 +2,12 @@
 // pages the read will write are already in memory (mincore), and answers it at once.
 #include "cache/backend/populating_reader.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -36,6 +38,21 @@ size_t ResidentPages(const std::byte* p, size_t bytes) {
   size_t n = 0;
   for (unsigned char v : vec) n += v & 1;
   return n;
+}
+
+// Pages of [p, p + bytes) mapped in this process's page tables now (/proc/self/pagemap's
+// present bit): unlike residency, a mapping of a file shows only the pages read through it.
+size_t MappedPages(const std::byte* p, size_t bytes) {
+  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return SIZE_MAX;
+  std::vector<uint64_t> entries((bytes + kPage - 1) / kPage);
+  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(p) / kPage * sizeof(uint64_t));
+  const ssize_t n = pread(fd, entries.data(), entries.size() * sizeof(uint64_t), at);
+  close(fd);
+  if (n != static_cast<ssize_t>(entries.size() * sizeof(uint64_t))) return SIZE_MAX;
+  size_t mapped = 0;
+  for (uint64_t e : entries) mapped += (e >> 63) & 1;
+  return mapped;
 }
 
 class Probe final : public BackendReader {
@@ -297,6 +314,103 @@ TEST_F(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
   EXPECT_EQ(probe.seen().size(), 17u) << "and no prefetch with it";
   reader.Stop();
   ExpectEachAnsweredOnce(done);
+}
+
+// A file in memory (4 KiB pages), mapped twice: writable, as a cache buffer, and read-only, as
+// its view.
+class ViewedFile {
+ public:
+  explicit ViewedFile(size_t bytes) : bytes_(bytes) {
+    fd_ = memfd_create("populating-reader-test", MFD_CLOEXEC);
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0) std::abort();
+    void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_, 0);
+    if (w == MAP_FAILED || r == MAP_FAILED) std::abort();
+    buffer_ = static_cast<std::byte*>(w);
+    view_ = static_cast<const std::byte*>(r);
+  }
+  ~ViewedFile() {
+    munmap(buffer_, bytes_);
+    munmap(const_cast<std::byte*>(view_), bytes_);
+    close(fd_);
+  }
+  std::byte* buffer() const { return buffer_; }
+  const std::byte* view() const { return view_; }
+
+ private:
+  size_t bytes_;
+  int fd_ = -1;
+  std::byte* buffer_ = nullptr;
+  const std::byte* view_ = nullptr;
+};
+
+// Submits a read of `expected` bytes into `file` whose answer records, as it comes, how many
+// pages of the view are mapped.
+Done SubmitViewed(BackendReader& reader, const ViewedFile& file, size_t expected,
+                  std::atomic<size_t>* mapped_when_answered) {
+  Done done;
+  ReadRequest request;
+  request.buffer = file.buffer();
+  request.view = file.view();
+  request.capacity = 2 * kMiB;
+  request.expected = expected;
+  request.done = [&file, mapped_when_answered, answer = done.Callback()](Result<size_t> r) {
+    mapped_when_answered->store(MappedPages(file.view(), 2 * kMiB));
+    answer(std::move(r));
+  };
+  reader.Submit(std::move(request));
+  return done;
+}
+
+TEST_F(PopulatingReaderTest, AFilledBufferIsReadThroughItsViewBeforeItIsAnswered) {
+  PopulatingReader& reader = reader_;
+  ViewedFile file(2 * kMiB);
+  ASSERT_EQ(MappedPages(file.view(), 2 * kMiB), 0u);
+  std::atomic<size_t> mapped{SIZE_MAX};
+  Done done = SubmitViewed(reader, file, kMiB + 100, &mapped);
+  ASSERT_TRUE(done.Wait());
+  EXPECT_EQ(done.calls(), 1);
+  ASSERT_TRUE(done.value().ok());
+  EXPECT_EQ(done.value().value(), kMiB + 100) << "the inner reader's answer passes through";
+  // The kernel may map a few pages around each one read (fault-around): at least the 257 the read
+  // filled, never the whole 2 MiB.
+  EXPECT_GE(mapped.load(), 257u) << "every page the read filled was read through the view";
+  EXPECT_LT(mapped.load(), 512u);
+  EXPECT_EQ(reader.viewed_bytes(), 257 * kPage);
+}
+
+TEST_F(PopulatingReaderTest, AFailedReadIsAnsweredWithoutReadingItsView) {
+  PopulatingReader& reader = reader_;
+  this->probe().Stop();  // answers ECANCELED from now on
+  ViewedFile file(2 * kMiB);
+  std::atomic<size_t> mapped{SIZE_MAX};
+  Done done = SubmitViewed(reader, file, kMiB, &mapped);
+  ASSERT_TRUE(done.Wait());
+  ASSERT_FALSE(done.value().ok());
+  EXPECT_EQ(done.value().error().code(), ECANCELED);
+  EXPECT_EQ(mapped.load(), 0u);
+  EXPECT_EQ(reader.viewed_bytes(), 0u);
+}
+
+TEST_F(PopulatingReaderTest, StopAnswersEveryViewedReadOnce) {
+  PopulatingReader& reader = reader_;
+  Probe& probe = this->probe();
+  probe.Hold();
+  constexpr size_t kFiles = 24;  // more than the window: some are still queued at the stop
+  std::vector<std::unique_ptr<ViewedFile>> files;
+  std::vector<std::atomic<size_t>> mapped(kFiles);
+  std::vector<Done> done;
+  for (size_t i = 0; i < kFiles; ++i) {
+    files.push_back(std::make_unique<ViewedFile>(2 * kMiB));
+    done.push_back(SubmitViewed(reader, *files.back(), kMiB, &mapped[i]));
+  }
+  ASSERT_TRUE(Within([&] { return probe.seen().size() == 16; }));
+  probe.Answer(4);  // these four are read through their views by the threads
+  ASSERT_TRUE(Within([&] { return reader.viewed_bytes() == 4 * kMiB; }));
+  reader.Stop();  // the rest are answered on the way out, unread
+  ExpectEachAnsweredOnce(done);
+  for (Done& d : done) EXPECT_TRUE(d.value().ok());
+  EXPECT_EQ(reader.viewed_bytes(), 4 * kMiB);
 }
 
 TEST_F(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {

@@ -33,8 +33,8 @@ class PopulatingReader final : public BackendReader {
   // have a window of their own, so a reader's miss never waits for prefetch. A buffer the
   // kernel will not populate (MADV_POPULATE_WRITE needs Linux 5.14) goes on as it is, and the
   // read faults it in itself. A read that succeeds for a request with a view is answered by one
-  // of `threads` once it has read each page of the view that the read filled; those come before
-  // populating.
+  // of `threads` once it has read each page of the view that the read filled, and unmapped them
+  // again (MADV_DONTNEED); those come before populating.
   PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads);
   ~PopulatingReader() override;
 

@@ -60,7 +60,7 @@ struct ReadRequest {
   // process reads it first; the kernel's own writes into `buffer`, and reads through a writable
   // mapping, do not pay it for later readers. A loader that maps the cached file (passthrough,
   // PROT_READ, as safetensors does) then finds it paid, off its path. Elsewhere it costs a cache
-  // miss per page.
+  // miss per page. The view's pages are unmapped again before the answer.
   const std::byte* view = nullptr;
   // Called exactly once with the bytes read (< expected only at end of file) or the error.
   std::function<void(Result<size_t>)> done;

@@ -316,36 +316,44 @@ TEST_F(PopulatingReaderTest, ADemandReadDoesNotWaitForAWindowFullOfPrefetch) {
   ExpectEachAnsweredOnce(done);
 }
 
-// A file in memory (4 KiB pages), mapped twice: writable, as a cache buffer, and read-only, as
-// its view.
+// A buffer, and a read-only "view" that is a second, empty file in memory (4 KiB pages): a read
+// through the view allocates the page it reads, so that the view file's residency (mincore)
+// shows which pages were read through it, whether or not they are still mapped.
 class ViewedFile {
  public:
   explicit ViewedFile(size_t bytes) : bytes_(bytes) {
-    fd_ = memfd_create("populating-reader-test", MFD_CLOEXEC);
-    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0) std::abort();
-    void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_, 0);
+    buffer_fd_ = memfd_create("populating-reader-test-buffer", MFD_CLOEXEC);
+    view_fd_ = memfd_create("populating-reader-test-view", MFD_CLOEXEC);
+    if (buffer_fd_ < 0 || view_fd_ < 0 || ftruncate(buffer_fd_, static_cast<off_t>(bytes)) != 0 ||
+        ftruncate(view_fd_, static_cast<off_t>(bytes)) != 0) {
+      std::abort();
+    }
+    void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, buffer_fd_, 0);
+    void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, view_fd_, 0);
     if (w == MAP_FAILED || r == MAP_FAILED) std::abort();
+    madvise(r, bytes, MADV_NOHUGEPAGE);  // pages counted one by one, even where shmem is huge
     buffer_ = static_cast<std::byte*>(w);
     view_ = static_cast<const std::byte*>(r);
   }
   ~ViewedFile() {
     munmap(buffer_, bytes_);
     munmap(const_cast<std::byte*>(view_), bytes_);
-    close(fd_);
+    close(buffer_fd_);
+    close(view_fd_);
   }
   std::byte* buffer() const { return buffer_; }
   const std::byte* view() const { return view_; }
 
  private:
   size_t bytes_;
-  int fd_ = -1;
+  int buffer_fd_ = -1;
+  int view_fd_ = -1;
   std::byte* buffer_ = nullptr;
   const std::byte* view_ = nullptr;
 };
 
 // Submits a read of `expected` bytes into `file` whose answer records, as it comes, how many
-// pages of the view are mapped.
+// pages of the view are mapped in this process.
 Done SubmitViewed(BackendReader& reader, const ViewedFile& file, size_t expected,
                   std::atomic<size_t>* mapped_when_answered) {
   Done done;
@@ -365,18 +373,17 @@ Done SubmitViewed(BackendReader& reader, const ViewedFile& file, size_t expected
 TEST_F(PopulatingReaderTest, AFilledBufferIsReadThroughItsViewBeforeItIsAnswered) {
   PopulatingReader& reader = reader_;
   ViewedFile file(2 * kMiB);
-  ASSERT_EQ(MappedPages(file.view(), 2 * kMiB), 0u);
+  ASSERT_EQ(ResidentPages(file.view(), 2 * kMiB), 0u);
   std::atomic<size_t> mapped{SIZE_MAX};
   Done done = SubmitViewed(reader, file, kMiB + 100, &mapped);
   ASSERT_TRUE(done.Wait());
   EXPECT_EQ(done.calls(), 1);
   ASSERT_TRUE(done.value().ok());
   EXPECT_EQ(done.value().value(), kMiB + 100) << "the inner reader's answer passes through";
-  // The kernel may map a few pages around each one read (fault-around): at least the 257 the read
-  // filled, never the whole 2 MiB.
-  EXPECT_GE(mapped.load(), 257u) << "every page the read filled was read through the view";
-  EXPECT_LT(mapped.load(), 512u);
+  EXPECT_EQ(ResidentPages(file.view(), 2 * kMiB), 257u)
+      << "every page the read filled was read through the view, and no other";
   EXPECT_EQ(reader.viewed_bytes(), 257 * kPage);
+  EXPECT_EQ(mapped.load(), 0u) << "and unmapped again: the view does not count twice in RSS";
 }
 
 TEST_F(PopulatingReaderTest, AFailedReadIsAnsweredWithoutReadingItsView) {
@@ -389,6 +396,7 @@ TEST_F(PopulatingReaderTest, AFailedReadIsAnsweredWithoutReadingItsView) {
   ASSERT_FALSE(done.value().ok());
   EXPECT_EQ(done.value().error().code(), ECANCELED);
   EXPECT_EQ(mapped.load(), 0u);
+  EXPECT_EQ(ResidentPages(file.view(), 2 * kMiB), 0u) << "nothing read through the view";
   EXPECT_EQ(reader.viewed_bytes(), 0u);
 }
 
@@ -409,7 +417,14 @@ TEST_F(PopulatingReaderTest, StopAnswersEveryViewedReadOnce) {
   ASSERT_TRUE(Within([&] { return reader.viewed_bytes() == 4 * kMiB; }));
   reader.Stop();  // the rest are answered on the way out, unread
   ExpectEachAnsweredOnce(done);
-  for (Done& d : done) EXPECT_TRUE(d.value().ok());
+  size_t viewed = 0;
+  for (size_t i = 0; i < kFiles; ++i) {
+    EXPECT_TRUE(done[i].value().ok());
+    const size_t read = ResidentPages(files[i]->view(), 2 * kMiB);
+    EXPECT_TRUE(read == 0 || read == kMiB / kPage) << read;
+    viewed += read;
+  }
+  EXPECT_EQ(viewed, 4 * kMiB / kPage) << "the four answered before the stop, and only those";
   EXPECT_EQ(reader.viewed_bytes(), 4 * kMiB);
 }
 

@@ -1,7 +1,7 @@
 // Blocks in files: one sparse file per backing file identity, each block at its own offset; each
-// file is mapped into the daemon whole, once. Because the file holds a fully cached backing file's
-// bytes at their offsets, the kernel can read it directly (FUSE passthrough): native tmpfs speed,
-// and one copy of the data in RAM.
+// file is mapped into the daemon whole, once to write and once read-only (BlockBuffer::view).
+// Because the file holds a fully cached backing file's bytes at their offsets, the kernel can
+// read it directly (FUSE passthrough): native tmpfs speed, and one copy of the data in RAM.
 //
 // Two homes:
 // - Private (Create): a tmpfs created with the new mount API (fsopen/fsmount) and never attached

@@ -57,8 +57,9 @@ struct ReadRequest {
   // one byte of each page there once the read has filled the buffer, before answering. On a VM
   // that shadows page tables, the first read of a page through a read-only user mapping costs a
   // trap to the hypervisor (about 1 us per 4 KiB measured here), paid once per page by whichever
-  // process reads it first; the kernel's own writes into `buffer`, and reads through a writable
-  // mapping, do not pay it for later readers. A loader that maps the cached file (passthrough,
+  // process reads it first; the kernel's own writes into `buffer`, and reads through a mapping
+  // whose pages were faulted in for writing (as a populated buffer's are), do not pay it for later
+  // readers. A loader that maps the cached file (passthrough,
   // PROT_READ, as safetensors does) then finds it paid, off its path. Elsewhere it costs a cache
   // miss per page. The view's pages are unmapped again before the answer.
   const std::byte* view = nullptr;

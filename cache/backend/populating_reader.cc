@@ -76,13 +76,12 @@ void PopulatingReader::Finish(const std::byte* view, bool demand,
     std::lock_guard lock(served_.mu);
     --passed_on_;
     if (demand) --demand_passed_on_;
+    served_.cv.notify_one();  // a window slot, or a view to read
     // Once stopping, the threads may be gone: answer here, unread.
     if (view != nullptr && result.ok() && result.value() > 0 && !served_.stopping) {
       filled_.push_back({view, result.value(), std::move(done)});
-      served_.cv.notify_one();
       return;
     }
-    served_.cv.notify_one();
   }
   done(std::move(result));
 }

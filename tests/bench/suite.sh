@@ -6,7 +6,7 @@
 #                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
 #                        [--dest-mib 256] [--prime-mib MODEL+4×DEST+2048] [--case-timeout 900]
-#                        [--quick]
+#                        [--repeats 5] [--quick]
 #
 # BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
 # and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
@@ -50,6 +50,12 @@
 #                   the daemon's VmRSS sampled every 50 ms (and its VmHWM) against budget + 64 MiB
 # and once for all backends, tmpfs: each loader on the /dev/shm copy (the memory ceiling).
 #
+# Memory-speed rows (tmpfs, accelfs warm, accelfs repeat) are the median of --repeats runs, each
+# under the row's conditions (warm: page cache dropped before each run); the note lists every run.
+# They take a fraction of a second, and one such run on this VM swings by a third with nothing else
+# running (docs/BENCHMARKS.md, "Memory-speed rows"): a single run against a single tmpfs run
+# decided the warm goals by which of the two was lucky. Rows that read the backend run once.
+#
 # Memory priming: right before every case that fills memory it has not held (ceiling, direct,
 # accelfs cold, accelfs-warm, cache ½ model), `accelfs_loader prime` touches and frees
 # --prime-mib MiB (default the model, every loader's destination buffers and 2 GiB; 0: off), so
@@ -83,6 +89,7 @@ disk_mbps=200
 case_timeout=900
 dest_mib=
 prime_mib=
+repeats=5
 quick=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -100,6 +107,7 @@ while (($#)); do
     --case-timeout) case_timeout=$2; shift 2 ;;
     --dest-mib) dest_mib=$2; shift 2 ;;
     --prime-mib) prime_mib=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "suite: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -108,7 +116,7 @@ done
 # --quick: a tiny model and short stagger, unless given.
 if ((quick)); then model_mib=${model_mib:-128} stagger_ms=${stagger_ms:-100} dest_mib=${dest_mib:-16}; fi
 model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:-256}
-for v in model_mib shards threads procs disk_mbps case_timeout dest_mib; do
+for v in model_mib shards threads procs disk_mbps case_timeout dest_mib repeats; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --${v//_/-} must be a positive integer" >&2; exit 2; }
 done
 [[ -z $prime_mib || $prime_mib =~ ^[0-9]+$ ]] || { echo "suite: --prime-mib must be an integer" >&2; exit 2; }
@@ -319,6 +327,25 @@ measure() {
   read -r _ _ m_secs m_gbps < "$outf"
 }
 
+# measure_median PREP BACKEND IN_CGROUP CMD...: --repeats runs of PREP (a command, e.g.
+# drop_caches, or :) then measure. Sets m_gbps and m_secs to the median run's (by GB/s; of an even
+# count, the lower middle), m_bytes to the most any run read from the backend, and m_note to every
+# run's GB/s. A failed run ends it: its m_* are the row's.
+measure_median() {
+  local prep=$1 backend=$2 in_cgroup=$3 i runs=() bytes=
+  shift 3
+  for ((i = 0; i < repeats; i++)); do
+    "$prep"
+    measure "$backend" "$in_cgroup" "$@"
+    [[ $m_gbps != - ]] || return 0
+    runs+=("$m_gbps $m_secs")
+    [[ -z $m_bytes ]] || { [[ -n $bytes ]] && ((bytes >= m_bytes)); } || bytes=$m_bytes
+  done
+  read -r m_gbps m_secs < <(printf '%s\n' "${runs[@]}" | sort -n -k1,1 | sed -n "$(((repeats + 1) / 2))p")
+  m_bytes=$bytes
+  ((repeats == 1)) || m_note="median of $repeats: $(printf '%s\n' "${runs[@]}" | cut -d' ' -f1 | sort -n | paste -sd' ') GB/s"
+}
+
 # ---- backends ---------------------------------------------------------------------------------
 # The model: generated once per shape in DIR, copied to /dev/shm for this run.
 prepare_model() {
@@ -424,7 +451,7 @@ case_tmpfs() {
   local l
   for l in "${loaders[@]}"; do
     # shellcheck disable=SC2086  # loader_args are words
-    measure tmpfs 0 "$loader" ${loader_args[$l]} "$shm"
+    measure_median : tmpfs 0 "$loader" ${loader_args[$l]} "$shm"
     record tmpfs "local copy" "$l" "$m_gbps" "$m_secs" "" "" "$m_note"
   done
 }
@@ -458,19 +485,23 @@ case_direct() {
 }
 
 # accelfs BACKEND SOURCE: per loader, a new daemon over the backend: cold (page cache dropped),
-# warm (page cache dropped, daemon cache full), repeat (page cache kept). The RSS column is the
+# warm (daemon cache full; page cache dropped before each run), repeat (page cache kept). The RSS column is the
 # daemon's VmHWM after the case.
 case_accelfs() {
-  local backend=$1 src=$2 l c
+  local backend=$1 src=$2 l
   for l in "${loaders[@]}"; do
     start_accelfs "$backend" "$src" "$cache_bytes"
-    for c in cold warm repeat; do
-      [[ $c != repeat ]] && drop_caches
-      [[ $c == cold ]] && prime_next=1
-      # shellcheck disable=SC2086
-      measure "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
-      record "$backend" "accelfs $c" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
-    done
+    drop_caches
+    prime_next=1
+    # shellcheck disable=SC2086
+    measure "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs cold" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    # shellcheck disable=SC2086
+    measure_median drop_caches "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs warm" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    # shellcheck disable=SC2086
+    measure_median : "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs repeat" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
     stop_accelfs
   done
 }
@@ -661,7 +692,7 @@ format_results() {
   ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
   echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"
   echo "- ceiling: the best accelfs_ceiling run on the backend (NET: 16 and 64 threads, DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
-  echo "- one run per row; GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the same daemon as cold)"
+  echo "- rows that read the backend: one run; tmpfs, accelfs warm and accelfs repeat: the median of $repeats runs (the note lists them all; backend MiB read: the most of any run); GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the same daemon as cold)"
   echo
   format_table
   echo

@@ -134,8 +134,7 @@ std::vector<std::string> FollowingShardsByName(std::string_view name) {
   return names;
 }
 
-Result<std::vector<std::string>> FollowingShardsFromIndex(std::string_view index_json,
-                                                          std::string_view name) {
+Result<std::vector<std::string>> ShardsFromIndex(std::string_view index_json) {
   if (index_json.size() > kMaxShardIndexBytes) return Error(EFBIG);
   try {
     IndexReader reader;
@@ -144,9 +143,26 @@ Result<std::vector<std::string>> FollowingShardsFromIndex(std::string_view index
     }
     if (!reader.saw_map()) return Error(EINVAL);
     const std::set<std::string, std::less<>>& files = reader.files();
-    const auto it = files.find(name);
-    if (it == files.end()) return std::vector<std::string>{};
-    return std::vector<std::string>(std::next(it), files.end());
+    return std::vector<std::string>(files.begin(), files.end());
+  } catch (const std::bad_alloc&) {
+    return Error(ENOMEM);
+  }
+}
+
+std::span<const std::string> ShardsAfter(std::span<const std::string> shards,
+                                         std::string_view name) {
+  const auto it = std::lower_bound(shards.begin(), shards.end(), name, std::less<>());
+  if (it == shards.end() || *it != name) return {};
+  return {std::next(it), shards.end()};
+}
+
+Result<std::vector<std::string>> FollowingShardsFromIndex(std::string_view index_json,
+                                                          std::string_view name) {
+  Result<std::vector<std::string>> shards = ShardsFromIndex(index_json);
+  if (!shards.ok()) return shards.error();
+  try {
+    const std::span<const std::string> after = ShardsAfter(shards.value(), name);
+    return std::vector<std::string>(after.begin(), after.end());
   } catch (const std::bad_alloc&) {
     return Error(ENOMEM);
   }

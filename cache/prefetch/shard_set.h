@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,12 +34,19 @@ inline constexpr size_t kMaxShardIndexBytes = 64u << 20;
 std::vector<std::string> FollowingShardsByName(std::string_view name);
 
 // From the contents of a model.safetensors.index.json: the distinct files its "weight_map" (tensor
-// name -> file name) names, sorted by name as loaders take them, and of those the ones after
-// `name`. Empty when `name` is not one of them. Of repeated "weight_map" keys the last counts.
-// Error(EINVAL) when the JSON is malformed or not an object, "weight_map" is missing or not an
-// object, one of its values is not a string or not a plain file name (empty, ".", "..", or holding
-// '/' or NUL); Error(EFBIG) when index_json is longer than kMaxShardIndexBytes or names more than
-// kMaxShards files; Error(ENOMEM) when memory runs out.
+// name -> file name) names, sorted by name (std::string's <) as loaders take them. Of repeated
+// "weight_map" keys the last counts. Error(EINVAL) when the JSON is malformed or not an object,
+// "weight_map" is missing or not an object, one of its values is not a string or not a plain file
+// name (empty, ".", "..", or holding '/' or NUL); Error(EFBIG) when index_json is longer than
+// kMaxShardIndexBytes or names more than kMaxShards files; Error(ENOMEM) when memory runs out.
+Result<std::vector<std::string>> ShardsFromIndex(std::string_view index_json);
+
+// The shards of `shards` (sorted, as ShardsFromIndex returns them) after `name`; empty when `name`
+// is not one of them.
+std::span<const std::string> ShardsAfter(std::span<const std::string> shards,
+                                         std::string_view name);
+
+// ShardsAfter(ShardsFromIndex(index_json), name), with ShardsFromIndex's errors.
 Result<std::vector<std::string>> FollowingShardsFromIndex(std::string_view index_json,
                                                           std::string_view name);
 

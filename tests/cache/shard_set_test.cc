@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -158,6 +159,20 @@ INSTANTIATE_TEST_SUITE_P(
         IndexCase{"EmptyWeightMap", R"({"weight_map":{}})", "1.st", {}}),
     [](const auto& info) { return std::string(info.param.test); });
 // clang-format on
+
+TEST(ShardsFromIndexTest, NamesEveryFileOnceInOrder) {
+  const Result<Names> r = ShardsFromIndex(kMap);
+  ASSERT_TRUE(r.ok()) << std::strerror(r.error().code());
+  const Names want = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                      "model-00003-of-00003.safetensors"};
+  EXPECT_EQ(r.value(), want);
+  // ShardsAfter views the list it is given: no copy.
+  const std::span<const std::string> after = ShardsAfter(r.value(), want[0]);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after.data(), r.value().data() + 1);
+  EXPECT_TRUE(ShardsAfter(r.value(), "model-00000-of-00003.safetensors").empty());
+  EXPECT_TRUE(ShardsAfter(Names{}, want[0]).empty());
+}
 
 struct BadIndexCase {
   const char* test;

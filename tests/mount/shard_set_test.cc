@@ -1,8 +1,10 @@
 // Sharded safetensors models through a real mount: every shard reads (read() and mmap) equal to
 // its backing file; opening a shard of a set starts the next one streaming (from the index file,
 // or from the -0000k-of-0000N names when there is none); a corrupt header, a truncated shard, a
-// hostile index and a missing index change nothing a reader can see.
+// hostile index and a missing index change nothing a reader can see; the index is read once, and
+// again only when it changes.
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -74,14 +76,49 @@ void ExpectSameBytes(const std::string& mounted, const std::string& backing) {
   munmap(map, want.size());
 }
 
-// Waits up to 10 s for `text` in the daemon's log.
-bool LogShows(const AccelfsProcess& daemon, const std::string& text) {
+// How many times `text` is in `log`.
+size_t Count(const std::string& log, const std::string& text) {
+  size_t n = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
+
+// Waits up to 10 s for `text` to be in the daemon's log `times` times.
+bool LogShows(const AccelfsProcess& daemon, const std::string& text, size_t times = 1) {
   for (int i = 0; i < 200; ++i) {
-    if (daemon.Log().find(text) != std::string::npos) return true;
+    if (Count(daemon.Log(), text) >= times) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
 }
+
+// Counts the opens of one file, by anyone (inotify IN_OPEN).
+class OpenCounter {
+ public:
+  explicit OpenCounter(const std::string& path) : fd_(inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+    EXPECT_GE(inotify_add_watch(fd_, path.c_str(), IN_OPEN), 0)
+        << path << ": " << std::strerror(errno);
+  }
+  ~OpenCounter() { close(fd_); }
+  // The opens since the last call.
+  int Take() {
+    int opens = 0;
+    alignas(inotify_event) char buffer[4096];
+    for (;;) {
+      const ssize_t n = read(fd_, buffer, sizeof(buffer));
+      if (n <= 0) return opens;
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        opens += (event->mask & IN_OPEN) != 0;
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+  }
+
+ private:
+  int fd_;
+};
 
 class ShardSetTest : public MountTest {
  protected:
@@ -94,8 +131,8 @@ class ShardSetTest : public MountTest {
     if (index) WriteIndex(Src("model.safetensors.index.json"), shards_);
   }
   void Mount() {
-    ASSERT_NO_FATAL_FAILURE(StartMount(
-        {"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "debug"}));
+    ASSERT_NO_FATAL_FAILURE(
+        StartMount({"--stream-threshold", "1M", "--cache-size", "256M", "--log-level", "debug"}));
   }
 };
 
@@ -107,6 +144,30 @@ TEST_F(ShardSetTest, OpeningAShardStreamsTheNextOneFromTheIndex) {
   EXPECT_TRUE(LogShows(daemon_, "streaming in tensor order")) << daemon_.Log();
   for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
   EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+}
+
+// The index sits on the slow store with the shards, and a large model's is MiBs: it is read once
+// for a whole load and for the loads after it, and again only when it changes.
+TEST_F(ShardSetTest, TheIndexIsReadOnceAndAgainWhenItChanges) {
+  MakeModel(4, /*index=*/true);
+  const std::string index = Src("model.safetensors.index.json");
+  OpenCounter opens(index);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  const std::string last = "prefetching the next shard, " + shards_[3];
+  for (int load = 1; load <= 2; ++load) {
+    for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+    ASSERT_TRUE(LogShows(daemon_, last, load)) << daemon_.Log();
+  }
+  EXPECT_EQ(opens.Take(), 1) << "the index is read once for two loads of four shards";
+
+  // Rewritten without shard 2: after shard 1 comes shard 3.
+  WriteIndex(index, {shards_[0], shards_[2], shards_[3]});
+  EXPECT_EQ(opens.Take(), 1) << "the rewrite itself";
+  const std::string third = "prefetching the next shard, " + shards_[2];
+  const size_t before = Count(daemon_.Log(), third);
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
+  EXPECT_TRUE(LogShows(daemon_, third, before + 1)) << daemon_.Log();
+  EXPECT_EQ(opens.Take(), 1) << "a changed index is read again";
 }
 
 TEST_F(ShardSetTest, WithoutAnIndexTheNamesGiveTheNextShard) {
@@ -149,8 +210,7 @@ TEST_F(ShardSetTest, NextShardThatIsNotARegularFileIsLeftAlone) {
   ASSERT_EQ(mkfifo(Src(shards_[1]).c_str(), 0644), 0) << std::strerror(errno);
   ASSERT_NO_FATAL_FAILURE(Mount());
   ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
-  EXPECT_TRUE(LogShows(daemon_, "next shard " + shards_[1] + " not prefetched"))
-      << daemon_.Log();
+  EXPECT_TRUE(LogShows(daemon_, "next shard " + shards_[1] + " not prefetched")) << daemon_.Log();
   EXPECT_EQ(daemon_.Stop(), 0) << "the daemon exits cleanly: " << daemon_.Log();
 }
 

@@ -6,7 +6,7 @@
 #                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
 #                        [--dest-mib 256] [--prime-mib MODEL+4×DEST+2048] [--case-timeout 900]
-#                        [--repeats 5] [--quick]
+#                        [--repeats 5] [--cold-repeats 3] [--quick]
 #
 # BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
 # and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
@@ -40,7 +40,7 @@
 #
 # Cases, per backend:
 #   ceiling         accelfs_ceiling (N threads × 4 MiB preads, each chunk once) on the backend:
-#                   the yardstick; the best of its runs is the backend's ceiling
+#                   the yardstick; the best of its rows (one per thread count) is the backend's ceiling
 #   direct          each loader on the backend itself, page cache dropped
 #   accelfs cold    each loader through a new accelfs daemon mounted over the backend, page
 #                   cache dropped (--cache-size 1.5× the model + 256 MiB)
@@ -50,11 +50,13 @@
 #                   the daemon's VmRSS sampled every 50 ms (and its VmHWM) against budget + 64 MiB
 # and once for all backends, tmpfs: each loader on the /dev/shm copy (the memory ceiling).
 #
-# Memory-speed rows (tmpfs, accelfs warm, accelfs repeat) are the median of --repeats runs, each
-# under the row's conditions (warm: page cache dropped before each run); the note lists every run.
-# They take a fraction of a second, and one such run on this VM swings by a third with nothing else
-# running (docs/BENCHMARKS.md, "Memory-speed rows"): a single run against a single tmpfs run
-# decided the warm goals by which of the two was lucky. Rows that read the backend run once.
+# Repeats: one run on this VM swings by a quarter to a third with nothing else running
+# (docs/BENCHMARKS.md, "Medians"), so the rows the goals hold against each other are medians, and
+# the note lists every run. Memory-speed rows (tmpfs, accelfs warm, accelfs repeat): --repeats runs
+# (warm: page cache dropped before each). Ceiling and accelfs cold: --cold-repeats runs, page cache
+# dropped and memory primed before each, each cold accelfs run on a new daemon (warm and repeat
+# use the last). Direct, accelfs-warm and the small cache run once. Backend bytes and daemon RSS
+# of a row are the most of any of its runs.
 #
 # Memory priming: right before every case that fills memory it has not held (ceiling, direct,
 # accelfs cold, accelfs-warm, cache ½ model), `accelfs_loader prime` touches and frees
@@ -90,6 +92,7 @@ case_timeout=900
 dest_mib=
 prime_mib=
 repeats=5
+cold_repeats=3
 quick=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -108,6 +111,7 @@ while (($#)); do
     --dest-mib) dest_mib=$2; shift 2 ;;
     --prime-mib) prime_mib=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
+    --cold-repeats) cold_repeats=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "suite: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -116,7 +120,7 @@ done
 # --quick: a tiny model and short stagger, unless given.
 if ((quick)); then model_mib=${model_mib:-128} stagger_ms=${stagger_ms:-100} dest_mib=${dest_mib:-16}; fi
 model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:-256}
-for v in model_mib shards threads procs disk_mbps case_timeout dest_mib repeats; do
+for v in model_mib shards threads procs disk_mbps case_timeout dest_mib repeats cold_repeats; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --${v//_/-} must be a positive integer" >&2; exit 2; }
 done
 [[ -z $prime_mib || $prime_mib =~ ^[0-9]+$ ]] || { echo "suite: --prime-mib must be an integer" >&2; exit 2; }
@@ -327,23 +331,28 @@ measure() {
   read -r _ _ m_secs m_gbps < "$outf"
 }
 
-# measure_median PREP BACKEND IN_CGROUP CMD...: --repeats runs of PREP (a command, e.g.
-# drop_caches, or :) then measure. Sets m_gbps and m_secs to the median run's (by GB/s; of an even
-# count, the lower middle), m_bytes to the most any run read from the backend, and m_note to every
-# run's GB/s. A failed run ends it: its m_* are the row's.
+# measure_median N PREP BACKEND IN_CGROUP CMD...: N runs of PREP (a command: drop_caches, :, or a
+# case's own) then measure. Sets m_gbps and m_secs to the median run's (by GB/s; of an even count,
+# the lower middle), m_bytes to the most any run read from the backend, m_rss to the largest
+# daemon VmHWM after a run (when a daemon is up), and m_note to every run's GB/s. A failed run
+# ends it: its m_* are the row's.
 measure_median() {
-  local prep=$1 backend=$2 in_cgroup=$3 i runs=() bytes=
-  shift 3
-  for ((i = 0; i < repeats; i++)); do
+  local n=$1 prep=$2 backend=$3 in_cgroup=$4 i runs=() bytes='' rss='' hwm
+  shift 4
+  m_rss=
+  for ((i = 0; i < n; i++)); do
     "$prep"
     measure "$backend" "$in_cgroup" "$@"
     [[ $m_gbps != - ]] || return 0
     runs+=("$m_gbps $m_secs")
     [[ -z $m_bytes ]] || { [[ -n $bytes ]] && ((bytes >= m_bytes)); } || bytes=$m_bytes
+    hwm=
+    [[ -z $acc_pid ]] || hwm=$(daemon_hwm_kib)
+    [[ -z $hwm ]] || { [[ -n $rss ]] && ((rss >= hwm)); } || rss=$hwm
   done
-  read -r m_gbps m_secs < <(printf '%s\n' "${runs[@]}" | sort -n -k1,1 | sed -n "$(((repeats + 1) / 2))p")
-  m_bytes=$bytes
-  ((repeats == 1)) || m_note="median of $repeats: $(printf '%s\n' "${runs[@]}" | cut -d' ' -f1 | sort -n | paste -sd' ') GB/s"
+  read -r m_gbps m_secs < <(printf '%s\n' "${runs[@]}" | sort -n -k1,1 | sed -n "$(((n + 1) / 2))p")
+  m_bytes=$bytes m_rss=$rss
+  ((n == 1)) || m_note="median of $n: $(printf '%s\n' "${runs[@]}" | cut -d' ' -f1 | sort -n | paste -sd' ') GB/s"
 }
 
 # ---- backends ---------------------------------------------------------------------------------
@@ -446,12 +455,26 @@ stop_accelfs() {
 daemon_hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$acc_pid/status" 2>/dev/null || true; }
 
 # ---- cases ------------------------------------------------------------------------------------
+# Before a cold run: the page cache dropped, memory primed.
+cold_prep() {
+  drop_caches
+  prime_next=1
+}
+# Before a cold accelfs run: a new daemon (new_daemon_args: BACKEND SOURCE CACHE_BYTES, see
+# start_accelfs) in place of the last one, then cold_prep.
+new_daemon_args=()
+new_daemon_cold() {
+  [[ -z $acc_pid ]] || stop_accelfs
+  start_accelfs "${new_daemon_args[@]}"
+  cold_prep
+}
+
 # tmpfs: each loader on the /dev/shm copy — the memory ceiling every other row is held against.
 case_tmpfs() {
   local l
   for l in "${loaders[@]}"; do
     # shellcheck disable=SC2086  # loader_args are words
-    measure_median : tmpfs 0 "$loader" ${loader_args[$l]} "$shm"
+    measure_median "$repeats" : tmpfs 0 "$loader" ${loader_args[$l]} "$shm"
     record tmpfs "local copy" "$l" "$m_gbps" "$m_secs" "" "" "$m_note"
   done
 }
@@ -463,9 +486,7 @@ case_ceiling() {
   shift 3
   CEIL[$backend]=0
   for t in "$@"; do
-    drop_caches
-    prime_next=1
-    measure "$backend" "$in_cgroup" "$ceiling" --threads "$t" "$path"
+    measure_median "$cold_repeats" cold_prep "$backend" "$in_cgroup" "$ceiling" --threads "$t" "$path"
     record "$backend" ceiling "ceiling-$t" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
     [[ $m_gbps != - ]] && CEIL[$backend]=$(awk -v a="$m_gbps" -v b="${CEIL[$backend]}" \
       'BEGIN {print (a > b ? a : b)}')
@@ -484,24 +505,23 @@ case_direct() {
   done
 }
 
-# accelfs BACKEND SOURCE: per loader, a new daemon over the backend: cold (page cache dropped),
-# warm (daemon cache full; page cache dropped before each run), repeat (page cache kept). The RSS column is the
-# daemon's VmHWM after the case.
+# accelfs BACKEND SOURCE: per loader, cold runs each on a new daemon over the backend (page cache
+# dropped, memory primed), then on the last daemon warm runs (its cache full; page cache dropped
+# before each) and repeat runs (page cache kept). The RSS column is the daemon's VmHWM.
 case_accelfs() {
   local backend=$1 src=$2 l
   for l in "${loaders[@]}"; do
-    start_accelfs "$backend" "$src" "$cache_bytes"
-    drop_caches
-    prime_next=1
+    # Each cold run on a new daemon; warm and repeat on the last one.
+    new_daemon_args=("$backend" "$src" "$cache_bytes")
     # shellcheck disable=SC2086
-    measure "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
-    record "$backend" "accelfs cold" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    measure_median "$cold_repeats" new_daemon_cold "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs cold" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
     # shellcheck disable=SC2086
-    measure_median drop_caches "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
-    record "$backend" "accelfs warm" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    measure_median "$repeats" drop_caches "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs warm" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
     # shellcheck disable=SC2086
-    measure_median : "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
-    record "$backend" "accelfs repeat" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$(daemon_hwm_kib)" "$m_note"
+    measure_median "$repeats" : "$backend" 0 "$loader" ${loader_args[$l]} "$acc_mnt"
+    record "$backend" "accelfs repeat" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
     stop_accelfs
   done
 }
@@ -691,8 +711,8 @@ format_results() {
   ((run_net)) && echo "- NET: accelfs_netfs, ${net_params:-not run}"
   ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
   echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"
-  echo "- ceiling: the best accelfs_ceiling run on the backend (NET: 16 and 64 threads, DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
-  echo "- rows that read the backend: one run; tmpfs, accelfs warm and accelfs repeat: the median of $repeats runs (the note lists them all; backend MiB read: the most of any run); GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the same daemon as cold)"
+  echo "- ceiling: the best accelfs_ceiling row on the backend (NET: 16 and 64 threads, DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
+  echo "- ceiling and accelfs cold: the median of $cold_repeats runs, each accelfs one on a new daemon; tmpfs, accelfs warm and accelfs repeat: the median of $repeats runs; the note lists every run, and backend MiB read and daemon peak RSS are the most of any run; direct, accelfs-warm and the small cache: one run; GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the last cold run's)"
   echo
   format_table
   echo

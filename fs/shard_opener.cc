@@ -45,7 +45,7 @@ std::optional<std::string> ReadIndex(int dir_fd, struct stat* st) {
 
 }  // namespace
 
-const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd) {
+const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
   struct stat dir {};
   if (fstat(dir_fd, &dir) != 0) return nullptr;
   const auto it = indexes_.find({dir.st_dev, dir.st_ino});
@@ -77,8 +77,8 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd) {
   }
   // An index too big to keep is read at each ask; room for one is made by forgetting the others.
   if (index.bytes > kMaxRememberedBytes) {
-    unkept_ = std::move(index);
-    return &unkept_;
+    *unkept = std::move(index);
+    return unkept;
   }
   if (bytes_ + index.bytes > kMaxRememberedBytes) {
     indexes_.clear();
@@ -90,7 +90,8 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd) {
 
 std::string ShardOrder::Next(int dir_fd, const std::string& name) {
   std::lock_guard lock(mu_);
-  if (const Index* index = IndexOf(dir_fd); index != nullptr && index->shards) {
+  Index unkept;
+  if (const Index* index = IndexOf(dir_fd, &unkept); index != nullptr && index->shards) {
     const std::span<const std::string> following = ShardsAfter(*index->shards, name);
     if (!following.empty()) return following.front();
   }

@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
@@ -56,15 +57,15 @@ class ShardOrder {
     size_t bytes = 0;                                // its memory: names and what holds them
   };
 
-  // The directory's index as it is now: remembered, or read and remembered; null when it has
-  // none (or none that is a regular file). The pointer is good while mu_ is held.
-  const Index* IndexOf(int dir_fd);  // REQUIRES: mu_ held
+  // The directory's index as it is now: remembered, or read and remembered, or read into
+  // `*unkept` when too big to remember; null when it has none (or none that is a regular file).
+  // The pointer is good while mu_ is held and *unkept lives.
+  const Index* IndexOf(int dir_fd, Index* unkept);  // REQUIRES: mu_ held
 
   std::mutex mu_;  // held while an index is read: asks are few, one per shard opened
 
   std::map<std::pair<dev_t, ino_t>, Index> indexes_;  // by directory; GUARDED_BY(mu_)
   size_t bytes_ = 0;  // every remembered index's `bytes`; GUARDED_BY(mu_)
-  Index unkept_;      // the last index too big to remember; GUARDED_BY(mu_)
 };
 
 class ShardOpener {

@@ -3,7 +3,6 @@
 // names. Reads of the index are counted with inotify (IN_OPEN on the file).
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "fs/shard_opener.h"
+#include "tests/support/open_counter.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -27,13 +27,8 @@ class ShardOrderTest : public ::testing::Test {
   void SetUp() override {
     dir_fd_ = open(dir_.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     ASSERT_GE(dir_fd_, 0) << std::strerror(errno);
-    inotify_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    ASSERT_GE(inotify_, 0) << std::strerror(errno);
   }
-  void TearDown() override {
-    close(inotify_);
-    close(dir_fd_);
-  }
+  void TearDown() override { close(dir_fd_); }
 
   // Writes the index naming `files` (one tensor each), then watches it for opens.
   void WriteIndex(const std::vector<std::string>& files) {
@@ -45,28 +40,16 @@ class ShardOrderTest : public ::testing::Test {
       }
       out << "}}";
     }
-    ASSERT_GE(inotify_add_watch(inotify_, (dir_ / kIndex).c_str(), IN_OPEN), 0)
-        << std::strerror(errno);
+    ASSERT_NO_FATAL_FAILURE(opens_.Watch(dir_ / kIndex));
     Opens();  // not the write's own
   }
 
   // Opens of the index since the last call.
-  int Opens() {
-    int opens = 0;
-    alignas(inotify_event) char buffer[4096];
-    for (ssize_t n; (n = read(inotify_, buffer, sizeof(buffer))) > 0;) {
-      for (ssize_t at = 0; at < n;) {
-        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-        opens += (event->mask & IN_OPEN) != 0;
-        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-      }
-    }
-    return opens;
-  }
+  int Opens() { return opens_.Take(); }
 
   testing::TempDir dir_{"accelfs-shard-order-test"};
   int dir_fd_ = -1;
-  int inotify_ = -1;
+  testing::OpenCounter opens_;
   ShardOrder order_;
 };
 
@@ -108,8 +91,7 @@ TEST_F(ShardOrderTest, WithoutAnIndexTheNamesDecide) {
 TEST_F(ShardOrderTest, AHostileIndexIsReadOnceAndTheNamesDecide) {
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"../etc/passwd", "m-00001-of-00002.safetensors"}));
   for (int round = 0; round < 3; ++round) {
-    EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"),
-              "m-00002-of-00002.safetensors");
+    EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
   }
   EXPECT_EQ(Opens(), 1);
 }
@@ -134,7 +116,7 @@ TEST_F(ShardOrderTest, AnIndexTooBigToKeepIsReadAtEachAsk) {
   files.emplace_back("a.safetensors");
   files.emplace_back("b.safetensors");
   ASSERT_NO_FATAL_FAILURE(WriteIndex(files));
-  // Counted after each ask: inotify merges an event into an identical one not yet read.
+  // Counted after each ask (see OpenCounter::Take).
   EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");
   EXPECT_EQ(Opens(), 1);
   EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");

@@ -4,7 +4,6 @@
 // hostile index and a missing index change nothing a reader can see; the index is read once, and
 // again only when it changes.
 #include <fcntl.h>
-#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "tests/mount/mount_fixture.h"
+#include "tests/support/open_counter.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs::testing {
@@ -91,34 +91,6 @@ bool LogShows(const AccelfsProcess& daemon, const std::string& text, size_t time
   }
   return false;
 }
-
-// Counts the opens of one file, by anyone (inotify IN_OPEN).
-class OpenCounter {
- public:
-  explicit OpenCounter(const std::string& path) : fd_(inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
-    EXPECT_GE(fd_, 0) << std::strerror(errno);
-    EXPECT_GE(inotify_add_watch(fd_, path.c_str(), IN_OPEN), 0)
-        << path << ": " << std::strerror(errno);
-  }
-  ~OpenCounter() { close(fd_); }
-  // The opens since the last call.
-  int Take() {
-    int opens = 0;
-    alignas(inotify_event) char buffer[4096];
-    for (;;) {
-      const ssize_t n = read(fd_, buffer, sizeof(buffer));
-      if (n <= 0) return opens;
-      for (ssize_t at = 0; at < n;) {
-        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-        opens += (event->mask & IN_OPEN) != 0;
-        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-      }
-    }
-  }
-
- private:
-  int fd_;
-};
 
 class ShardSetTest : public MountTest {
  protected:

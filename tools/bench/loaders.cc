@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-uint64_t ReadShard(const std::string& f, std::vector<char>& buf) {
+uint64_t ReadShard(const std::string& f, Buffer& buf) {
   const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die("open " + f + ": " + std::strerror(errno));
   uint64_t total = 0;
@@ -57,7 +57,7 @@ Result<SafetensorsLayout> ReadLayout(int fd, uint64_t size) {
   return ParseSafetensorsHeader(head, size);
 }
 
-uint64_t MmapShard(const std::string& f, std::vector<char>& dest, Slice slice) {
+uint64_t MmapShard(const std::string& f, Buffer& dest, Slice slice) {
   MappedShard shard;
   MapShard(f, shard);
   uint64_t total = 0;
@@ -198,31 +198,33 @@ std::vector<std::string> Shards(const std::vector<std::string>& args) {
   return files;
 }
 
-std::vector<std::vector<char>> DestBuffers(int threads, size_t bytes) {
-  std::vector<std::vector<char>> buffers(static_cast<size_t>(threads));
-  for (std::vector<char>& buffer : buffers) {
-    // In huge pages where the kernel gives them: 4 KiB pages touched one by one cost seconds per
-    // GiB on a VM whose balloon has taken the memory back, spent before the clock starts but
-    // after the benchmark primed memory for the case (tests/bench/suite.sh).
-    buffer.reserve(bytes);
-    constexpr uintptr_t kHuge = 2 << 20;
-    const auto begin = (reinterpret_cast<uintptr_t>(buffer.data()) + kHuge - 1) & ~(kHuge - 1);
-    const auto end = (reinterpret_cast<uintptr_t>(buffer.data()) + bytes) & ~(kHuge - 1);
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-    buffer.assign(bytes, 1);
-  }
+Buffer::Buffer(size_t bytes) : size_(bytes) {
+  // Touched here, before any clock starts: 4 KiB pages touched one by one cost seconds per GiB on
+  // a VM whose balloon has taken the memory back, spent after the benchmark primed memory for the
+  // case (tests/bench/suite.sh).
+  constexpr size_t kHuge = 2 << 20;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kHuge - 1) & ~(kHuge - 1);
+  data_.reset(static_cast<char*>(std::aligned_alloc(kHuge, rounded)));
+  if (!data_) Die("out of memory for a " + std::to_string(bytes) + "-byte loader buffer");
+  madvise(data_.get(), rounded, MADV_HUGEPAGE);
+  std::memset(data_.get(), 1, rounded);
+}
+
+std::vector<Buffer> DestBuffers(int threads, size_t bytes) {
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < threads; ++i) buffers.emplace_back(bytes);
   return buffers;
 }
 
 uint64_t LoadRead(const std::vector<std::string>& files, int threads) {
-  std::vector<std::vector<char>> bufs(static_cast<size_t>(threads), std::vector<char>(1 << 20));
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < threads; ++i) bufs.emplace_back(size_t{1} << 20);
   return OverShards(files, threads, [&](int thread, const std::string& f) {
     return ReadShard(f, bufs[static_cast<size_t>(thread)]);
   });
 }
 
-uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<std::vector<char>>& dest,
-                  Slice slice) {
+uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<Buffer>& dest, Slice slice) {
   return OverShards(files, static_cast<int>(dest.size()), [&](int thread, const std::string& f) {
     return MmapShard(f, dest[static_cast<size_t>(thread)], slice);
   });

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,8 +66,27 @@ struct Slice {
 // starts, so that a loader measures the read path and not the allocator's page faults.
 constexpr size_t kDestBytes = 256 << 20;
 
-// Destination buffers of `bytes` each for `threads` mmap loader threads, touched.
-std::vector<std::vector<char>> DestBuffers(int threads, size_t bytes = kDestBytes);
+// A loader's buffer: aligned to 2 MiB (huge pages where the kernel gives them) and touched. Model
+// servers copy into tensor storage, which torch's CPU allocator aligns to 64 bytes; a buffer from
+// plain malloc starts 16 bytes into a page, and on the AMD EPYC of docs/BENCHMARKS.md a read() or
+// memcpy into such a destination runs at a quarter of the aligned speed (1.65 against 6.9 GB/s),
+// which would make a loader measure its own copy rather than the read path.
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes);
+  char* data() { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> data_;
+  size_t size_;
+};
+
+// Destination buffers of `bytes` each for `threads` mmap loader threads.
+std::vector<Buffer> DestBuffers(int threads, size_t bytes = kDestBytes);
 
 // Sequential read() of every shard, 1 MiB at a time. With several threads, each thread takes the
 // next shard from a shared counter (SGLang's multithread load). Counts every byte of the files.
@@ -74,8 +95,7 @@ uint64_t LoadRead(const std::vector<std::string>& files, int threads);
 // safetensors style: mmap(PROT_READ, MAP_SHARED) each shard, parse its header and copy the slice
 // of every tensor out, in header order, into the thread's buffer; threads as LoadRead. `dest` holds
 // one buffer per thread. Counts the tensor bytes copied.
-uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<std::vector<char>>& dest,
-                  Slice slice);
+uint64_t LoadMmap(const std::vector<std::string>& files, std::vector<Buffer>& dest, Slice slice);
 
 struct ProcessOptions {
   int processes = 1;

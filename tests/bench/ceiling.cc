@@ -38,7 +38,7 @@ struct Chunk {
 };
 
 // Reads the whole chunk (short reads resumed). Dies on errors and on a file shorter than it was.
-void ReadChunk(const Chunk& c, std::vector<char>& buf) {
+void ReadChunk(const Chunk& c, accelfs::bench::Buffer& buf) {
   uint64_t done = 0;
   while (done < c.length) {
     const ssize_t n =
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> workers;
   for (unsigned t = 0; t < threads; ++t) {
     workers.emplace_back([&] {
-      std::vector<char> buf(chunk_bytes, 1);
+      accelfs::bench::Buffer buf(chunk_bytes);  // aligned, as the loaders' buffers are
       start.arrive_and_wait();
       for (size_t i; (i = cursor.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) {
         ReadChunk(chunks[i], buf);

@@ -1,15 +1,18 @@
 // accelfs_loader prime, the memory priming tests/bench/suite.sh runs before every cold case: it
 // touches what it is asked for and says so in one line; a size that is not a number, is zero or
 // is more than the machine has available, or an extra argument, is one error line and exit 1,
-// before touching anything.
+// before touching anything. And the loaders' buffers: aligned to 2 MiB, of the size asked for,
+// touched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "fs/config.h"
 #include "tests/mount/mount_fixture.h"
+#include "tools/bench/loaders.h"
 
 namespace accelfs::testing {
 namespace {
@@ -39,6 +42,19 @@ TEST(LoaderPrimeTest, BadSizesAreOneErrorLine) {
     EXPECT_TRUE(r.out.empty()) << args.back() << ": " << r.out;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args.back() << ": " << r.err;
   }
+}
+
+TEST(LoaderBufferTest, AlignedSizedAndTouched) {
+  for (const size_t bytes : {size_t{1}, size_t{1} << 20, (size_t{3} << 20) + 5}) {
+    bench::Buffer buffer(bytes);
+    EXPECT_EQ(buffer.size(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % (2 << 20), 0u) << bytes;
+    EXPECT_EQ(buffer.data()[0], 1);
+    EXPECT_EQ(buffer.data()[bytes - 1], 1);
+  }
+  const std::vector<bench::Buffer> dest = bench::DestBuffers(3, 4096);
+  ASSERT_EQ(dest.size(), 3u);
+  EXPECT_NE(dest[0].size(), 0u);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // systemd and mount(8) integration on real mounts: `mount -t fuse.accelfs` through mount.fuse3
-// with accelfs found on the PATH, and READY=1 on NOTIFY_SOCKET only once the mount answers
-// (STOPPING=1 when it unmounts).
+// with accelfs found on mount(8)'s fixed PATH, and READY=1 on NOTIFY_SOCKET only once the mount
+// answers (STOPPING=1 when it unmounts).
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -22,21 +22,32 @@ class MountHelperTest : public MountTest {};
 TEST_F(MountHelperTest, MountTypeFuseAccelfsThroughMountFuse3) {
   if (access("/sbin/mount.fuse3", X_OK) != 0 && access("/usr/sbin/mount.fuse3", X_OK) != 0)
     GTEST_SKIP() << "mount.fuse3 (package fuse3) is not installed";
+  if (access("/usr/local/sbin", F_OK) != 0)
+    GTEST_SKIP() << "/usr/local/sbin is missing: nowhere to put accelfs on mount(8)'s fixed PATH";
   constexpr uint64_t kSize = (9u << 20) + 77;
   WriteTestFile(Src("model.bin"), kSize, 5);
   // As an fstab line would: mount(8) runs mount.fuse3, which runs `accelfs SRC DST -o OPTS`
-  // from the PATH; accelfs detaches once the mount is ready.
-  const std::string bin_dir = std::filesystem::path(ACCELFS_BINARY).parent_path();
-  const CommandResult r = RunCommand(
-      {"env", "PATH=" + bin_dir + ":" + std::getenv("PATH"), "mount", "-t", "fuse.accelfs", source_,
-       mountpoint_, "-o", "cache_size=512M,block_size=1M,log_level=warn,allow_other,nofail"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
-  int error = 0;
-  EXPECT_EQ(ReadWholeFile(Mnt("model.bin"), &error), Bytes(5, 0, kSize));
-  EXPECT_EQ(error, 0);
-  const CommandResult u = RunCommand({"umount", mountpoint_});
-  EXPECT_EQ(u.exit_code, 0) << u.err;
+  // through /bin/sh with mount(8)'s own fixed PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:...,
+  // whatever the caller's PATH), where `cmake --install` puts accelfs; accelfs detaches once the
+  // mount is ready. In a private mount namespace, so that the host's /usr/local/sbin is untouched,
+  // a tmpfs over /usr/local/sbin holds a link to the accelfs under test, standing in for the
+  // install.
+  const std::string script = R"sh(set -eu
+mount -t tmpfs -o size=1M,mode=0755 accelfs-test /usr/local/sbin
+ln -s "$1" /usr/local/sbin/accelfs
+trap 'umount "$3" 2>/dev/null || true' EXIT
+env PATH=/nonexistent "$(command -v mount)" -t fuse.accelfs "$2" "$3" \
+  -o cache_size=512M,block_size=1M,log_level=warn,allow_other,nofail
+findmnt -n -o FSTYPE "$3"
+cmp "$2/model.bin" "$3/model.bin"
+umount "$3"
+if findmnt "$3" >/dev/null; then echo "still mounted after umount"; exit 1; fi
+echo unmounted
+)sh";
+  const CommandResult r = RunCommand({"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                      script, "sh", ACCELFS_BINARY, source_, mountpoint_});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out, "fuse.accelfs\nunmounted\n") << r.err;
   EXPECT_FALSE(IsMounted(mountpoint_));
 }
 

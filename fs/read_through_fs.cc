@@ -91,7 +91,10 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
                 return st;
               }()),
       prefetcher_(prefetcher),
-      shard_opener_(prefetcher != nullptr ? std::make_unique<ShardOpener>(*prefetcher) : nullptr) {}
+      // Shards stream ahead of the one being read while they and it fit in half the cache.
+      shard_opener_(prefetcher != nullptr
+                        ? std::make_unique<ShardOpener>(*prefetcher, cache.Stats().budget_bytes / 2)
+                        : nullptr) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 
@@ -240,7 +243,9 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   // serves demand reads first), so it is on its way while the loader reads this one.
   {
     auto [dir, name] = PlaceOf(*handle->inode);
-    if (dir && name.ends_with(".safetensors")) shard_opener_->StartNextAfter(dir, name);
+    if (dir && name.ends_with(".safetensors")) {
+      shard_opener_->StartNextAfter(dir, name, handle->identity.size);
+    }
   }
   auto fill = std::make_shared<Fill>();
   fill->handle = std::move(handle);
@@ -400,12 +405,14 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     // The shard a loader opens after this one streams in once this one's stream is done, or at
     // once when this one is already cached (passed through).
     if (safetensors && dir && !next_started) {
+      const uint64_t size = handle->identity.size;
       if (handle->backing_id > 0) {
-        shard_opener_->StartNextAfter(dir, name);
+        shard_opener_->StartNextAfter(dir, name, size);
       } else {
-        prefetcher_->SetSuccessor(handle->identity, [opener = shard_opener_.get(), dir, name] {
-          opener->StartNextAfter(dir, name);
-        });
+        prefetcher_->SetSuccessor(handle->identity,
+                                  [opener = shard_opener_.get(), dir, name, size] {
+                                    opener->StartNextAfter(dir, name, size);
+                                  });
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -99,8 +100,8 @@ std::string ShardOrder::Next(int dir_fd, const std::string& name) {
   return following.empty() ? std::string() : following.front();
 }
 
-ShardOpener::ShardOpener(Prefetcher& prefetcher)
-    : prefetcher_(prefetcher), thread_([this] { Run(); }) {}
+ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes)
+    : prefetcher_(prefetcher), lookahead_bytes_(lookahead_bytes), thread_([this] { Run(); }) {}
 
 ShardOpener::~ShardOpener() {
   {
@@ -111,27 +112,32 @@ ShardOpener::~ShardOpener() {
   thread_.join();
 }
 
-void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name) {
+void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name, uint64_t size) {
+  Queue({std::move(dir), std::move(name), lookahead_bytes_ - std::min(size, lookahead_bytes_),
+         /*first=*/true});
+}
+
+void ShardOpener::Queue(Start start) {
   {
     std::lock_guard lock(mu_);
     if (stop_) return;
-    queue_.emplace_back(std::move(dir), std::move(name));
+    queue_.push_back(std::move(start));
   }
   wake_.notify_one();
 }
 
 void ShardOpener::Run() {
   for (;;) {
-    std::shared_ptr<Inode> dir;
-    std::string name;
+    Start start;
     {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      std::tie(dir, name) = std::move(queue_.front());
+      start = std::move(queue_.front());
       queue_.pop_front();
     }
-    name = order_.Next(dir->fd, name);
+    const std::shared_ptr<Inode>& dir = start.dir;
+    const std::string name = order_.Next(dir->fd, start.after);
     if (name.empty()) continue;
     // Only regular files are opened: an open of a FIFO named by a hostile index would block this
     // thread, and with it the daemon's exit, until some writer came.
@@ -147,8 +153,24 @@ void ShardOpener::Run() {
                     backing.ok() ? "not a regular file" : backing.error().Message());
       continue;
     }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (!start.first && size > start.left) {
+      spdlog::debug("next shard {} not prefetched yet: beyond the look-ahead budget", name);
+      continue;
+    }
     spdlog::debug("prefetching the next shard, {}", name);
-    prefetcher_.StartSpeculative(FileKeyFromStat(st), backing.value(), /*safetensors=*/true);
+    const FileKey key = FileKeyFromStat(st);
+    // All of it when it fits in the budget; else (only the first after an opened shard) the
+    // stream's window of it, and nothing after it.
+    const bool fits = size <= start.left;
+    prefetcher_.StartSpeculative(key, backing.value(), /*safetensors=*/true, /*whole=*/fits);
+    // Once this one has asked for its last block, the one after it, while the budget lasts.
+    const uint64_t left = fits ? start.left - size : 0;
+    if (left > 0) {
+      prefetcher_.SetSuccessor(key, [this, dir, name, left] {
+        Queue({dir, name, left, /*first=*/false});
+      });
+    }
   }
 }
 

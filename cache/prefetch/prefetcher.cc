@@ -42,14 +42,19 @@ void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>&
   Pump(file);
 }
 
-void Prefetcher::StartSpeculative(const FileKey& file,
-                                  const std::shared_ptr<BackingFile>& backing, bool safetensors) {
+void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                                  bool safetensors, bool whole) {
   bool created = false;
   {
     std::lock_guard lock(mu_);
-    if (StreamFor(file, backing, &created) == nullptr || !created) return;
+    Stream* stream = StreamFor(file, backing, &created);
+    if (stream == nullptr) return;
+    // A speculative stream asked for whole later (the budget has room for it now) widens.
+    const bool widen = whole && !stream->opened && stream->state.reader_end < stream->state.blocks;
+    if (!created && !widen) return;
+    if (whole && !stream->opened) stream->state.reader_end = stream->state.blocks;
   }
-  if (safetensors) LearnOrder(file, backing);
+  if (created && safetensors) LearnOrder(file, backing);
   Pump(file);
 }
 
@@ -83,8 +88,8 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
   const auto log = [&](const std::string& why) {
     if (options_.debug_log) options_.debug_log(why);
   };
-  Result<uint64_t> need = SafetensorsHeaderBytes(head.first(std::min<size_t>(8, head.size())),
-                                                 file.size);
+  Result<uint64_t> need =
+      SafetensorsHeaderBytes(head.first(std::min<size_t>(8, head.size())), file.size);
   if (!need.ok()) return;  // not safetensors: front to back
   if (need.value() > head.size()) {
     log("safetensors header of " + std::to_string(need.value()) +
@@ -93,12 +98,11 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
   }
   Result<SafetensorsLayout> layout = ParseSafetensorsHeader(head.first(need.value()), file.size);
   if (!layout.ok()) {
-    log("invalid safetensors header (" + layout.error().Message() +
-        "): streaming front to back");
+    log("invalid safetensors header (" + layout.error().Message() + "): streaming front to back");
     return;
   }
-  std::vector<uint32_t> order = SafetensorsBlockOrder(layout.value(), file.size,
-                                                      options_.block_size);
+  std::vector<uint32_t> order =
+      SafetensorsBlockOrder(layout.value(), file.size, options_.block_size);
   bool identity = true;
   for (size_t i = 0; i < order.size() && identity; ++i) identity = order[i] == i;
   if (identity || order.empty()) return;
@@ -184,8 +188,7 @@ void Prefetcher::Pump(const FileKey& file) {
       std::lock_guard lock(mu_);
       Stream& stream = streams_.at(file);
       range = NextStreamBlocks(stream.state, options_.limits);
-      if (range.empty() && stream.state.next >= stream.state.blocks && stream.opened &&
-          stream.successor) {
+      if (range.empty() && stream.state.next >= stream.state.blocks && stream.successor) {
         successor = std::move(stream.successor);  // every block asked for: the next shard's turn
         stream.successor = nullptr;
       }

@@ -2,9 +2,11 @@
 // order, many block-sized requests in flight, staying a window ahead of its furthest reader. "In
 // order" is the order a loader will touch the blocks: front to back, or for a safetensors file the
 // header and then each tensor in the order loaders take them (by name; see safetensors.h), once
-// the stream has parsed the header from the file's first block. When an opened file's stream has
-// asked for its last block, the next shard of its set (SetSuccessor) starts streaming before anyone
-// opens it, at most one shard ahead of the files being read. One
+// the stream has parsed the header from the file's first block. When a file's stream has asked
+// for its last block, the next shard of its set (SetSuccessor) starts streaming before anyone
+// opens it; a speculative stream stays within its window of the file's start unless started
+// `whole`, and starts its successor only once it has asked for its last block (how many shards run
+// ahead is fs/shard_opener.h's budget). One
 // stream per file identity, shared by every handle and process that reads it; the cache's single
 // in-flight fetch per block means nothing is fetched twice. Stream fetches go to the backend after
 // every demand read, and never evict prefetched data nobody has read yet: when the budget is full
@@ -15,11 +17,11 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
-#include <vector>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cache/block_cache.h"
 #include "cache/prefetch/stream_policy.h"
@@ -66,12 +68,14 @@ class Prefetcher {
   void Resume(const FileKey& file) { Pump(file); }
 
   // Starts streaming `file` though nobody has opened it (the next shard of a set that is being
-  // loaded). Nothing when it already has a stream or is too small to stream.
+  // loaded): a window's worth from its start, or all of it with `whole` (the caller knows it fits
+  // in what may be fetched ahead). Nothing when it already has a stream or is too small to stream.
   void StartSpeculative(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
-                        bool safetensors = false);
+                        bool safetensors = false, bool whole = false);
 
-  // `start` runs once (with no lock held, on any thread, possibly at once) when the stream of the
-  // opened file `file` has asked for its last block: it should StartSpeculative the next shard.
+  // `start` runs once (with no lock held, on any thread, possibly at once) when the stream of
+  // `file`, opened or speculative, has asked for its last block: it should StartSpeculative the
+  // next shard. A later SetSuccessor replaces one that has not run.
   using Successor = std::function<void()>;
   void SetSuccessor(const FileKey& file, Successor start);
 
@@ -90,7 +94,7 @@ class Prefetcher {
     std::vector<uint32_t> order;  // empty: front to back
     std::vector<uint32_t> rank;   // block -> position, when there is an order
     bool opened = false;          // false while speculative (nobody opened the file yet)
-    Successor successor;          // run once every block was asked for, if opened
+    Successor successor;          // run once every block was asked for
     // One Pump at a time per stream keeps its requests in file order; a Pump asked for while one
     // runs is done by that one (`again`).
     bool pumping = false;

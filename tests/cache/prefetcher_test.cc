@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cache/block.h"
@@ -175,8 +175,8 @@ std::vector<uint64_t> WriteSafetensors(const std::string& path, const std::vecto
     const uint64_t begin = static_cast<uint64_t>(offset_rank[i]) * kBlock;
     json += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
             "\":{\"dtype\":\"BF16\",\"shape\":[" + std::to_string(kBlock / 2) +
-            "],\"data_offsets\":[" + std::to_string(begin) + "," +
-            std::to_string(begin + kBlock) + "]}";
+            "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(begin + kBlock) +
+            "]}";
     order.push_back(1 + offset_rank[i]);
   }
   json += "}";
@@ -201,7 +201,8 @@ class PrefetcherSafetensorsTest : public PrefetcherTest {
     size_ = (1 + offset_rank.size()) * kBlock;
     backing_ = testing::OpenBackingFile(path_);
     key_ = testing::KeyOf(*backing_);
-    cache_ = std::make_unique<BlockCache>(store_, backend_, BlockCache::Options{64 * kBlock, kBlock});
+    cache_ =
+        std::make_unique<BlockCache>(store_, backend_, BlockCache::Options{64 * kBlock, kBlock});
     PrefetcherOptions options;
     options.block_size = kBlock;
     options.stream_threshold = kBlock;
@@ -280,6 +281,40 @@ TEST_F(PrefetcherTest, SpeculativeStreamStaysAWindowAheadAndStartsNoSuccessor) {
   ASSERT_TRUE(backend_.WaitCompleted(40));
   EXPECT_EQ(backend_.submitted(), 40u) << "no block twice";
   EXPECT_EQ(started, 1) << "the successor runs once the opened stream has asked for everything";
+}
+
+// A speculative stream started whole (the shard fits in what may run ahead) asks for every block
+// before anyone opens the file, and then starts its successor: the shard after it.
+TEST_F(PrefetcherTest, SpeculativeWholeStreamFetchesEverythingThenStartsItsSuccessor) {
+  Make(256, 40, {/*ahead=*/8, /*max_in_flight=*/4});
+  int started = 0;
+  prefetcher_->StartSpeculative(key_, backing_, /*safetensors=*/false, /*whole=*/true);
+  prefetcher_->SetSuccessor(key_, [&] { ++started; });
+  ASSERT_TRUE(backend_.WaitCompleted(40));
+  EXPECT_EQ(ServedBlocks(), [] {
+    std::vector<uint64_t> all(40);
+    for (uint64_t i = 0; i < 40; ++i) all[i] = i;
+    return all;
+  }()) << "every block once, in order, with nobody reading";
+  EXPECT_EQ(started, 1);
+  for (uint64_t i = 0; i < 40; ++i) ASSERT_NO_FATAL_FAILURE(Consume(i));
+  EXPECT_EQ(backend_.submitted(), 40u) << "read from the cache, not fetched again";
+}
+
+// A windowed speculative stream asked for whole later (the budget has room for it now) goes on
+// from where its window stopped: nothing fetched twice.
+TEST_F(PrefetcherTest, SpeculativeStreamWidenedToWholeGoesOnWhereItStopped) {
+  Make(256, 40, {/*ahead=*/8, /*max_in_flight=*/4});
+  prefetcher_->StartSpeculative(key_, backing_);
+  ASSERT_TRUE(backend_.WaitCompleted(8));
+  EXPECT_EQ(backend_.submitted(), 8u);
+  int started = 0;
+  prefetcher_->SetSuccessor(key_, [&] { ++started; });
+  EXPECT_EQ(started, 0) << "a windowed stream has not asked for everything";
+  prefetcher_->StartSpeculative(key_, backing_, /*safetensors=*/false, /*whole=*/true);
+  ASSERT_TRUE(backend_.WaitCompleted(40));
+  EXPECT_EQ(backend_.submitted(), 40u) << "no block twice";
+  EXPECT_EQ(started, 1);
 }
 
 }  // namespace

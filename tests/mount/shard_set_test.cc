@@ -1,6 +1,7 @@
 // Sharded safetensors models through a real mount: every shard reads (read() and mmap) equal to
 // its backing file; opening a shard of a set starts the next one streaming (from the index file,
-// or from the -0000k-of-0000N names when there is none); a corrupt header, a truncated shard, a
+// or from the -0000k-of-0000N names when there is none), and the ones after it in turn within
+// half the cache; a corrupt header, a truncated shard, a
 // hostile index and a missing index change nothing a reader can see; the index is read once, and
 // again only when it changes.
 #include <fcntl.h>
@@ -116,6 +117,41 @@ TEST_F(ShardSetTest, OpeningAShardStreamsTheNextOneFromTheIndex) {
   EXPECT_TRUE(LogShows(daemon_, "streaming in tensor order")) << daemon_.Log();
   for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
   EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+}
+
+// The shards after an opened one stream in one after another, none opened yet, while it and they
+// fit in half the cache (256M: 128M, room for all four after the first); every byte reads the same.
+TEST_F(ShardSetTest, ShardsStreamAheadOneAfterAnotherWithinHalfTheCache) {
+  MakeModel(5, /*index=*/true);
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  int error = 0;
+  EXPECT_EQ(ReadWholeFile(Mnt(shards_[0]), &error), ReadWholeFile(Src(shards_[0]), &error));
+  EXPECT_EQ(error, 0);
+  for (int k = 1; k < 5; ++k) {
+    EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[k])) << daemon_.Log();
+  }
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  EXPECT_EQ(Count(daemon_.Log(), "beyond the look-ahead budget"), 0u) << daemon_.Log();
+}
+
+// Half of a 64M cache is 32M: the opened 12M shard and the next one fit, the third does not, so it
+// waits until a loader opens the second; every byte reads the same.
+TEST_F(ShardSetTest, ShardsAheadStopAtHalfTheCache) {
+  MakeModel(4, /*index=*/true);
+  ASSERT_NO_FATAL_FAILURE(
+      StartMount({"--stream-threshold", "1M", "--cache-size", "64M", "--log-level", "debug"}));
+  int error = 0;
+  EXPECT_EQ(ReadWholeFile(Mnt(shards_[0]), &error), ReadWholeFile(Src(shards_[0]), &error));
+  EXPECT_EQ(error, 0);
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
+  EXPECT_TRUE(LogShows(
+      daemon_, "next shard " + shards_[2] + " not prefetched yet: beyond the look-ahead budget"))
+      << daemon_.Log();
+  EXPECT_EQ(Count(daemon_.Log(), "prefetching the next shard, " + shards_[2]), 0u) << daemon_.Log();
+  // Opening the second moves the budget along: the third streams now.
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[1]), Src(shards_[1])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
 }
 
 // The index sits on the slow store with the shards, and a large model's is MiBs: it is read once

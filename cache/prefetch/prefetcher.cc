@@ -49,10 +49,11 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
     std::lock_guard lock(mu_);
     Stream* stream = StreamFor(file, backing, &created);
     if (stream == nullptr) return;
-    // A speculative stream asked for whole later (the budget has room for it now) widens.
-    const bool widen = whole && !stream->opened && stream->state.reader_end < stream->state.blocks;
+    // Whole: its window is the file. A speculative stream asked for whole later (the budget has
+    // room for it now) widens; an opened one follows its readers.
+    const bool widen = whole && !stream->opened;
     if (!created && !widen) return;
-    if (whole && !stream->opened) stream->state.reader_end = stream->state.blocks;
+    if (widen) stream->state.reader_end = stream->state.blocks;
   }
   if (created && safetensors) LearnOrder(file, backing);
   Pump(file);

@@ -69,7 +69,8 @@ class Prefetcher {
 
   // Starts streaming `file` though nobody has opened it (the next shard of a set that is being
   // loaded): a window's worth from its start, or all of it with `whole` (the caller knows it fits
-  // in what may be fetched ahead). Nothing when it already has a stream or is too small to stream.
+  // in what may be fetched ahead). Nothing when it is too small to stream, or already has a stream
+  // (but a speculative stream asked for `whole` widens to the whole file and goes on).
   void StartSpeculative(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
                         bool safetensors = false, bool whole = false);
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "fs/names.h"
+
 namespace accelfs {
 namespace {
 
@@ -93,7 +95,9 @@ bool IsControlOp(const std::string& op) { return op == "warm" || op == "evict"; 
 std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::string* error) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    *error = "a request is one JSON object per line";
+    *error =
+        "a request is one JSON object per line, in UTF-8 (a name that is not UTF-8 goes as "
+        "{\"bytes_hex\": \"...\"})";
     return std::nullopt;
   }
   ControlRequest request;
@@ -105,7 +109,7 @@ std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::
   request.op = op->get<std::string>();
   static constexpr std::string_view kOps[] = {"stats", "open", "files", "warm", "evict"};
   if (std::find(std::begin(kOps), std::end(kOps), request.op) == std::end(kOps)) {
-    *error = "unknown op '" + request.op + "'";
+    *error = "unknown op '" + EscapeName(request.op) + "'";
     return std::nullopt;
   }
   if (auto paths = j.find("paths"); paths != j.end()) {
@@ -114,12 +118,12 @@ std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::
       return std::nullopt;
     }
     for (const auto& p : *paths) {
-      if (!p.is_string() || p.get_ref<const std::string&>().size() > kMaxPathBytes ||
-          p.get_ref<const std::string&>().find('\0') != std::string::npos) {
-        *error = "\"paths\" must hold path strings";
+      std::optional<std::string> path = NameFromJson(p);
+      if (!path || path->size() > kMaxPathBytes || path->find('\0') != std::string::npos) {
+        *error = "\"paths\" must hold path strings (or {\"bytes_hex\": ...} objects)";
         return std::nullopt;
       }
-      request.paths.push_back(p.get<std::string>());
+      request.paths.push_back(std::move(*path));
     }
   }
   if ((request.op == "warm" || request.op == "evict") && request.paths.empty()) {
@@ -138,7 +142,7 @@ std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::
 
 nlohmann::json ControlRequestToJson(const ControlRequest& request) {
   nlohmann::json j = {{"op", request.op}};
-  if (!request.paths.empty()) j["paths"] = request.paths;
+  if (!request.paths.empty()) j["paths"] = NamesToJson(request.paths);
   if (request.op == "warm") j["wait"] = request.wait;
   return j;
 }
@@ -146,8 +150,8 @@ nlohmann::json ControlRequestToJson(const ControlRequest& request) {
 nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
   const CacheStats& c = s.cache;
   return {
-      {"source", s.source},
-      {"mountpoint", s.mountpoint},
+      {"source", NameToJson(s.source)},
+      {"mountpoint", NameToJson(s.mountpoint)},
       {"store", s.store},
       {"passthrough", s.passthrough},
       {"uptime_s", s.uptime_s},

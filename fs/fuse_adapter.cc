@@ -14,6 +14,7 @@
 #include <cstring>
 #include <utility>
 
+#include "cache/guard.h"
 #include "fs/errno_map.h"
 #include "fs/fuse_passthrough_abi.h"
 
@@ -372,38 +373,74 @@ void OnFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*)
   fuse_reply_err(req, EROFS);
 }
 
+// Every callback runs inside Guard: an exception must not unwind through libfuse's C frames (it
+// would end the daemon). One that escapes a callback (memory running out, in practice) answers the
+// request ENOMEM or EIO, and FORGET, which has no answer, none. A callback answers only at its
+// end or from a completion, so a request that threw has not been answered yet.
+template <auto Fn>
+constexpr bool kAnswersNothing = false;  // FORGET: libfuse expects fuse_reply_none
+template <>
+constexpr bool kAnswersNothing<&OnForget> = true;
+template <>
+constexpr bool kAnswersNothing<&OnForgetMulti> = true;
+template <auto Fn>
+struct Guard;
+template <typename... Args, void (*Fn)(fuse_req_t, Args...)>
+struct Guard<Fn> {
+  static void Run(fuse_req_t req, Args... args) noexcept {
+    try {
+      Fn(req, args...);
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      RunOnce("a FUSE request failed", [&] { std::rethrow_exception(e); });
+      if constexpr (kAnswersNothing<Fn>) {
+        fuse_reply_none(req);
+      } else {
+        bool oom = false;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::bad_alloc&) {
+          oom = true;
+        } catch (...) {
+        }
+        fuse_reply_err(req, oom ? ENOMEM : EIO);
+      }
+    }
+  }
+};
+
 const fuse_lowlevel_ops kOps = [] {
   fuse_lowlevel_ops ops{};
   ops.init = OnInit;
-  ops.lookup = OnLookup;
-  ops.forget = OnForget;
-  ops.forget_multi = OnForgetMulti;
-  ops.getattr = OnGetAttr;
-  ops.readlink = OnReadLink;
-  ops.statfs = OnStatFs;
-  ops.access = OnAccess;
-  ops.getxattr = OnGetXattr;
-  ops.listxattr = OnListXattr;
-  ops.open = OnOpen;
-  ops.read = OnRead;
-  ops.release = OnRelease;
-  ops.opendir = OnOpenDir;
-  ops.readdir = OnReadDir;
-  ops.readdirplus = OnReadDirPlus;
-  ops.releasedir = OnReleaseDir;
-  ops.setattr = OnSetAttr;
-  ops.mknod = OnMknod;
-  ops.mkdir = OnMkdir;
-  ops.unlink = OnUnlink;
-  ops.rmdir = OnUnlink;
-  ops.symlink = OnSymlink;
-  ops.rename = OnRename;
-  ops.link = OnLink;
-  ops.write = OnWrite;
-  ops.setxattr = OnSetXattr;
-  ops.removexattr = OnRemoveXattr;
-  ops.create = OnCreate;
-  ops.fallocate = OnFallocate;
+  ops.lookup = Guard<OnLookup>::Run;
+  ops.forget = Guard<&OnForget>::Run;
+  ops.forget_multi = Guard<&OnForgetMulti>::Run;
+  ops.getattr = Guard<OnGetAttr>::Run;
+  ops.readlink = Guard<OnReadLink>::Run;
+  ops.statfs = Guard<OnStatFs>::Run;
+  ops.access = Guard<OnAccess>::Run;
+  ops.getxattr = Guard<OnGetXattr>::Run;
+  ops.listxattr = Guard<OnListXattr>::Run;
+  ops.open = Guard<OnOpen>::Run;
+  ops.read = Guard<OnRead>::Run;
+  ops.release = Guard<OnRelease>::Run;
+  ops.opendir = Guard<OnOpenDir>::Run;
+  ops.readdir = Guard<OnReadDir>::Run;
+  ops.readdirplus = Guard<OnReadDirPlus>::Run;
+  ops.releasedir = Guard<OnReleaseDir>::Run;
+  ops.setattr = Guard<OnSetAttr>::Run;
+  ops.mknod = Guard<OnMknod>::Run;
+  ops.mkdir = Guard<OnMkdir>::Run;
+  ops.unlink = Guard<OnUnlink>::Run;
+  ops.rmdir = Guard<OnUnlink>::Run;
+  ops.symlink = Guard<OnSymlink>::Run;
+  ops.rename = Guard<OnRename>::Run;
+  ops.link = Guard<OnLink>::Run;
+  ops.write = Guard<OnWrite>::Run;
+  ops.setxattr = Guard<OnSetXattr>::Run;
+  ops.removexattr = Guard<OnRemoveXattr>::Run;
+  ops.create = Guard<OnCreate>::Run;
+  ops.fallocate = Guard<OnFallocate>::Run;
   return ops;
 }();
 

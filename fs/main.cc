@@ -33,6 +33,7 @@
 #include "fs/fuse_adapter.h"
 #include "fs/metrics.h"
 #include "fs/mount_checks.h"
+#include "fs/names.h"
 #include "fs/read_through_fs.h"
 #include "fs/warmer.h"
 
@@ -270,7 +271,7 @@ int Run(const Config& config) {
     nlohmann::json open = nlohmann::json::array();
     for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
       open.push_back(
-          {{"name", f.name}, {"size", f.size}, {"mode", f.passthrough ? "passthrough" : "cached"}});
+          {{"name", NameToJson(f.name)}, {"size", f.size}, {"mode", f.passthrough ? "passthrough" : "cached"}});
     }
     return open;
   };

@@ -1,4 +1,6 @@
 #include "fs/metrics.h"
+#include "cache/guard.h"
+#include "fs/names.h"
 
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
@@ -74,15 +76,20 @@ class StatsCollectable : public prometheus::Collectable {
  public:
   explicit StatsCollectable(StatsSource source) : source_(std::move(source)) {}
 
+  // Called on the exposer's thread: a scrape that fails answers no metrics, and the mount goes on.
   std::vector<prometheus::MetricFamily> Collect() const override {
-    const DaemonStats s = source_();
     std::vector<prometheus::MetricFamily> out;
-    for (const MetricDef& def : kMetrics) {
-      prometheus::ClientMetric metric;
-      metric.label = {{"mountpoint", s.mountpoint}};
-      (def.type == kCounter ? metric.counter.value : metric.gauge.value) = def.value(s);
-      out.push_back({def.name, def.help, def.type, {std::move(metric)}});
-    }
+    RunOnce("metrics scrape", [&] {
+      const DaemonStats s = source_();
+      // Label values are UTF-8 in the exposition format: a mountpoint that is not is escaped.
+      const std::string mountpoint = EscapeName(s.mountpoint);
+      for (const MetricDef& def : kMetrics) {
+        prometheus::ClientMetric metric;
+        metric.label = {{"mountpoint", mountpoint}};
+        (def.type == kCounter ? metric.counter.value : metric.gauge.value) = def.value(s);
+        out.push_back({def.name, def.help, def.type, {std::move(metric)}});
+      }
+    });
     return out;
   }
 

@@ -1,4 +1,5 @@
 #include "fs/page_pusher.h"
+#include "cache/guard.h"
 
 #include <vector>
 
@@ -9,7 +10,7 @@ constexpr uint32_t kPage = 4096;
 }  // namespace
 
 PagePusher::PagePusher(BlockCache& cache, KernelCache& kernel, Options options)
-    : cache_(cache), kernel_(kernel), options_(std::move(options)), thread_([this] { Run(); }) {}
+    : cache_(cache), kernel_(kernel), options_(std::move(options)), thread_([this] { RunGuarded("page pusher", [this] { Run(); }); }) {}
 
 PagePusher::~PagePusher() {
   {

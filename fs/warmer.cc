@@ -1,4 +1,6 @@
 #include "fs/warmer.h"
+#include "fs/names.h"
+#include "cache/guard.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,7 +33,7 @@ constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
 std::string Describe(const std::string& path) {
-  return path.empty() ? "the mount's root" : "'" + path + "'";
+  return path.empty() ? "the mount's root" : "'" + EscapeName(path) + "'";
 }
 
 std::string Join(const std::string& dir, const std::string& name) {
@@ -97,7 +99,7 @@ Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& p
                                                const FileKey& key, std::string* error) {
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) {
-    *error = "'" + path + "': " + fd.error().Message();
+    *error = Describe(path) + ": " + fd.error().Message();
     return fd.error();
   }
   struct stat st {};
@@ -105,11 +107,11 @@ Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& p
       OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
   close(*fd);
   if (!backing.ok()) {
-    *error = "'" + path + "': " + backing.error().Message();
+    *error = Describe(path) + ": " + backing.error().Message();
     return backing.error();
   }
   if (FileKeyFromStat(st) != key) {
-    *error = "'" + path + "' changed while being warmed; run accelfs-warm again";
+    *error = Describe(path) + " changed while being warmed; run accelfs-warm again";
     return Error(ESTALE);
   }
   return backing;
@@ -191,7 +193,7 @@ bool WarmJob::WaitFinished(std::chrono::milliseconds timeout) const {
 
 Warmer::Warmer(int root_fd, BlockCache& cache, WarmerOptions options)
     : root_fd_(root_fd), cache_(cache), options_(options) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] { RunGuarded("warmer", [this] { Run(); }); });
 }
 
 Warmer::~Warmer() {
@@ -483,7 +485,7 @@ void Warmer::RunJob(WarmJob& job) {
   }
   if (!missing.empty()) {
     Fail(job,
-         "'" + missing.front() + "'" +
+         Describe(missing.front()) +
              (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
              " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
              "see the daemon's log)");

@@ -1,4 +1,5 @@
 #include "tools/control_client.h"
+#include "fs/names.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -69,10 +70,10 @@ std::optional<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& moun
   if (realpath(path.c_str(), real) != nullptr) {
     if (auto found = LocatePath(mounts, real)) return found;
   } else if (errno == ENOENT) {
-    *error = "'" + path + "': no such file or directory";
+    *error = "'" + EscapeName(path) + "': no such file or directory";
     return std::nullopt;
   }
-  *error = "'" + path + "' is not inside an accelfs mount" +
+  *error = "'" + EscapeName(path) + "' is not inside an accelfs mount" +
            (mounts.empty() ? " (no accelfs mount on this machine)" : "");
   return std::nullopt;
 }
@@ -142,7 +143,7 @@ ControlClient::~ControlClient() {
 }
 
 bool ControlClient::Send(const nlohmann::json& message, std::string* error) {
-  const std::string line = message.dump() + "\n";
+  const std::string line = DumpJson(message) + "\n";
   size_t sent = 0;
   while (sent < line.size()) {
     const ssize_t n = send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);

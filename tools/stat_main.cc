@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "fs/config.h"
+#include "fs/names.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/progress.h"
@@ -81,7 +82,8 @@ double BackendRate(const Sample& now, const Sample* previous) {
 void PrintSummary(const Sample& s) {
   const nlohmann::json& st = s.stats;
   const nlohmann::json& c = st["cache"];
-  std::printf("%s <- %s\n", st.value("mountpoint", "").c_str(), st.value("source", "").c_str());
+  std::printf("%s <- %s\n", EscapeName(NameField(st, "mountpoint")).c_str(),
+              EscapeName(NameField(st, "source")).c_str());
   std::printf("  cache      %s / %s (%s), in %s; passthrough %s\n",
               FormatBytes(U(c, "used_bytes")).c_str(), FormatBytes(U(c, "budget_bytes")).c_str(),
               FormatPercent(U(c, "used_bytes"), U(c, "budget_bytes")).c_str(),
@@ -112,7 +114,7 @@ void PrintSummary(const Sample& s) {
   std::printf("\n");
   for (const auto& f : s.open) {
     std::printf("    %-11s %10s  %s\n", f.value("mode", "").c_str(),
-                FormatBytes(U(f, "size")).c_str(), f.value("name", "").c_str());
+                FormatBytes(U(f, "size")).c_str(), EscapeName(NameField(f, "name")).c_str());
   }
 }
 
@@ -139,7 +141,8 @@ void PrintWatchLine(const Sample& s, const Sample* previous) {
       std::to_string(U(st, "depth")) + "/" + std::to_string(U(st, "depth_limit"));
   const std::string open =
       std::to_string(U(st, "open_files")) + "(" + std::to_string(U(st, "passthrough_files")) + ")";
-  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock, st.value("mountpoint", "").c_str(),
+  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock,
+              EscapeName(NameField(st, "mountpoint")).c_str(),
               used.c_str(), HitRatio(hits, misses).c_str(),
               FormatRate(BackendRate(s, previous)).c_str(),
               FormatBytes(U(c, "fetching_bytes")).c_str(), depth.c_str(), open.c_str());
@@ -178,8 +181,7 @@ int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
       previous[m.mountpoint] = std::move(*s);
     }
     if (json)
-      std::printf("%s\n", watch > 0 ? nlohmann::json{{"mounts", all}}.dump().c_str()
-                                    : nlohmann::json{{"mounts", all}}.dump(2).c_str());
+      std::printf("%s\n", DumpJson(nlohmann::json{{"mounts", all}}, watch > 0 ? -1 : 2).c_str());
     std::fflush(stdout);
     if (watch <= 0) return rc;
     std::this_thread::sleep_for(std::chrono::duration<double>(watch));
@@ -209,34 +211,34 @@ int Files(const std::vector<std::string>& args, bool json) {
   for (const auto& [mount, relative] : groups) {
     auto client = ControlClient::Connect(mount, &error);
     auto reply =
-        client ? client->Call({{"op", "files"}, {"paths", relative}}, &error) : std::nullopt;
+        client ? client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}}, &error) : std::nullopt;
     if (!reply) {
       Fail(client ? mount.mountpoint + ": " + error : error);
       rc = 1;
       continue;
     }
     for (auto& f : (*reply)["files"]) {
-      const std::string path = mount.mountpoint + "/" + f.value("path", "");
+      const std::string path = mount.mountpoint + "/" + NameField(f, "path");
       const uint64_t size = U(f, "size");
       const uint64_t r = U(f, "resident");
       total += size;
       resident += r;
       ++count;
       if (json) {
-        all.push_back({{"path", path}, {"size", size}, {"resident", r}});
+        all.push_back({{"path", NameToJson(path)}, {"size", size}, {"resident", r}});
         continue;
       }
       std::printf("%7s %s %10s  %s\n", FormatPercent(r, size).c_str(),
                   ProgressBar(size == 0 ? 1.0 : static_cast<double>(r) / static_cast<double>(size),
                               kResidencyBar)
                       .c_str(),
-                  FormatBytes(size).c_str(), path.c_str());
+                  FormatBytes(size).c_str(), EscapeName(path).c_str());
     }
   }
   if (json) {
     std::printf(
         "%s\n",
-        nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}.dump(2).c_str());
+        DumpJson(nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}, 2).c_str());
   } else if (rc == 0) {
     std::printf("%llu files, %s, %s resident (%s)\n", static_cast<unsigned long long>(count),
                 FormatBytes(total).c_str(), FormatPercent(resident, total).c_str(),

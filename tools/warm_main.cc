@@ -10,6 +10,7 @@
 #include <map>
 
 #include "fs/config.h"
+#include "fs/names.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/progress.h"
@@ -61,7 +62,7 @@ struct Options {
 // The files' residency, summed: what "everything asked for is resident" is checked against.
 bool AllResident(ControlClient& client, const std::vector<std::string>& paths, uint64_t* resident,
                  uint64_t* total, std::string* error) {
-  auto reply = client.Call({{"op", "files"}, {"paths", paths}}, error);
+  auto reply = client.Call({{"op", "files"}, {"paths", NamesToJson(paths)}}, error);
   if (!reply) return false;
   *resident = *total = 0;
   bool all = true;
@@ -79,10 +80,10 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
   std::string error;
   auto client = ControlClient::Connect(mount, &error);
   if (!client) return Fail(error);
-  auto first = client->Call({{"op", "warm"}, {"paths", paths}, {"wait", !options.no_wait}}, &error);
+  auto first = client->Call({{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}}, &error);
   if (!first) return Fail(mount.mountpoint + ": " + error);
   const nlohmann::json& start = (*first)["progress"];
-  if (options.json) std::printf("%s\n", first->dump().c_str());
+  if (options.json) std::printf("%s\n", DumpJson(*first).c_str());
   if (options.no_wait) {
     if (!options.json) {
       std::printf("%s %d files (%s) into the cache of %s in the background\n",
@@ -106,7 +107,7 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
       return Fail(error);
     }
     if (options.json) {
-      std::printf("%s\n", message->dump().c_str());
+      std::printf("%s\n", DumpJson(*message).c_str());
       std::fflush(stdout);
     }
     if (message->contains("progress")) last = (*message)["progress"];
@@ -154,10 +155,10 @@ int Evict(const AccelfsMount& mount, const std::vector<std::string>& paths,
   std::string error;
   auto client = ControlClient::Connect(mount, &error);
   if (!client) return Fail(error);
-  auto reply = client->Call({{"op", "evict"}, {"paths", paths}}, &error);
+  auto reply = client->Call({{"op", "evict"}, {"paths", NamesToJson(paths)}}, &error);
   if (!reply) return Fail(mount.mountpoint + ": " + error);
   if (options.json) {
-    std::printf("%s\n", reply->dump().c_str());
+    std::printf("%s\n", DumpJson(*reply).c_str());
   } else {
     const uint64_t files = reply->value("files", uint64_t{0});
     std::printf("evicted %llu file%s from the cache of %s (%s were cached)\n",

@@ -1,4 +1,5 @@
 #include "cache/backend/populating_reader.h"
+#include "cache/guard.h"
 
 #include <sys/mman.h>
 
@@ -29,7 +30,7 @@ bool KernelPopulates() {
 
 PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
     : inner_(std::move(inner)), populate_(KernelPopulates()), thread_count_(std::max(threads, 1u)) {
-  for (unsigned i = 0; i < thread_count_; ++i) served_.threads.emplace_back([this] { Run(); });
+  for (unsigned i = 0; i < thread_count_; ++i) served_.threads.emplace_back([this] { RunGuarded("populating", [this] { Run(); }); });
 }
 
 PopulatingReader::~PopulatingReader() { Stop(); }

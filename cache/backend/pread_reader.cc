@@ -1,4 +1,5 @@
 #include "cache/backend/pread_reader.h"
+#include "cache/guard.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -82,7 +83,7 @@ void ServedQueue::StopAndJoin() {
 }
 
 PreadReader::PreadReader(unsigned threads) {
-  for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { Run(); });
+  for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
 }
 
 PreadReader::~PreadReader() { Stop(); }

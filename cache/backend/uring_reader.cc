@@ -1,4 +1,5 @@
 #include "cache/backend/uring_reader.h"
+#include "cache/guard.h"
 
 #include <liburing.h>
 #include <sys/eventfd.h>
@@ -47,6 +48,7 @@ class UringReader final : public BackendReader {
     const int rc = io_uring_queue_init(depth_ + 1, &ring_, 0);
     if (rc < 0) return Error(-rc);
     ring_ready_ = true;
+    PostWakeRead();  // here, not in Run: a Run restarted after an exception must not post twice
     // Reads of files that cannot be read without blocking (buffered reads that miss the page
     // cache, every read of a FUSE or network filesystem) run on io_uring's worker threads, which
     // the kernel caps at 4 per CPU for regular files: 8 on a 2-core machine, far below the depth a
@@ -54,7 +56,7 @@ class UringReader final : public BackendReader {
     // before 5.15 keep their cap).
     unsigned workers[2] = {depth_, depth_};  // bounded (regular files), unbounded
     io_uring_register_iowq_max_workers(&ring_, workers);
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] { RunGuarded("io_uring", [this] { Run(); }); });
     return Status::Ok();
   }
 
@@ -149,7 +151,6 @@ class UringReader final : public BackendReader {
   }
 
   void Run() {
-    PostWakeRead();
     for (;;) {
       std::vector<ReadRequest> batch;
       bool stopping;

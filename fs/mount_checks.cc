@@ -78,9 +78,8 @@ bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::strin
       probe.clear();
       continue;
     }
-    rest = probe.substr(slash) + rest;
-    probe = probe.substr(0, slash);
-    if (probe.empty()) probe = "/";
+    rest.insert(0, probe, slash);
+    probe.erase(slash == 0 ? 1 : slash);  // "/a" leaves "/"
   }
   const std::string resolved = *canonical + (rest.empty() || rest[0] == '/' ? "" : "/") + rest;
   for (const auto& [what, path] : {std::pair{"mountpoint", &paths.mountpoint},

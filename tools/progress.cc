@@ -47,10 +47,15 @@ std::string ProgressBar(double fraction, int width) {
   fraction = std::clamp(fraction, 0.0, 1.0);
   width = std::max(width, 1);
   const int full = static_cast<int>(fraction * width);
-  std::string bar = "[" + std::string(static_cast<size_t>(full), '=');
-  if (full < width) bar += fraction > 0 ? ">" : " ";
+  std::string bar;
+  bar.reserve(static_cast<size_t>(width) + 2);
+  bar += '[';
+  bar.append(static_cast<size_t>(full), '=');
+  if (full < width) bar += fraction > 0 ? '>' : ' ';
   const int used = full + (full < width ? 1 : 0);
-  return bar + std::string(static_cast<size_t>(width - used), ' ') + "]";
+  bar.append(static_cast<size_t>(width - used), ' ');
+  bar += ']';
+  return bar;
 }
 
 std::string FormatPercent(uint64_t part, uint64_t whole) {

@@ -4,7 +4,7 @@
 #   tools/setup.sh test                                         install what is missing, build, run every test
 #                                                               (plain build, then address,undefined sanitizers)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
@@ -22,12 +22,33 @@ install_missing() {
   fi
 }
 
-build() {  # build DIR [cmake args]
+configure() {  # configure DIR [cmake args]: later args win over the defaults
   local dir=$1
   shift
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-  cmake --build "$dir" -j"$jobs"
 }
+
+build() {  # build DIR [cmake args]
+  configure "$@"
+  cmake --build "$1" -j"$jobs"
+}
+
+# The test run's configuration of DIR. Every option it depends on is given, none left to the
+# cache of an earlier configure (`setup.sh mount` writes ACCELFS_TESTS=OFF into build/).
+configure_tests() {  # configure_tests DIR [cmake args]
+  local dir=$1
+  shift
+  configure "$dir" -DACCELFS_TESTS=ON -DACCELFS_WERROR=ON -DACCELFS_SANITIZE= "$@"
+}
+
+run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$jobs" "$@"
+}
+
+# Sourced (by tests/tools/setup_test.sh): the functions only.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 
 case "${1:-}" in
   mount)
@@ -37,17 +58,22 @@ case "${1:-}" in
       exit 2
     fi
     install_missing
-    build build -DACCELFS_TESTS=OFF
+    build build -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE=
     cmake --install build >/dev/null
     mkdir -p "$2"
     exec /usr/local/bin/accelfs "$@"
     ;;
   test)
     install_missing
-    build build
-    ctest --test-dir build --output-on-failure -j"$jobs"
-    build build-asan -DACCELFS_SANITIZE=address,undefined
-    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+    configure_tests build
+    cmake --build build -j"$jobs"
+    run_tests build
+    # What a user builds: the daemon and the tools at -O3 compile without a warning.
+    build build-release -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_WERROR=ON \
+      -DACCELFS_SANITIZE=
+    configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
+    cmake --build build-asan -j"$jobs"
+    run_tests build-asan
     ;;
   *)
     echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test" >&2

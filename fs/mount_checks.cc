@@ -2,7 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include <cerrno>
 #include <climits>
@@ -93,6 +99,33 @@ bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::strin
   return true;
 }
 
+MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout) {
+  // On a thread of its own: statfs() of a mount whose daemon is alive but stuck waits for it. The
+  // thread is left behind then; the caller is about to exit, which ends it (the FUSE wait is
+  // killable).
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int err = 0;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([shared, path] {
+    struct statfs st {};
+    const int err = statfs(path.c_str(), &st) == 0 ? 0 : errno;
+    std::lock_guard lock(shared->mu);
+    shared->done = true;
+    shared->err = err;
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock lock(shared->mu);
+  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
+    return MountProbe::kNotAnswering;
+  }
+  return shared->err == ENOTCONN || shared->err == ECONNABORTED ? MountProbe::kDead
+                                                                 : MountProbe::kAlive;
+}
+
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
                                        std::string* error) {
   struct stat st {};
@@ -141,11 +174,25 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
     return std::nullopt;
   }
   for (const MountInfo& m : ReadMountInfo()) {
-    if (m.mountpoint == paths.mountpoint) {
+    if (m.mountpoint != paths.mountpoint) continue;
+    // A killed FUSE daemon's mount may still stat() fine (the kernel trusts cached attributes),
+    // but statfs() goes to the connection, and a dead one answers ENOTCONN at once.
+    const bool fuse = m.fstype == "fuse" || m.fstype.starts_with("fuse.");
+    const MountProbe probe = fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
+    if (probe == MountProbe::kDead) {
+      *error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
+               ", Transport endpoint is not connected): its daemon died without unmounting; "
+               "clear it with 'fusermount3 -u " + mountpoint + "' (or 'umount -l " + mountpoint +
+               "') and retry";
+    } else if (probe == MountProbe::kNotAnswering) {
+      *error = "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
+               ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +
+               "' (or 'umount -l " + mountpoint + "') and retry";
+    } else {
       *error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype +
                " from " + m.source + "); unmount it first or choose another directory";
-      return std::nullopt;
     }
+    return std::nullopt;
   }
   if (geteuid() != 0 && access(paths.mountpoint.c_str(), W_OK) != 0) {
     *error = "no permission to mount on " + Quote(mountpoint) + ": it is not writable by uid " +

@@ -3,6 +3,7 @@
 // daemon, so the mount's device is taken from mountinfo instead.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,14 @@ struct CheckedPaths {
   std::string source;      // canonical
   std::string mountpoint;  // canonical
 };
+
+// Whether the filesystem mounted at `path` answers: statfs() reaches a FUSE daemon even where
+// stat() is answered from cached attributes, and a dead connection answers ENOTCONN at once.
+// kNotAnswering when no answer came within `timeout` (a daemon alive but stuck).
+enum class MountProbe { kAlive, kDead, kNotAnswering };
+MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout);
+// How long CheckPaths waits for a FUSE mount on MOUNTPOINT to answer.
+inline constexpr std::chrono::milliseconds kProbeTimeout{2000};
 
 // Validates SOURCE and MOUNTPOINT. On failure returns nullopt and sets `error` to one line.
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,

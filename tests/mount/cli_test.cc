@@ -152,6 +152,50 @@ TEST_F(CliTest, UnknownMountOption) {
   ExpectRejected(Valid({"-o", "frobnicate"}), {"mount option", "frobnicate"});
 }
 
+// The mountpoint was listed before the kill: the kernel still trusts its cached attributes, so
+// stat() succeeds on the dead mount, and only the connection tells it is stale.
+TEST_F(CliTest, StaleMountWithCachedAttributesIsNamedWithItsFix) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  WriteTestFile(Src("f"), 10, 1);
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  struct stat st {};
+  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0);
+  ASSERT_EQ(stat(Mnt("f").c_str(), &st), 0);
+  ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
+  int status = 0;
+  ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
+  ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
+  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0) << "expected cached attributes: " << std::strerror(errno);
+
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{source_, mountpoint_, "-f", "--cache-size", "512M"},
+        std::vector<std::string>{source_, mountpoint_, "--cache-size", "512M"}}) {
+    const CommandResult r = RunAccelfs(args, std::chrono::seconds(15));
+    ExpectOneLineFailure(r, {"stale", "fusermount3 -u " + mountpoint_});
+  }
+  EXPECT_EQ(MountTypesAt(mountpoint_).size(), 1u) << "a second mount was stacked on the stale one";
+  const CommandResult u = RunCommand({"fusermount3", "-uz", mountpoint_});
+  EXPECT_EQ(u.exit_code, 0) << u.err;
+  EXPECT_TRUE(UnmountAll(mountpoint_));
+}
+
+// A daemon alive but stuck (stopped) answers nothing: accelfs does not wait for it, and names
+// the fix.
+TEST_F(CliTest, AMountWhoseDaemonDoesNotAnswerIsNamedWithItsFix) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  struct stat st {};
+  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0);
+  ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
+  const CommandResult r =
+      RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M"}, std::chrono::seconds(15));
+  ASSERT_EQ(kill(daemon_.pid(), SIGCONT), 0);
+  EXPECT_FALSE(r.timed_out);
+  ExpectOneLineFailure(r, {"does not answer", "fusermount3 -u " + mountpoint_});
+}
+
 TEST_F(CliTest, StaleMountIsNamedWithItsFix) {
   SkipWithoutFuse();
   if (IsSkipped()) return;

@@ -178,7 +178,7 @@ void ReadMemInfo(uint64_t* available, uint64_t* total) {
 }
 
 ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
-                              uint64_t mem_total) {
+                              uint64_t mem_total, const std::optional<CgroupMemory>& cgroup) {
   Config config;
   CLI::App app{
       "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
@@ -306,17 +306,41 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     }
     config.block_size = static_cast<uint32_t>(*v);
   }
+  // Under a memory limit "RAM" is the limit.
+  const uint64_t ram = cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit
+                                                                                : mem_total;
   if (!cache_size.empty()) {
-    auto v = ParseSize(cache_size, mem_total, &error);
+    auto v = ParseSize(cache_size, ram, &error);
     if (!v) return usage_error("--cache-size " + error);
     config.cache_size = *v;
     config.cache_size_origin = cache_size;
+    if (cgroup && config.cache_size + kDaemonRoom > cgroup->limit) {
+      return usage_error(
+          "--cache-size " + FormatBytes(config.cache_size) +
+          " does not fit in this daemon's memory cgroup (limit " + FormatBytes(cgroup->limit) +
+          ", " + cgroup->file + "): the cache's pages are charged to it and the daemon would be "
+          "OOM-killed; use at most " +
+          FormatBytes(cgroup->limit > kDaemonRoom ? cgroup->limit - kDaemonRoom : 0) +
+          ", or raise the limit");
+    }
   } else {
     config.cache_size = mem_available / 2;
     config.cache_size_origin = "half of MemAvailable";
+    const uint64_t headroom =
+        cgroup && cgroup->limit > cgroup->usage + kDaemonRoom
+            ? cgroup->limit - cgroup->usage - kDaemonRoom
+            : 0;
+    if (cgroup && headroom / 2 < config.cache_size) {
+      config.cache_size = headroom / 2;
+      config.cache_size_origin = "half of what the memory cgroup has left: limit " +
+                                 FormatBytes(cgroup->limit) + ", " +
+                                 FormatBytes(cgroup->usage) + " in use, " +
+                                 FormatBytes(kDaemonRoom) + " kept for the daemon";
+    }
   }
   if (config.cache_size < kMinCacheBlocks * config.block_size) {
     return usage_error("--cache-size " + FormatBytes(config.cache_size) +
+                       (cache_size.empty() ? " (" + config.cache_size_origin + ")" : "") +
                        " is too small: it must hold at least " + std::to_string(kMinCacheBlocks) +
                        " blocks of " + FormatBytes(config.block_size) + " (" +
                        FormatBytes(kMinCacheBlocks * config.block_size) + ")");

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+
+#include "fs/memory_limit.h"
 #include <string_view>
 #include <vector>
 
@@ -86,8 +88,19 @@ struct ParseOutcome {
 };
 
 // mem_available and mem_total are in bytes (from /proc/meminfo), for the size defaults and "%".
+// `cgroup` is the daemon's memory cgroup's limit (fs/memory_limit.h), when it has one: the cache's
+// tmpfs pages are charged to it. Then the default budget is half of what the cgroup has left
+// (when that is less than half of MemAvailable), "%" is of the limit, and a --cache-size that
+// does not fit under the limit with kDaemonRoom beside it is refused: the daemon would be
+// OOM-killed once the cache filled, taking the mount with it.
 ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
-                              uint64_t mem_total);
+                              uint64_t mem_total,
+                              const std::optional<CgroupMemory>& cgroup = std::nullopt);
+
+// What the daemon needs beside its cache under a memory limit: its threads' stacks, libfuse's
+// request buffers (1 MiB each), the io_uring rings, the allocator's slack. Measured RSS beyond
+// the cache stays under 64 MiB (docs/BENCHMARKS.md, daemon memory); twice that for margin.
+inline constexpr uint64_t kDaemonRoom = 128ull << 20;
 
 // "4M", "4MiB", "4096", "1.5G"; binary units. With percent_of != 0, also "25%" of it. nullopt and
 // a message on bad input.

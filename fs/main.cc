@@ -380,7 +380,8 @@ int main(int argc, char** argv) {
   uint64_t available = 0;
   uint64_t total = 0;
   accelfs::ReadMemInfo(&available, &total);
-  accelfs::ParseOutcome parsed = accelfs::ParseCommandLine(argc, argv, available, total);
+  accelfs::ParseOutcome parsed =
+      accelfs::ParseCommandLine(argc, argv, available, total, accelfs::OwnCgroupMemory());
   if (!parsed.config) {
     std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);
     return parsed.exit_code;

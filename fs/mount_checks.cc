@@ -65,6 +65,7 @@ std::vector<MountInfo> ReadMountInfo(const std::string& path) {
     MountInfo m;
     fields >> m.fstype >> m.source >> m.super_options;
     if (std::sscanf(devno.c_str(), "%u:%u", &m.major, &m.minor) != 2) continue;
+    m.root = UnescapeMountField(root);
     m.mountpoint = UnescapeMountField(mountpoint);
     m.source = UnescapeMountField(m.source);
     mounts.push_back(std::move(m));

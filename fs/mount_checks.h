@@ -15,6 +15,7 @@ namespace accelfs {
 struct MountInfo {
   unsigned major = 0;
   unsigned minor = 0;
+  std::string root;        // the directory of the filesystem mounted there (unescaped)
   std::string mountpoint;  // unescaped
   std::string fstype;
   std::string source;

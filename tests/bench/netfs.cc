@@ -3,7 +3,7 @@
 //
 //   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
 //                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]
-//                 [--copy-replies] [--stats-file PATH]
+//                 [--copy-replies] [--stats-file PATH] [--fault-file PATH]
 //
 // Every READ of n bytes completes at max(arrival + latency + n / request bandwidth, the time the
 // store's shared link has carried it at the aggregate bandwidth): per-request cost, plus a
@@ -25,6 +25,26 @@
 // With --stats-file, the same line is also kept current in PATH while it serves (rewritten, by a
 // rename, within 20 ms of any change, and once more at exit), so that a benchmark can take the
 // bytes a case read from the store without unmounting it.
+//
+// With --fault-file, READs fail the way a troubled store fails, as PATH says. The file is read at
+// start and again whenever its inode, size or mtime changes (looked at every 50 ms; write a new
+// file and rename it over PATH so that no half-written file is read). One rule per line, blank
+// lines and `#` comments ignored, fields split by white space:
+//
+//   hang SUBSTRING         READs of such files are not answered until the file no longer holds
+//                          the rule; then they are answered as usual (under the rules then). A
+//                          hung READ is parked, not held by a worker thread, so other files are
+//                          served at once; an INTERRUPT for it is ignored, as a hung server
+//                          would. READs still parked when the daemon exits are answered EIO.
+//   fail SUBSTRING ERRNO   READs of such files are answered -ERRNO after the latency
+//                          (`fail shard-2 5`: EIO).
+//   slow SUBSTRING MBPS    READs of such files go at MBPS (1e6 bytes/s) each, not --request-mbps;
+//                          the aggregate cap still holds.
+//
+// A file's path is relative to SOURCE, as first looked up (`dir/model-00002.safetensors`); the
+// first rule whose SUBSTRING it contains decides. A missing or empty file means no faults; a
+// malformed line is reported on stderr once per reading and ignored. Without --fault-file the READ
+// path takes no lock and makes no call for faults.
 #define FUSE_USE_VERSION 312
 #include <dirent.h>
 #include <fcntl.h>
@@ -44,9 +64,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -74,6 +97,7 @@ struct Options {
   unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
   bool copy_replies = false;               // never splice
   std::string stats_file;                  // empty: none
+  std::string fault_file;                  // empty: no fault injection
 };
 
 // The store's timing model. Thread-safe.
@@ -84,14 +108,18 @@ class Link {
         request_bps_(o.request_mbps * 1e6),
         total_bps_(o.total_mbps * 1e6) {}
 
-  // When a request of `bytes` that arrived at `arrival` completes.
-  Clock::time_point Admit(uint64_t bytes, Clock::time_point arrival) {
-    const Clock::time_point own = arrival + latency_ + Transfer(bytes, request_bps_);
+  // When a request of `bytes` that arrived at `arrival` completes, carried at `request_bps`
+  // (0: no per-request cap) on its own.
+  Clock::time_point Admit(uint64_t bytes, Clock::time_point arrival, double request_bps) {
+    const Clock::time_point own = arrival + latency_ + Transfer(bytes, request_bps);
     std::lock_guard lock(mutex_);
     // The link carries requests one after another, each once its latency has passed.
     link_free_ = std::max(link_free_, arrival + latency_) + Transfer(bytes, total_bps_);
     return std::max(own, link_free_);
   }
+
+  // --request-mbps, in bytes/s.
+  double request_bps() const { return request_bps_; }
 
  private:
   static Clock::duration Seconds(double s) {
@@ -108,21 +136,237 @@ class Link {
   Clock::time_point link_free_;  // GUARDED_BY(mutex_): when the link has carried every admitted
 };
 
+// --fault-file: what a rule does to the READs of the files it matches.
+enum class FaultKind { kNone, kHang, kFail, kSlow };
+
+struct Fault {
+  FaultKind kind = FaultKind::kNone;
+  int error = 0;           // kFail: the errno answered
+  double request_bps = 0;  // kSlow: the bandwidth of one READ, bytes/s
+};
+
+struct FaultRule {
+  std::string substring;
+  Fault fault;
+};
+
+// The rules in a fault file's text (syntax in the header comment), in order. Each malformed line
+// adds one message, "LINE: why", to `warnings` and is left out.
+std::vector<FaultRule> ParseFaultRules(const std::string& text,
+                                       std::vector<std::string>* warnings) {
+  std::vector<FaultRule> rules;
+  std::istringstream lines(text);
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::vector<std::string> words;
+    for (std::string word; fields >> word;) words.push_back(word);
+    if (words.empty()) continue;
+    const auto warn = [&](const std::string& why) {
+      warnings->push_back(std::to_string(number) + ": " + why + ": \"" + line + "\"");
+    };
+    FaultRule rule;
+    const std::string& kind = words[0];
+    const size_t want = kind == "hang" ? 2 : kind == "fail" || kind == "slow" ? 3 : 0;
+    if (want == 0) {
+      warn("unknown rule (hang, fail or slow)");
+      continue;
+    }
+    if (words.size() != want) {
+      warn(kind + (want == 2        ? " takes SUBSTRING"
+                   : kind == "fail" ? " takes SUBSTRING ERRNO"
+                                    : " takes SUBSTRING MBPS"));
+      continue;
+    }
+    rule.substring = words[1];
+    if (kind == "hang") {
+      rule.fault.kind = FaultKind::kHang;
+    } else if (kind == "fail") {
+      char* end = nullptr;
+      const long error = std::strtol(words[2].c_str(), &end, 10);
+      // 4095: the largest errno a FUSE reply can carry.
+      if (*end != '\0' || error < 1 || error > 4095) {
+        warn("ERRNO must be a number from 1 to 4095");
+        continue;
+      }
+      rule.fault = {FaultKind::kFail, static_cast<int>(error), 0};
+    } else {
+      char* end = nullptr;
+      const double mbps = std::strtod(words[2].c_str(), &end);
+      if (*end != '\0' || !(mbps > 0) || mbps > 1e9) {
+        warn("MBPS must be a number above 0");
+        continue;
+      }
+      rule.fault = {FaultKind::kSlow, 0, mbps * 1e6};
+    }
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+// The fault for a READ of `path`: the first rule whose substring it contains, else none.
+Fault MatchFault(const std::vector<FaultRule>& rules, const std::string& path) {
+  for (const FaultRule& rule : rules) {
+    if (path.find(rule.substring) != std::string::npos) return rule.fault;
+  }
+  return {};
+}
+
+// A READ as it arrived: enough to answer it on any thread, now or later. The file handle stays
+// open while the READ is unanswered: the kernel sends RELEASE only once the file's last request
+// is done.
+struct ReadRequest {
+  fuse_req_t req;
+  int fd;
+  size_t size;
+  off_t off;
+  Clock::time_point arrival;
+};
+
+// Watches the fault file and parks hung READs. Thread-safe. Its thread answers, through
+// `answer`, each parked READ whose hang rule went away; Stop() answers the rest EIO.
+class Faults {
+ public:
+  using Answer = std::function<void(const ReadRequest&, const Fault&)>;
+
+  // Reads `path` once (so that the rules hold from the first READ) and starts watching it.
+  Faults(std::string path, Answer answer) : path_(std::move(path)), answer_(std::move(answer)) {
+    ReloadIfChanged();
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Faults() { Stop(); }
+  Faults(const Faults&) = delete;
+  Faults& operator=(const Faults&) = delete;
+
+  // The fault for a READ of `path` (relative to SOURCE). On kHang the READ is parked here: the
+  // caller must not answer it.
+  Fault Admit(const ReadRequest& read, const std::string& path) {
+    std::lock_guard lock(mutex_);
+    const Fault fault = MatchFault(rules_, path);
+    if (fault.kind == FaultKind::kHang) parked_.push_back({read, path});
+    return fault;
+  }
+
+  // Stops watching and answers every READ still parked EIO. REQUIRES: no READ arrives any more
+  // (the session loop has returned) and the session still exists, since a parked request is
+  // the session's. Idempotent.
+  void Stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    std::vector<Parked> left;
+    {
+      std::lock_guard lock(mutex_);
+      left.swap(parked_);
+    }
+    for (const Parked& p : left) answer_(p.read, {FaultKind::kFail, EIO, 0});
+  }
+
+ private:
+  struct Parked {
+    ReadRequest read;
+    std::string path;
+  };
+
+  // What tells a rewritten fault file from the one last read.
+  struct FileVersion {
+    bool exists = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    timespec mtime{};
+    bool operator==(const FileVersion& o) const {
+      return exists == o.exists && dev == o.dev && ino == o.ino && size == o.size &&
+             mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
+    }
+  };
+
+  // The watcher: a thread rather than a check on the READ path, because parked READs must be
+  // answered when the rule goes even if no other READ comes.
+  void Run() {
+    // 50 ms: a fault phase of a soak switches within a tick, at one stat() per tick.
+    constexpr auto kPoll = std::chrono::milliseconds(50);
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, kPoll, [this] { return stop_; })) {
+      lock.unlock();
+      ReloadIfChanged();
+      lock.lock();
+    }
+  }
+
+  // Re-reads the file if it changed, then answers the parked READs no hang rule holds any more.
+  // Only the constructor and then the watcher call it.
+  void ReloadIfChanged() {
+    FileVersion now;
+    struct stat st {};
+    if (stat(path_.c_str(), &st) == 0) {
+      now = {true, st.st_dev, st.st_ino, st.st_size, st.st_mtim};
+    }
+    if (read_once_ && now == version_) return;
+    read_once_ = true;
+    version_ = now;
+    std::string text;
+    if (now.exists) {
+      std::ifstream in(path_);
+      std::ostringstream all;
+      all << in.rdbuf();
+      text = all.str();
+    }
+    std::vector<std::string> warnings;
+    std::vector<FaultRule> rules = ParseFaultRules(text, &warnings);
+    for (const std::string& w : warnings) {
+      std::fprintf(stderr, "accelfs_netfs: %s:%s (line ignored)\n", path_.c_str(), w.c_str());
+    }
+    std::vector<std::pair<ReadRequest, Fault>> released;
+    {
+      std::lock_guard lock(mutex_);
+      rules_ = std::move(rules);
+      std::erase_if(parked_, [&](const Parked& p) {
+        const Fault fault = MatchFault(rules_, p.path);
+        if (fault.kind == FaultKind::kHang) return false;
+        released.emplace_back(p.read, fault);
+        return true;
+      });
+    }
+    // Answered after the lock, one after another: a READ that waited seconds does not mind the
+    // others' turn, and a thread per release would be more machinery than this emulator needs.
+    for (const auto& [read, fault] : released) answer_(read, fault);
+  }
+
+  const std::string path_;
+  const Answer answer_;
+  FileVersion version_;     // the watcher's own
+  bool read_once_ = false;  // the watcher's own
+  std::mutex mutex_;        // a leaf: nothing is answered while it is held
+  std::condition_variable wake_;
+  std::vector<FaultRule> rules_;  // GUARDED_BY(mutex_)
+  std::vector<Parked> parked_;    // GUARDED_BY(mutex_)
+  bool stop_ = false;             // GUARDED_BY(mutex_)
+  std::thread thread_;
+};
+
 // One backing inode, known to the kernel by its address (the root by FUSE_ROOT_ID).
 struct Inode {
-  Inode(int fd, dev_t dev, ino_t ino) : fd(fd), dev(dev), ino(ino) {}
+  Inode(int fd, dev_t dev, ino_t ino, std::string path)
+      : fd(fd), dev(dev), ino(ino), path(std::move(path)) {}
   ~Inode() { close(fd); }
   Inode(const Inode&) = delete;
   Inode& operator=(const Inode&) = delete;
   const int fd;  // O_PATH
   const dev_t dev;
   const ino_t ino;
+  // Relative to SOURCE ("" for the root), by the name first looked up: what fault rules match.
+  const std::string path;
   uint64_t nlookup = 0;  // GUARDED_BY(Net::mutex)
 };
 
 struct Net {
   Net(const Options& o, int root_fd, const struct stat& root)
-      : options(o), link(o), root(root_fd, root.st_dev, root.st_ino) {}
+      : options(o), link(o), root(root_fd, root.st_dev, root.st_ino, "") {}
 
   Inode& Get(fuse_ino_t ino) {
     return ino == FUSE_ROOT_ID ? root : *reinterpret_cast<Inode*>(static_cast<uintptr_t>(ino));
@@ -134,6 +378,7 @@ struct Net {
   std::mutex mutex;  // guards inodes and every Inode::nlookup
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes;
   bool splice = false;  // set by INIT, before any READ: replies are spliced from the source file
+  std::unique_ptr<Faults> faults;  // set before the mount when --fault-file is given, else none
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<unsigned> in_flight{0};
@@ -190,7 +435,9 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (inode) {
       close(fd);
     } else {
-      inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino);
+      const std::string& above = net.Get(parent).path;
+      inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino,
+                                      above.empty() ? name : above + "/" + name);
     }
     ++inode->nlookup;
     e.ino = reinterpret_cast<uintptr_t>(inode.get());
@@ -271,64 +518,79 @@ ssize_t PreadFull(int fd, char* buf, size_t size, off_t off) {
   return static_cast<ssize_t>(done);
 }
 
-// Waits until the link has carried a READ of `bytes` that arrived at `arrival`, and counts it.
-void Carry(Net& net, uint64_t bytes, Clock::time_point arrival) {
-  std::this_thread::sleep_until(net.link.Admit(bytes, arrival));
+// Waits until the link has carried a READ of `bytes` that arrived at `arrival`, each READ at
+// `request_bps`, and counts it.
+void Carry(Net& net, uint64_t bytes, Clock::time_point arrival, double request_bps) {
+  std::this_thread::sleep_until(net.link.Admit(bytes, arrival, request_bps));
   net.reads.fetch_add(1, std::memory_order_relaxed);
   net.bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 // Answers a READ that failed with `err`, after the store's latency.
-void ReplyError(fuse_req_t req, Net& net, int err, Clock::time_point arrival) {
-  std::this_thread::sleep_until(net.link.Admit(0, arrival));
-  fuse_reply_err(req, err);
+void ReplyError(Net& net, const ReadRequest& r, int err) {
+  std::this_thread::sleep_until(net.link.Admit(0, r.arrival, net.link.request_bps()));
+  fuse_reply_err(r.req, err);
 }
 
-void ReplySpliced(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
-                  Clock::time_point arrival) {
+void ReplySpliced(Net& net, const ReadRequest& r, double request_bps) {
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    ReplyError(req, net, errno, arrival);
+  if (fstat(r.fd, &st) != 0) {
+    ReplyError(net, r, errno);
     return;
   }
-  const uint64_t n = off >= st.st_size ? 0 : std::min<uint64_t>(size, st.st_size - off);
-  Carry(net, n, arrival);
+  const uint64_t n = r.off >= st.st_size ? 0 : std::min<uint64_t>(r.size, st.st_size - r.off);
+  Carry(net, n, r.arrival, request_bps);
   fuse_bufvec data = FUSE_BUFVEC_INIT(n);
   data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-  data.buf[0].fd = fd;
-  data.buf[0].pos = off;
-  fuse_reply_data(req, &data, fuse_buf_copy_flags{});  // fewer bytes at an EOF moved meanwhile
+  data.buf[0].fd = r.fd;
+  data.buf[0].pos = r.off;
+  fuse_reply_data(r.req, &data, fuse_buf_copy_flags{});  // fewer bytes at an EOF moved meanwhile
 }
 
-void ReplyCopied(fuse_req_t req, Net& net, int fd, size_t size, off_t off,
-                 Clock::time_point arrival) {
+void ReplyCopied(Net& net, const ReadRequest& r, double request_bps) {
   // One buffer per worker thread, kept for its life: a fresh 1 MiB allocation per READ would be
   // an mmap, page faults and an munmap each time.
   thread_local std::vector<char> buffer;
-  if (buffer.size() < size) buffer.resize(size);
-  const ssize_t n = PreadFull(fd, buffer.data(), size, off);
+  if (buffer.size() < r.size) buffer.resize(r.size);
+  const ssize_t n = PreadFull(r.fd, buffer.data(), r.size, r.off);
   if (n < 0) {
-    ReplyError(req, net, static_cast<int>(-n), arrival);
+    ReplyError(net, r, static_cast<int>(-n));
     return;
   }
-  Carry(net, static_cast<uint64_t>(n), arrival);
-  fuse_reply_buf(req, buffer.data(), static_cast<size_t>(n));
+  Carry(net, static_cast<uint64_t>(n), r.arrival, request_bps);
+  fuse_reply_buf(r.req, buffer.data(), static_cast<size_t>(n));
 }
 
-void OnRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+// Answers a READ as `fault` says (not kHang: a hung READ is parked, not answered) and counts it
+// out of flight. Runs on a worker, or on the fault watcher for a READ that was parked.
+void AnswerRead(Net& net, const ReadRequest& r, const Fault& fault) {
+  if (fault.kind == FaultKind::kFail) {
+    ReplyError(net, r, fault.error);
+  } else {
+    const double bps = fault.kind == FaultKind::kSlow ? fault.request_bps : net.link.request_bps();
+    if (net.splice) {
+      ReplySpliced(net, r, bps);
+    } else {
+      ReplyCopied(net, r, bps);
+    }
+  }
+  net.in_flight.fetch_sub(1);
+}
+
+void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   Net& net = NetOf(req);
-  const Clock::time_point arrival = Clock::now();
+  const ReadRequest read{req, static_cast<int>(fi->fh), size, off, Clock::now()};
   const unsigned now_in_flight = net.in_flight.fetch_add(1) + 1;
   unsigned seen = net.max_in_flight.load();
   while (now_in_flight > seen && !net.max_in_flight.compare_exchange_weak(seen, now_in_flight)) {
   }
-  const int fd = static_cast<int>(fi->fh);
-  if (net.splice) {
-    ReplySpliced(req, net, fd, size, off, arrival);
-  } else {
-    ReplyCopied(req, net, fd, size, off, arrival);
+  Fault fault;
+  if (net.faults) {
+    fault = net.faults->Admit(read, net.Get(ino).path);
+    // Parked: the watcher answers it once its rule goes, and this worker serves the next READ.
+    if (fault.kind == FaultKind::kHang) return;
   }
-  net.in_flight.fetch_sub(1);
+  AnswerRead(net, read, fault);
 }
 
 void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
@@ -497,6 +759,10 @@ int Serve(const Options& o, int ready_fd) {
     return 1;
   }
   Net net(o, root_fd, root);
+  if (!o.fault_file.empty()) {
+    net.faults = std::make_unique<Faults>(
+        o.fault_file, [&net](const ReadRequest& r, const Fault& f) { AnswerRead(net, r, f); });
+  }
   StatsWriter stats(net, o.stats_file);
   std::vector<std::string> args = {
       "accelfs_netfs", "-o", "ro,default_permissions,fsname=accelfs_netfs,subtype=accelfs_netfs"};
@@ -516,10 +782,11 @@ int Serve(const Options& o, int ready_fd) {
         SetReadAhead(o);
         std::fprintf(stderr,
                      "accelfs_netfs: serving %s at %s: latency %g ms, %g MB/s per READ, %g MB/s "
-                     "in all, %u threads, max_background %u, read_ahead_kb %u, replies %s\n",
+                     "in all, %u threads, max_background %u, read_ahead_kb %u, replies %s%s%s\n",
                      o.source.c_str(), o.mountpoint.c_str(), o.latency_ms, o.request_mbps,
                      o.total_mbps, o.threads, o.max_background, o.readahead_kb,
-                     net.splice ? "spliced" : "copied");
+                     net.splice ? "spliced" : "copied",
+                     o.fault_file.empty() ? "" : ", faults from ", o.fault_file.c_str());
         if (ready_fd >= 0) {
           const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
           for (int fd : {0, 1, 2}) dup2(null_fd, fd);
@@ -534,6 +801,9 @@ int Serve(const Options& o, int ready_fd) {
       fuse_loop_cfg_set_max_threads(config, o.threads);
       rc = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
       fuse_loop_cfg_destroy(config);
+      // Hung READs are answered (EIO) before the unmount, which their open files would block,
+      // and before the session that owns them is destroyed.
+      if (net.faults) net.faults->Stop();
       fuse_session_unmount(se);  // also ends a starter still waiting in statfs
       starter.join();
     }
@@ -573,6 +843,9 @@ int main(int argc, char** argv) {
                "read each READ into a buffer and copy it into the reply, never splice");
   app.add_option("--stats-file", o.stats_file,
                  "keep the exit line's counters current in this file while serving");
+  app.add_option("--fault-file", o.fault_file,
+                 "inject READ faults as this file says, re-read when it changes (hang SUBSTRING, "
+                 "fail SUBSTRING ERRNO, slow SUBSTRING MBPS; one per line)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -584,7 +857,9 @@ int main(int argc, char** argv) {
     if (realpath(path->c_str(), resolved) == nullptr) return 2;
     *path = resolved;
   }
-  if (!o.stats_file.empty()) o.stats_file = std::filesystem::absolute(o.stats_file).string();
+  for (std::string* path : {&o.stats_file, &o.fault_file}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).string();
+  }
 
   if (o.foreground) return Serve(o, -1);
   // Detach, returning once the mount is ready: the parent waits for the child's word.

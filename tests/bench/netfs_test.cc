@@ -2,7 +2,8 @@
 // it serves through read() and mmap is byte for byte what the backing files hold, every open sees
 // the backing file afresh, and it is read-only. Every test runs with replies spliced from the
 // backing file (pipe-max-size raised while it runs) and with --copy-replies. No timing is checked
-// here (see net_scaling.sh).
+// here (see net_scaling.sh). With --fault-file, hang, fail and slow rules do what they say to the
+// files they match and nothing to the others; "not answered yet" is the only timing looked at.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -132,12 +134,28 @@ class NetfsTest : public ::testing::TestWithParam<Replies> {
   std::string Src(const std::string& name) const { return source_ + "/" + name; }
   std::string Mnt(const std::string& name) const { return mountpoint_ + "/" + name; }
 
+  // kFastNet with --fault-file faults_, and `extra`.
+  std::vector<std::string> FaultArgs(const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> args = kFastNet;
+    args.insert(args.end(), {"--fault-file", faults_});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // Replaces the fault file as a soak would: a new file renamed over it, never half written.
+  void WriteFaults(const std::string& text) const {
+    const std::string tmp = faults_ + ".tmp";
+    std::ofstream(tmp) << text;
+    ASSERT_EQ(rename(tmp.c_str(), faults_.c_str()), 0) << std::strerror(errno);
+  }
+
   SplicePipes pipes_;             // declared first: put back after the mount is gone
   TempDir dir_{"accelfs-netfs"};  // removed after the mount is gone
   std::string source_;
   std::string mountpoint_;
   AccelfsProcess netfs_;  // any foreground FUSE daemon; here accelfs_netfs
   bool started_ = false;
+  const std::string faults_ = dir_ / "faults";  // created by WriteFaults only
 };
 
 struct TestFile {
@@ -331,6 +349,188 @@ TEST_P(NetfsTest, BadArgumentsExitTwoAndMountNothing) {
     EXPECT_EQ(r.exit_code, 2) << args.back() << ": " << r.err;
     EXPECT_FALSE(IsMounted(mountpoint_));
   }
+}
+
+// The whole file read through read() on another thread, and whether it has returned.
+class BackgroundRead {
+ public:
+  explicit BackgroundRead(std::string path)
+      : thread_([this, path = std::move(path)] {
+          bytes_ = ReadWholeFile(path, &error_);
+          returned_ = true;
+        }) {}
+  ~BackgroundRead() {
+    if (thread_.joinable()) thread_.join();
+  }
+  BackgroundRead(const BackgroundRead&) = delete;
+  BackgroundRead& operator=(const BackgroundRead&) = delete;
+
+  bool returned() const { return returned_; }
+  // Polls returned() for up to `timeout`.
+  bool WaitReturned(milliseconds timeout) const {
+    for (auto waited = milliseconds(0); !returned_ && waited < timeout;
+         waited += milliseconds(20)) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return returned_;
+  }
+  // REQUIRES: returned().
+  const std::vector<uint8_t>& Join(int* error) {
+    thread_.join();
+    *error = error_;
+    return bytes_;
+  }
+
+ private:
+  std::atomic<bool> returned_{false};
+  std::vector<uint8_t> bytes_;
+  int error_ = 0;
+  std::thread thread_;
+};
+
+// Reads `path` whole (a fresh open: NET keeps no pages across opens) until the read fails with
+// `error` (0: succeeds with `want`), for up to 5 s, the rules being re-read every 50 ms.
+bool ReadsBecome(const std::string& path, int error, const std::vector<uint8_t>& want) {
+  for (int i = 0; i < 250; ++i) {
+    int got_error = 0;
+    const std::vector<uint8_t> got = ReadWholeFile(path, &got_error);
+    if (got_error == error && (error != 0 || got == want)) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
+}
+
+const TestFile kHealthy{"shard-1.bin", (3 << 20) + 5, 11};
+const TestFile kFaulty{"sub/shard-2.bin", (3 << 20) + 7, 12};
+
+void WriteShards(const std::string& source) {
+  ASSERT_EQ(mkdir((source + "/sub").c_str(), 0755), 0);
+  for (const TestFile& f : {kHealthy, kFaulty})
+    WriteTestFile(source + "/" + f.name, f.size, f.seed);
+}
+
+TEST_P(NetfsTest, HangHoldsMatchingReadsWithoutAWorkerUntilTheRuleGoes) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  // The path is relative to SOURCE, directory included.
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("hang sub/shard-2\n"));
+  // One worker thread: a hung READ that held it would stop every other READ too.
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs({"--threads", "1"})));
+  BackgroundRead hung(Mnt(kFaulty.name));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_FALSE(hung.returned()) << "a READ under a hang rule was answered";
+
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt(kHealthy.name), &error) == Bytes(kHealthy.seed, 0, kHealthy.size));
+  EXPECT_EQ(error, 0);
+  EXPECT_FALSE(hung.returned()) << "a READ under a hang rule was answered";
+
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("# the store is back\n"));
+  if (!hung.WaitReturned(std::chrono::seconds(10))) {
+    ADD_FAILURE() << "the hung read did not return once the rule was gone";
+    netfs_.Stop();  // answers the parked READs EIO, so that the reader can be joined
+  }
+  const std::vector<uint8_t>& got = hung.Join(&error);
+  EXPECT_EQ(error, 0) << std::strerror(error);
+  EXPECT_TRUE(got == Bytes(kFaulty.seed, 0, kFaulty.size)) << "the hung read's bytes differ";
+}
+
+void Ignore(int) {}
+
+// A hung server ignores INTERRUPTs, and its caller may die waiting (a killed reader stays in the
+// kernel until its READ is answered): NET lives through both and serves the file after.
+TEST_P(NetfsTest, HangOutlivesSignalledAndKilledReaders) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("hang shard-2\n"));
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs()));
+  const std::string path = Mnt(kFaulty.name);
+  std::vector<pid_t> readers;
+  for (int flags : {0, O_DIRECT}) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0) << std::strerror(errno);
+    if (pid == 0) {
+      // Only system calls from here: a child of a threaded parent.
+      struct sigaction sa {};
+      sa.sa_handler = Ignore;  // no SA_RESTART: a signal interrupts the READ's wait
+      sigaction(SIGUSR1, &sa, nullptr);
+      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | flags);
+      static char buf[1 << 20] __attribute__((aligned(4096)));
+      for (int i = 0; i < 4 && fd >= 0; ++i) {
+        if (pread(fd, buf, sizeof(buf), 0) < 0) break;
+      }
+      _exit(0);
+    }
+    readers.push_back(pid);
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  for (int round = 0; round < 3; ++round) {
+    for (pid_t pid : readers) kill(pid, SIGUSR1);
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  for (pid_t pid : readers) kill(pid, SIGKILL);
+  std::this_thread::sleep_for(milliseconds(200));
+  ASSERT_NO_FATAL_FAILURE(WriteFaults(""));
+  for (pid_t pid : readers) {
+    int status = 0;
+    pid_t reaped = 0;
+    for (int i = 0; i < 500 && (reaped = waitpid(pid, &status, WNOHANG)) == 0; ++i) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (reaped == 0) {
+      ADD_FAILURE() << "reader " << pid << " still waits for its READ";
+      netfs_.Stop();
+      waitpid(pid, &status, 0);
+    }
+  }
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(path, &error) == Bytes(kFaulty.seed, 0, kFaulty.size));
+  EXPECT_EQ(error, 0);
+}
+
+TEST_P(NetfsTest, FailRuleAnswersItsErrnoWhileItLasts) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs()));  // no fault file yet: no faults
+  const auto want = Bytes(kFaulty.seed, 0, kFaulty.size);
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt(kFaulty.name), &error) == want);
+  EXPECT_EQ(error, 0);
+
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("fail shard-2 5\n"));
+  EXPECT_TRUE(ReadsBecome(Mnt(kFaulty.name), EIO, {}));
+  EXPECT_TRUE(ReadWholeFile(Mnt(kHealthy.name), &error) == Bytes(kHealthy.seed, 0, kHealthy.size));
+  EXPECT_EQ(error, 0);
+
+  ASSERT_NO_FATAL_FAILURE(WriteFaults(""));
+  EXPECT_TRUE(ReadsBecome(Mnt(kFaulty.name), 0, want));
+}
+
+TEST_P(NetfsTest, SlowRuleStillServesTheRightBytes) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("slow shard-2 20\n"));
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs()));
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt(kFaulty.name), &error) == Bytes(kFaulty.seed, 0, kFaulty.size));
+  EXPECT_EQ(error, 0);
+  EXPECT_TRUE(MmapMatches(Mnt(kFaulty.name), kFaulty));
+}
+
+TEST_P(NetfsTest, MalformedFaultLinesAreReportedOnceAndSkipped) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  ASSERT_NO_FATAL_FAILURE(
+      WriteFaults("# a soak's phase\n\n  hang\nfail shard-2 EIO\nslow shard-2 0\nfreeze shard-2\n"
+                  "fail shard-2 5  # the one good rule\n"));
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs()));
+  int error = 0;
+  ReadWholeFile(Mnt(kFaulty.name), &error);
+  EXPECT_EQ(error, EIO);
+  EXPECT_TRUE(ReadWholeFile(Mnt(kHealthy.name), &error) == Bytes(kHealthy.seed, 0, kHealthy.size));
+  EXPECT_EQ(error, 0);
+  std::this_thread::sleep_for(milliseconds(200));  // a few ticks of the watcher: no re-read
+  std::istringstream log(netfs_.Log());
+  int warnings = 0;
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("(line ignored)") != std::string::npos) ++warnings;
+  }
+  EXPECT_EQ(warnings, 4) << netfs_.Log();
 }
 
 INSTANTIATE_TEST_SUITE_P(Replies, NetfsTest, ::testing::Values(Replies::kSpliced, Replies::kCopied),

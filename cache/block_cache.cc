@@ -95,6 +95,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   std::vector<Fetch> fetches;
   Freed freed;
   Entry* hit = nullptr;
+  bool stalled = false;
   {
     std::lock_guard lock(mu_);
     auto it = map_.find(key);
@@ -107,6 +108,8 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
         PinLocked(e, 1);
         lru_.splice(lru_.begin(), lru_, e->lru_pos);
         hit = e;
+      } else if (e->stalled) {
+        stalled = true;
       } else {
         ++stats_.misses;
         stats_.miss_bytes += e->expected;
@@ -128,11 +131,12 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   ReleaseAll(freed);
   StartFetches(fetches);
   if (hit != nullptr) waiter(Ref(this, hit));
+  if (stalled) waiter(Error(ETIMEDOUT));
 }
 
 BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
                                                 const std::shared_ptr<BackingFile>& file,
-                                                std::function<void()> done) {
+                                                std::function<void(Status)> done) {
   std::vector<Fetch> fetches;
   Freed freed;
   {
@@ -322,6 +326,7 @@ void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
     request.view = e->buffer.view;
     request.demand = f.demand;
     request.done = [this, e](Result<size_t> read) { Complete(e, std::move(read)); };
+    request.stalled = [this, e] { Stall(e); };
     reader_.Submit(std::move(request));
   }
 }
@@ -332,7 +337,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
   if (ok) store_.Commit(entry->key, entry->buffer, entry->expected);
   std::vector<Waiter> waiters;
-  std::function<void()> prefetched;
+  std::function<void(Status)> prefetched;
   std::vector<Fetch> fetches;
   Freed freed;
   {
@@ -366,7 +371,21 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
     }
   }
   StartFetches(fetches);
-  if (prefetched) prefetched();
+  if (prefetched) prefetched(ok ? Status::Ok() : Status(error));
+}
+
+void BlockCache::Stall(Entry* entry) {
+  std::vector<Waiter> waiters;
+  std::function<void(Status)> prefetched;
+  {
+    std::lock_guard lock(mu_);
+    entry->stalled = true;
+    ++stats_.stalled_fetches;
+    waiters.swap(entry->waiters);
+    prefetched.swap(entry->prefetched);
+  }
+  for (auto& w : waiters) w(Error(ETIMEDOUT));
+  if (prefetched) prefetched(Error(ETIMEDOUT));
 }
 
 void BlockCache::PinLocked(Entry* entry, int n) {

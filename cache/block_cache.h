@@ -5,7 +5,9 @@
 //
 //   absent --Get, room--> kFetching --read ok--> kReady --evicted (unpinned)--> absent
 //      |                     |                     '--DropFile while pinned--> zombie --> freed
-//      |                     '--read fails/short--> absent (waiters get the error; nothing cached)
+//      |                     |--read fails/short--> absent (waiters get the error; nothing cached)
+//      |                     '--stalls (backend timeout)--> kFetching, stalled: waiters and later
+//      |                          Gets get ETIMEDOUT at once; the read's end then goes on as above
 //      '--Get, no room--> kQueued --room frees--> kFetching
 //
 // A Ref pins a kReady block: pinned blocks are never evicted or freed, so a reply can be written
@@ -44,7 +46,8 @@ struct CacheStats {
   uint64_t fetched_bytes = 0;   // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
-  uint64_t prefetches = 0;  // fetches started by Prefetch
+  uint64_t prefetches = 0;       // fetches started by Prefetch
+  uint64_t stalled_fetches = 0;  // fetches whose read outlived the backend timeout
 };
 
 class BlockCache {
@@ -74,8 +77,9 @@ class BlockCache {
   // Starts fetching `key` when it is absent and room can be made now, evicting only unpinned ready
   // blocks that were read at least once: prefetched data nobody has asked for yet is never thrown
   // away to make room for more prefetch (backpressure instead). The backend serves it after every
-  // demand read. When it starts a fetch it calls `done` (if any) once the fetch has finished, well
-  // or not, on the backend's thread. Never waits, never queues.
+  // demand read. When it starts a fetch it calls `done` (if any) once the fetch has finished, with
+  // its outcome, on the backend's thread; a stalled fetch (its read outlived the backend timeout)
+  // counts as finished with ETIMEDOUT. Never waits, never queues.
   enum class PrefetchResult {
     kStarted,  // a fetch was started; `done` will run
     kPresent,  // cached, in flight or queued already
@@ -83,7 +87,7 @@ class BlockCache {
   };
   PrefetchResult Prefetch(const BlockKey& key, uint32_t expected,
                           const std::shared_ptr<BackingFile>& file,
-                          std::function<void()> done = nullptr);
+                          std::function<void(Status)> done = nullptr);
 
   // When `key` is ready and was prefetched but nobody has asked for it yet, marks it read (it may
   // now be evicted like any block that was read) and returns it pinned; otherwise nothing. Used to
@@ -154,7 +158,8 @@ class BlockCache {
     int pins = 0;                       // Refs alive
     bool zombie = false;                // dropped from the map while pinned
     bool unread = false;                // prefetched and not asked for yet
-    std::function<void()> prefetched;   // Prefetch's `done`, run when the fetch finishes
+    bool stalled = false;               // its read outlived the backend timeout (still kFetching)
+    std::function<void(Status)> prefetched;  // Prefetch's `done`, run when the fetch finishes
     std::shared_ptr<BackingFile> file;  // while queued or fetching
     std::vector<Waiter> waiters;
     std::list<Entry*>::iterator lru_pos{};  // valid while kReady and in the map
@@ -181,6 +186,9 @@ class BlockCache {
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
   void Complete(Entry* entry, Result<size_t> read);
+  // The read of `entry` stalled: answers its waiters ETIMEDOUT (and its Prefetch `done`), and
+  // every later Get until the read ends.
+  void Stall(Entry* entry);
   // Adds `n` pins to a ready entry (counting its bytes as pinned on the first). REQUIRES: mu_ held.
   void PinLocked(Entry* entry, int n);
   void Unpin(Entry* entry);

@@ -187,6 +187,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       "accelfs"};
   std::string cache_size, block_size, readahead, log_level = config.log_level;
   std::string backend_depth, attr_timeout, entry_timeout, stream_threshold, cache_dir, metrics;
+  std::string backend_timeout;
   std::vector<std::string> option_lists;
   bool version = false;
   // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
@@ -204,6 +205,9 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   app.add_option("--block-size", block_size, "Cache block size, a power of two (default 4M)");
   app.add_option("--backend-depth", backend_depth,
                  "Most backend reads in flight; the daemon adapts the depth below it (default 64)");
+  app.add_option("--backend-timeout", backend_timeout,
+                 "Seconds a backend read may hang, while its file completes nothing else, before "
+                 "its readers get ETIMEDOUT (default 60; 0: never)");
   app.add_option("--readahead", readahead,
                  "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (default 8M; 0 keeps "
                  "the kernel's)");
@@ -269,6 +273,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       if (key == "cache_size") target = &cache_size;
       if (key == "block_size") target = &block_size;
       if (key == "backend_depth") target = &backend_depth;
+      if (key == "backend_timeout") target = &backend_timeout;
       if (key == "readahead") target = &readahead;
       if (key == "attr_timeout") target = &attr_timeout;
       if (key == "entry_timeout") target = &entry_timeout;
@@ -377,12 +382,16 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   }
   for (auto [text, field, name] :
        {std::tuple{&attr_timeout, &config.attr_timeout, "--attr-timeout"},
-        std::tuple{&entry_timeout, &config.entry_timeout, "--entry-timeout"}}) {
+        std::tuple{&entry_timeout, &config.entry_timeout, "--entry-timeout"},
+        std::tuple{&backend_timeout, &config.backend_timeout, "--backend-timeout"}}) {
     if (text->empty()) continue;
     auto v = ParseSeconds(*text);
     if (!v)
       return usage_error(std::string(name) + " '" + *text + "': must be a number of seconds >= 0");
     *field = *v;
+  }
+  if (config.backend_timeout > 7 * 86400) {
+    return usage_error("--backend-timeout '" + backend_timeout + "': at most a week (604800 s)");
   }
   static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
                                                  "error", "critical", "off"};

@@ -34,6 +34,13 @@ struct Config {
   // large requests in flight (DESIGN.md section 3).
   uint32_t backend_depth = 64;
 
+  // Seconds a backend read may be in flight while its file completes nothing else before the
+  // read is given up on: its waiting reads get ETIMEDOUT and its slot stops counting against the
+  // depth (cache/backend/bounded_reader.h). 60: a 4 MiB read is late there only below 70 KB/s,
+  // and a slow store that still moves never trips it (any completion of the file restarts the
+  // clock); an NFS hard mount's major timeout is 60 s. 0: never.
+  double backend_timeout = 60;
+
   // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
   // 128 KiB to 3.1 GB/s at 4 MiB (DESIGN.md section 2). 0 leaves the kernel's value.
   uint32_t readahead_kb = 8192;

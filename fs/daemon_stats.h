@@ -20,6 +20,9 @@ struct DaemonStats {
   CacheStats cache;          // budget, used, hits/misses (count and bytes), fetched, in flight...
   uint32_t depth = 0;        // backend reads the adaptive depth allows now
   uint32_t depth_limit = 0;  // --backend-depth
+  uint64_t stuck_requests = 0;      // backend reads in flight past --backend-timeout (lost slots)
+  uint64_t timed_out_requests = 0;  // backend reads given up on since start
+  uint64_t waiting_requests = 0;    // backend reads held back: their file has its share in flight
   uint64_t open_files = 0;         // file handles open (cached or passthrough)
   uint64_t passthrough_files = 0;  // of them, open in passthrough mode
   uint64_t filling_opens = 0;      // opens waiting for their file to be cached (fill on open)

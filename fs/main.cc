@@ -20,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "cache/backend/bounded_reader.h"
 #include "cache/backend/populating_reader.h"
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/uring_reader.h"
@@ -182,6 +183,14 @@ int Run(const Config& config) {
   // Blocks' memory is faulted in on a few threads ahead of the reads, not by the ring's one thread
   // inside each O_DIRECT read (cache/backend/populating_reader.h).
   reader = std::make_unique<PopulatingReader>(std::move(reader), PopulateThreads());
+  // In front of both: a bounded share of the backend per file, and a timeout for reads that hang
+  // (cache/backend/bounded_reader.h).
+  BoundedReaderOptions bounded_options;
+  bounded_options.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(config.backend_timeout * 1000));
+  auto bounded_owner = std::make_unique<BoundedReader>(std::move(reader), bounded_options);
+  BoundedReader* bounded = bounded_owner.get();
+  reader = std::move(bounded_owner);
   BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
   if (const BlockCache::Adopted kept = cache.AdoptStored(); kept.blocks + kept.discarded_blocks) {
     spdlog::info("cache dir {}: {} cached by an earlier run, served without refetching{}",
@@ -243,6 +252,10 @@ int Run(const Config& config) {
     s.cache = cache.Stats();
     s.depth = reader->CurrentDepth();
     s.depth_limit = config.backend_depth;
+    const BoundedReaderStats backend_stats = bounded->Stats();
+    s.stuck_requests = backend_stats.stuck;
+    s.timed_out_requests = backend_stats.timed_out;
+    s.waiting_requests = backend_stats.waiting;
     s.open_files = (*fs)->open_files();
     s.passthrough_files = (*fs)->passthrough_files();
     s.filling_opens = (*fs)->filling_opens();
@@ -354,10 +367,11 @@ int Run(const Config& config) {
   metrics.reset();              // no scrape from here on
   spdlog::info("unmounting {}", paths->mountpoint);
   if (control.ok()) (*control)->Stop();
-  warmer.Stop();  // its fetches finish while the backend still runs
-  // Finish what the backend has in flight (those READs get their replies), cancel what waits
-  // for room, then unmount while the session can still answer.
+  // Finish what the backend has in flight (those READs get their replies) within a grace period,
+  // and answer the readers of what is still in flight then with an error: a hung store must not
+  // keep the daemon (bounded_reader.h). Then the warmer, whose fetches have all been answered.
   reader->Stop();
+  warmer.Stop();
   const CacheStats stats = cache.Stats();
   const PushStats pushed = pusher ? pusher->Stats() : PushStats{};
   spdlog::info(
@@ -369,6 +383,15 @@ int Run(const Config& config) {
   cache.Shutdown();
   (*session)->Unmount();  // also ends a starter still waiting for INIT
   starter.join();
+  if (const uint64_t left = bounded->Stats().abandoned; left > 0) {
+    // Reads that never returned still own their buffers and callbacks: nothing they may write
+    // into can be freed, so the process ends here, without destructors. The kernel ends the
+    // reads with it (their waits are killable); a --cache-dir keeps what was committed.
+    spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    _exit(rc == 0 ? 0 : 1);
+  }
   session->reset();
   return rc == 0 ? 0 : 1;
 }

@@ -361,11 +361,15 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       ++file.pending;
     }
     const BlockCache::PrefetchResult r =
-        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, [this, owner, index, expected] {
+        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, [this, owner, index,
+                                                                   expected](Status fetched) {
           WarmJob& j = *owner;
           {
             std::lock_guard lock(j.mu_);
             WarmJob::File& f = j.files_[index];
+            if (!fetched.ok() && fetched.error().code() == ETIMEDOUT && !j.timed_out_) {
+              j.timed_out_ = index;
+            }
             j.progress_.bytes_done += expected;
             if (--f.pending == 0 && f.issued) ++j.progress_.files_done;
           }
@@ -454,6 +458,17 @@ void Warmer::RunJob(WarmJob& job) {
         Fail(job, "the daemon is stopping");
         return;
       }
+    }
+    std::optional<size_t> timed_out;
+    {
+      std::lock_guard lock(job.mu_);
+      timed_out = job.timed_out_;
+    }
+    if (timed_out) {
+      Fail(job, Describe(job.files_[*timed_out].path) +
+                    ": the store did not answer a read within the backend timeout "
+                    "(--backend-timeout); accelfs-stat shows the stuck reads");
+      return;
     }
     missing.clear();
     uint64_t resident = 0;

@@ -15,6 +15,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +83,9 @@ class WarmJob {
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   WarmProgress progress_;                          // GUARDED_BY(mu_)
+  // The first file one of whose reads the store did not answer within the backend timeout: the
+  // job fails rather than ask the hung store again for ever.
+  std::optional<size_t> timed_out_;                // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point started_;  // GUARDED_BY(mu_)
 };
 
@@ -118,7 +122,8 @@ class Warmer {
                                                std::string* error);
 
   // Fails queued and running jobs, waits for their fetches to finish and joins the thread. Call
-  // before the backend stops. Idempotent.
+  // after the backend stopped (its stop answers every fetch, also those of a hung store).
+  // Idempotent.
   void Stop();
 
  private:

@@ -104,6 +104,16 @@ void PrintSummary(const Sample& s) {
       static_cast<unsigned long long>(U(c, "fetching_blocks")),
       static_cast<unsigned long long>(U(c, "queued_blocks")),
       static_cast<unsigned long long>(U(c, "failed_fetches")));
+  if (const uint64_t stuck = U(st, "stuck_requests"); stuck > 0 || U(st, "timed_out_requests") > 0) {
+    std::printf("  stuck      %llu backend reads hung past --backend-timeout now; %llu given up on "
+                "since start (their readers got ETIMEDOUT)\n",
+                static_cast<unsigned long long>(stuck),
+                static_cast<unsigned long long>(U(st, "timed_out_requests")));
+  }
+  if (const uint64_t waiting = U(st, "waiting_requests"); waiting > 0) {
+    std::printf("  held back  %llu backend reads of files that have their share in flight\n",
+                static_cast<unsigned long long>(waiting));
+  }
   std::printf("  open files %llu (%llu passthrough)",
               static_cast<unsigned long long>(U(st, "open_files")),
               static_cast<unsigned long long>(U(st, "passthrough_files")));

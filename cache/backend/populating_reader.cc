@@ -37,6 +37,13 @@ PopulatingReader::~PopulatingReader() { Stop(); }
 
 void PopulatingReader::Submit(ReadRequest request) { served_.Submit(std::move(request)); }
 
+void PopulatingReader::NoteLost(int delta) {
+  lost_.fetch_add(delta, std::memory_order_relaxed);
+  inner_->NoteLost(delta);
+  std::lock_guard lock(served_.mu);
+  served_.cv.notify_all();
+}
+
 void PopulatingReader::Stop() {
   served_.StopAndJoin();
   inner_->Stop();
@@ -102,7 +109,8 @@ void PopulatingReader::ReadView(const Filled& filled) {
 
 bool PopulatingReader::MayPassOn() const {
   if (served_.queue.empty()) return false;
-  const unsigned window = 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_;
+  const unsigned window = 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_ +
+                         static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
   // Demand has a window of its own, so that a reader's miss does not wait behind prefetch.
   return served_.queue.has_demand() ? demand_passed_on_ < window : passed_on_ < window;
 }

@@ -43,6 +43,8 @@ class PopulatingReader final : public BackendReader {
   // view, then stops `inner`.
   void Stop() override;
   unsigned CurrentDepth() const override { return inner_->CurrentDepth(); }
+  // Stalled reads stay in the window: it grows by as many.
+  void NoteLost(int delta) override;
 
   // Bytes faulted in so far, and whether this kernel populates at all.
   uint64_t populated_bytes() const { return populated_bytes_.load(std::memory_order_relaxed); }
@@ -72,6 +74,7 @@ class PopulatingReader final : public BackendReader {
   const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};
   std::atomic<uint64_t> viewed_bytes_{0};
+  std::atomic<int> lost_{0};
 
   ServedQueue served_;
   unsigned passed_on_ = 0;         // GUARDED_BY(served_.mu) requests with inner_, not yet answered

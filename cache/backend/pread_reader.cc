@@ -82,11 +82,20 @@ void ServedQueue::StopAndJoin() {
   }
 }
 
-PreadReader::PreadReader(unsigned threads) {
+PreadReader::PreadReader(unsigned threads) : depth_(threads) {
   for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
 }
 
 PreadReader::~PreadReader() { Stop(); }
+
+void PreadReader::NoteLost(int delta) {
+  if (delta <= 0) return;  // a thread that came back stays: the pool only grows by stalls
+  std::lock_guard lock(served_.mu);
+  if (served_.stopping) return;
+  for (int i = 0; i < delta; ++i) {
+    served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
+  }
+}
 
 void PreadReader::Submit(ReadRequest request) { served_.Submit(std::move(request)); }
 

@@ -13,10 +13,14 @@ class PreadReader final : public BackendReader {
   void Submit(ReadRequest request) override;
   void Stop() override;
   // One read per thread: a fixed depth.
-  unsigned CurrentDepth() const override { return static_cast<unsigned>(served_.threads.size()); }
+  unsigned CurrentDepth() const override { return depth_; }
+  // A stalled read holds its thread, maybe forever: one more thread takes its place.
+  void NoteLost(int delta) override;
 
  private:
   void Run();
+
+  const unsigned depth_;
 
   ServedQueue served_;
 };

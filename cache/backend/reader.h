@@ -65,6 +65,10 @@ struct ReadRequest {
   const std::byte* view = nullptr;
   // Called exactly once with the bytes read (< expected only at end of file) or the error.
   std::function<void(Result<size_t>)> done;
+  // Called at most once, before `done`, when the read has been in flight past the backend
+  // timeout (BoundedReader): whoever waits for it may be answered now. `done` still follows if the
+  // read ever returns, and `buffer` stays the read's until then.
+  std::function<void()> stalled;
 };
 
 // Thread safety: Submit may be called from any thread. Callbacks run on the reader's threads and
@@ -77,6 +81,10 @@ class BackendReader {
   virtual void Stop() = 0;
   // Reads it lets in flight now (adaptive readers change it as they measure the backend).
   virtual unsigned CurrentDepth() const = 0;
+  // `delta` reads in flight have stalled (+) or, stalled, came back after all (-): a stalled read
+  // may never return (one blocked in a hung kernel filesystem cannot be cancelled), so it should
+  // no longer count against the depth; the reader lets as many more in flight.
+  virtual void NoteLost(int delta) { static_cast<void>(delta); }
 };
 
 // Requests waiting for a reader, demand first, each kind in submission order. Not thread-safe: the

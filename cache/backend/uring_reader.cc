@@ -80,6 +80,12 @@ class UringReader final : public BackendReader {
 
   unsigned CurrentDepth() const override { return current_depth_.load(std::memory_order_relaxed); }
 
+  void NoteLost(int delta) override {
+    lost_.fetch_add(delta, std::memory_order_relaxed);
+    std::lock_guard lock(mu_);
+    Wake();  // room for more, or fewer
+  }
+
   void Stop() override {
     {
       std::lock_guard lock(mu_);
@@ -102,7 +108,13 @@ class UringReader final : public BackendReader {
   }
 
   void Prep(Op* op) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: at most depth_ ops + 1 wake read
+    // The queue holds depth_ + 1 entries; with stalled reads (NoteLost) more may be in flight, so
+    // a full queue is submitted to make room.
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (sqe == nullptr) {
+      io_uring_submit(&ring_);
+      sqe = io_uring_get_sqe(&ring_);
+    }
     const ReadRequest& r = op->request;
     const int fd = op->direct ? r.file->direct_fd() : r.file->buffered_fd();
     const size_t want = op->direct ? RoundUp(r.expected, 4096) - op->done : r.expected - op->done;
@@ -155,12 +167,20 @@ class UringReader final : public BackendReader {
       std::vector<ReadRequest> batch;
       bool stopping;
       bool idle;
+      // Stalled reads hold their slots and an io-wq worker each, maybe forever: as many more are
+      // let in flight, with as many more workers, so that the backend goes on with the rest.
+      const unsigned lost = static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
+      if (lost != workers_for_lost_) {
+        unsigned workers[2] = {depth_ + lost, depth_ + lost};
+        io_uring_register_iowq_max_workers(&ring_, workers);
+        workers_for_lost_ = lost;
+      }
       {
         std::lock_guard lock(mu_);
         // Prefetch may fill at most a prefetch share of the depth, so that a demand miss that
         // arrives behind a long stream finds a free slot at once.
-        while (in_flight_ + batch.size() < limit_ && !pending_.empty()) {
-          if (!pending_.has_demand() && prefetch_in_flight_ >= PrefetchSlots()) break;
+        while (in_flight_ + batch.size() < limit_ + lost && !pending_.empty()) {
+          if (!pending_.has_demand() && prefetch_in_flight_ >= PrefetchSlots() + lost) break;
           batch.push_back(pending_.Pop());
           if (!batch.back().demand) ++prefetch_in_flight_;
         }
@@ -278,6 +298,8 @@ class UringReader final : public BackendReader {
   unsigned epoch_ = 0;               // ring thread only: bumped at each depth change
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only
+  std::atomic<int> lost_{0};          // stalled reads among those in flight (NoteLost)
+  unsigned workers_for_lost_ = 0;     // ring thread only: `lost_` when the workers were last set
   io_uring ring_{};
   bool ring_ready_ = false;
   uint64_t wake_value_ = 0;

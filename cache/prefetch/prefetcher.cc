@@ -213,7 +213,7 @@ void Prefetcher::Pump(const FileKey& file) {
       const uint64_t b = blocks[i];
       const auto result =
           cache_.Prefetch(BlockKey{file, b}, BlockBytes(b, file.size, options_.block_size), backing,
-                          [this, file, b] { OnFetched(file, b); });
+                          [this, file, b](Status) { OnFetched(file, b); });
       if (result == BlockCache::PrefetchResult::kStarted) continue;
       ++given_back;  // no completion will come for this one
       if (result == BlockCache::PrefetchResult::kNoRoom) {

@@ -498,3 +498,25 @@ TEST(ParseCommandLineTest, HelpAndVersionExitZero) {
 
 }  // namespace
 }  // namespace accelfs
+
+namespace accelfs {
+namespace {
+
+TEST(ParseCommandLineTest, BackendTimeout) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->backend_timeout, 60);
+  c = ParseOk({"--backend-timeout", "2.5"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->backend_timeout, 2.5);
+  c = ParseOk({"-o", "backend_timeout=0"});  // never
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->backend_timeout, 0);
+  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "soon"}, "--backend-timeout 'soon'");
+  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "-1"}, "--backend-timeout '-1'");
+  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "1e12"}, "at most a week");
+  ExpectUsageError({"/src", "/mnt", "-o", "backend_timeout="}, "needs a value");
+}
+
+}  // namespace
+}  // namespace accelfs

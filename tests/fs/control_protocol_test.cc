@@ -86,22 +86,48 @@ TEST(ParseControlRequestTest, GoodRequests) {
   EXPECT_EQ(r->paths, request.paths);
 }
 
+TEST(ParseControlRequestTest, NamesThatAreNotUtf8TravelAsHexAndComeBackExactly) {
+  ControlRequest request;
+  request.op = "files";
+  request.paths = {"m/bad\xffname", "m/plain.json", std::string("m/\x80\x81", 4)};
+  const std::string line = ControlRequestToJson(request).dump();  // would throw on raw bytes
+  EXPECT_NE(line.find("bytes_hex"), std::string::npos) << line;
+  EXPECT_NE(line.find("\"m/plain.json\""), std::string::npos) << line;
+  std::string error;
+  auto back = ParseControlRequest(line, &error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_EQ(back->paths, request.paths);
+  // A name in the daemon's stats (the mount's own paths) is carried the same way.
+  DaemonStats stats;
+  stats.source = "/models/bad\xff" "dir";
+  EXPECT_NO_THROW((void)DaemonStatsToJson(stats).dump());
+}
+
 TEST(ParseControlRequestTest, BadRequestsGetOneLine) {
+  static constexpr const char* kNotJson =
+      "a request is one JSON object per line, in UTF-8 (a name that is not UTF-8 goes as "
+      "{\"bytes_hex\": \"...\"})";
+  static constexpr const char* kNotPaths =
+      "\"paths\" must hold path strings (or {\"bytes_hex\": ...} objects)";
   const struct {
     const char* line;
     const char* error;
   } kCases[] = {
-      {"", "a request is one JSON object per line"},
-      {"not json", "a request is one JSON object per line"},
-      {"[1,2]", "a request is one JSON object per line"},
+      {"", kNotJson},
+      {"not json", kNotJson},
+      {"[1,2]", kNotJson},
+      {"{\"op\":\"warm\",\"paths\":[\"bad\xffname\"]}", kNotJson},  // raw bytes, not UTF-8
       {"{}", "the request has no \"op\""},
       {R"({"op":5})", "the request has no \"op\""},
       {R"({"op":"format"})", "unknown op 'format'"},
       {R"({"op":"warm"})", "'warm' needs \"paths\""},
       {R"({"op":"evict","paths":[]})", "'evict' needs \"paths\""},
       {R"({"op":"warm","paths":"a"})", "\"paths\" must be an array of at most 4096 strings"},
-      {R"({"op":"warm","paths":[1]})", "\"paths\" must hold path strings"},
-      {R"({"op":"warm","paths":["a\u0000b"]})", "\"paths\" must hold path strings"},
+      {R"({"op":"warm","paths":[1]})", kNotPaths},
+      {R"({"op":"warm","paths":["a\u0000b"]})", kNotPaths},
+      {R"({"op":"warm","paths":[{"bytes_hex":"6"}]})", kNotPaths},
+      {R"({"op":"warm","paths":[{"bytes_hex":"610062"}]})", kNotPaths},
+      {R"({"op":"warm","paths":[{"hex":"61"}]})", kNotPaths},
       {R"({"op":"warm","paths":["a"],"wait":"yes"})", "\"wait\" must be true or false"},
   };
   for (const auto& c : kCases) {

@@ -1,0 +1,116 @@
+// A reader in front of the others that keeps one hung or crawling backing file from taking the
+// whole backend, and a read that never returns from holding its readers forever.
+//
+// Why: one shard whose reads hung in the store (an NFS server gone, a stuck S3-FUSE request) took
+// every backend slot with its fill and prefetch; a read of another shard then waited 8 s and a
+// 100 KiB file 3 s, while the store answered those directly in 0.05 s. And a read blocked in a
+// hung kernel filesystem may never complete and cannot be cancelled.
+//
+// - Share: each backing file has at most `share` of the inner reader's depth in flight (demand
+//   and prefetch together, stalled reads included); its further requests wait here, demand first,
+//   so they take no slot and no window below. Another file's demand read finds a slot at once.
+// - Timeout: a request in flight for `timeout` while its file completed nothing for as long is
+//   stalled: its `stalled` callback runs (the cache answers its waiters ETIMEDOUT); `done` still
+//   follows if the read ever returns, and the buffer stays the read's until then. A request that
+//   waited here that long is answered ETIMEDOUT without being sent. A slow store that moves never
+//   trips it: any completion of the file restarts its clock.
+// - Lost slots: a stalled request no longer counts against the inner reader's depth
+//   (BackendReader::NoteLost), so the backend goes on serving with the rest; they are counted.
+// - Stop: answers what waits here ECANCELED and gives what is in flight `stop_grace` to finish,
+//   then stalls the rest and returns without waiting for them (abandoned()): shutdown never waits
+//   for a hung store. The inner reader must then not be stopped (it would wait), nor anything the
+//   abandoned reads write into be freed: the process exits instead (fs/main.cc).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/backend/reader.h"
+
+namespace accelfs {
+
+struct BoundedReaderOptions {
+  // Of the inner reader's current depth, per backing file (at least one slot). Half: a lone file
+  // still gets 16 of the default 32 (2.6 GB/s of 4 MiB reads at 25 ms each, above the NET
+  // emulator's 2 GB/s), and everything else keeps the other half while one file crawls.
+  double share = 0.5;
+  std::chrono::milliseconds timeout{60'000};  // 0: never
+  std::chrono::milliseconds stop_grace{2'000};
+};
+
+struct BoundedReaderStats {
+  uint64_t stuck = 0;       // requests in flight past the timeout now (slots lost)
+  uint64_t timed_out = 0;   // requests stalled or answered ETIMEDOUT, since start
+  uint64_t waiting = 0;     // requests held back now because their file has its share
+  uint64_t abandoned = 0;   // requests still in flight when Stop gave up on them
+};
+
+class BoundedReader final : public BackendReader {
+ public:
+  BoundedReader(std::unique_ptr<BackendReader> inner, BoundedReaderOptions options);
+  // REQUIRES: Stop() was called, or nothing was submitted. When reads were abandoned, the inner
+  // reader is leaked (stopping it would wait for them).
+  ~BoundedReader() override;
+
+  void Submit(ReadRequest request) override;
+  void Stop() override;
+  unsigned CurrentDepth() const override { return inner_->CurrentDepth(); }
+  void NoteLost(int delta) override { inner_->NoteLost(delta); }
+
+  // After Stop: whether reads were still in flight when it returned.
+  bool abandoned() const;
+  BoundedReaderStats Stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class State { kInFlight, kStalling, kStalled };
+  struct InFlight {
+    BackingFile* file;
+    Clock::time_point sent;
+    State state = State::kInFlight;
+    std::function<void()> stalled;
+    std::function<void(Result<size_t>)> done;
+    std::optional<Result<size_t>> result;  // arrived while kStalling
+  };
+  struct PerFile {
+    unsigned in_flight = 0;  // sent and not answered by the inner reader, stalled ones included
+    Clock::time_point progress;  // last completion, or the first send after idle
+    std::deque<std::pair<Clock::time_point, ReadRequest>> demand;  // waiting for the share
+    std::deque<std::pair<Clock::time_point, ReadRequest>> prefetch;
+  };
+
+  // Sends `request` to the inner reader. REQUIRES: mu_ held; the caller submits after unlocking
+  // what it appends to `send`.
+  void Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send);
+  void Completed(uint64_t id, Result<size_t> result);
+  unsigned Share() const;
+  void Watch();
+  // Stalls every in-flight request for which `pick` holds, and answers ETIMEDOUT every waiting
+  // one for which `expired` does. REQUIRES: mu_ not held.
+  void StallWhere(const std::function<bool(const InFlight&)>& pick,
+                  const std::function<bool(Clock::time_point, const PerFile&)>& expired);
+
+  std::unique_ptr<BackendReader> inner_;  // released, not destroyed, when reads were abandoned
+  const BoundedReaderOptions options_;
+
+  mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
+  std::condition_variable cv_;
+  std::unordered_map<BackingFile*, PerFile> files_;    // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
+  uint64_t next_id_ = 0;                               // GUARDED_BY(mu_)
+  bool stopping_ = false;                              // GUARDED_BY(mu_)
+  bool abandoned_ = false;                             // GUARDED_BY(mu_)
+  BoundedReaderStats stats_;                           // GUARDED_BY(mu_)
+  std::thread watcher_;
+};
+
+}  // namespace accelfs

@@ -1,0 +1,272 @@
+// BoundedReader in front of a reader that keeps every request until the test answers it: a file's
+// share of the depth, another file's read sent at once past a hung one, stalls after the timeout
+// (never for a file that keeps completing), lost slots reported below and given back, a stop
+// that does not wait for a hung read, and the block cache's answer to a stall.
+#include "cache/backend/bounded_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache/block_cache.h"
+#include "cache/ram_block_store.h"
+#include "tests/support/awaited.h"
+
+namespace accelfs {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Awaited;
+using Done = Awaited<Result<size_t>>;
+
+// Keeps what it is sent until Answer; counts what BoundedReader tells it.
+class HeldReader final : public BackendReader {
+ public:
+  explicit HeldReader(unsigned depth) : depth_(depth) {}
+  void Submit(ReadRequest request) override {
+    std::lock_guard lock(mu_);
+    held_.push_back(std::move(request));
+  }
+  void Stop() override { stopped_ = true; }
+  unsigned CurrentDepth() const override { return depth_; }
+  void NoteLost(int delta) override { lost_ += delta; }
+
+  size_t held() const {
+    std::lock_guard lock(mu_);
+    return held_.size();
+  }
+  size_t held_of(const BackingFile* file) const {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    for (const auto& r : held_) n += r.file.get() == file;
+    return n;
+  }
+  // Answers the oldest request of `file` (any file when null) with its expected bytes. False when
+  // there is none.
+  bool Answer(const BackingFile* file = nullptr) {
+    ReadRequest r;
+    {
+      std::lock_guard lock(mu_);
+      auto it = held_.begin();
+      while (it != held_.end() && file != nullptr && it->file.get() != file) ++it;
+      if (it == held_.end()) return false;
+      r = std::move(*it);
+      held_.erase(it);
+    }
+    r.done(r.expected);
+    return true;
+  }
+
+  std::atomic<int> lost_{0};
+  std::atomic<bool> stopped_{false};
+
+ private:
+  const unsigned depth_;
+  mutable std::mutex mu_;
+  std::deque<ReadRequest> held_;
+};
+
+std::shared_ptr<BackingFile> File() { return std::make_shared<BackingFile>(-1, -1); }
+
+ReadRequest Request(const std::shared_ptr<BackingFile>& file, bool demand, Done& done,
+                    std::function<void()> stalled = nullptr) {
+  ReadRequest r;
+  r.file = file;
+  r.expected = 4096;
+  r.capacity = 4096;
+  r.demand = demand;
+  r.done = done.Callback();
+  r.stalled = std::move(stalled);
+  return r;
+}
+
+// Polls `condition` for up to 10 s (a wait for something that must happen, not a timing check).
+bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 1000; ++i) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
+  auto* inner = new HeldReader(8);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 0ms, 100ms});
+  const auto hung = File();
+  const auto other = File();
+  std::vector<Done> hung_done(10);
+  for (auto& d : hung_done) reader.Submit(Request(hung, /*demand=*/false, d));
+  EXPECT_EQ(inner->held_of(hung.get()), 4u) << "the share of a depth of 8";
+  EXPECT_EQ(reader.Stats().waiting, 6u);
+  Done other_done;
+  reader.Submit(Request(other, /*demand=*/true, other_done));
+  EXPECT_EQ(inner->held_of(other.get()), 1u) << "another file's demand read is sent at once";
+  ASSERT_TRUE(inner->Answer(other.get()));
+  ASSERT_TRUE(other_done.Wait());
+  EXPECT_EQ(other_done.value().value(), 4096u);
+
+  // A demand read of the full file waits ahead of its own prefetch, and goes when a slot frees.
+  Done hung_demand;
+  reader.Submit(Request(hung, /*demand=*/true, hung_demand));
+  EXPECT_EQ(inner->held_of(hung.get()), 4u);
+  ASSERT_TRUE(inner->Answer(hung.get()));
+  EXPECT_EQ(inner->held_of(hung.get()), 4u);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(inner->Answer(hung.get()));
+  ASSERT_TRUE(hung_demand.Wait());
+  while (inner->Answer()) {
+  }
+  for (auto& d : hung_done) ASSERT_TRUE(d.Wait());
+  reader.Stop();
+  EXPECT_TRUE(inner->stopped_);
+  EXPECT_FALSE(reader.abandoned());
+  EXPECT_EQ(reader.Stats().timed_out, 0u);
+}
+
+TEST(BoundedReaderTest, AHungReadStallsAndItsSlotIsLostUntilItComesBack) {
+  auto* inner = new HeldReader(4);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 100ms, 100ms});
+  const auto hung = File();
+  std::atomic<int> stalls{0};
+  Done first, second, waiting;
+  reader.Submit(Request(hung, true, first, [&] { ++stalls; }));
+  reader.Submit(Request(hung, true, second, [&] { ++stalls; }));
+  reader.Submit(Request(hung, true, waiting, [&] { ++stalls; }));  // over the share of 2
+  ASSERT_TRUE(Eventually([&] { return stalls == 2 && waiting.ready(); }));
+  EXPECT_FALSE(first.ready()) << "done comes only when the read returns";
+  ASSERT_FALSE(waiting.value().ok());
+  EXPECT_EQ(waiting.value().error().code(), ETIMEDOUT) << "never sent: answered at once";
+  EXPECT_EQ(inner->lost_, 2);
+  EXPECT_EQ(reader.Stats().stuck, 2u);
+  EXPECT_EQ(reader.Stats().timed_out, 3u);
+
+  // The store comes back: the slots are given back, done runs once with the bytes.
+  ASSERT_TRUE(inner->Answer());
+  ASSERT_TRUE(inner->Answer());
+  ASSERT_TRUE(first.Wait());
+  ASSERT_TRUE(second.Wait());
+  EXPECT_EQ(first.value().value(), 4096u);
+  EXPECT_EQ(first.calls(), 1);
+  EXPECT_EQ(inner->lost_, 0);
+  EXPECT_EQ(reader.Stats().stuck, 0u);
+  reader.Stop();
+  EXPECT_FALSE(reader.abandoned());
+}
+
+TEST(BoundedReaderTest, AFileThatKeepsCompletingNeverStalls) {
+  // Each read waits far longer than the timeout (64 in flight, one answered every 20 ms: 1.3 s),
+  // but the file completes something every 20 ms.
+  auto* inner = new HeldReader(128);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 1000ms, 100ms});
+  const auto slow = File();
+  std::atomic<int> stalls{0};
+  std::vector<Done> done(200);
+  for (auto& d : done) reader.Submit(Request(slow, false, d, [&] { ++stalls; }));
+  for (size_t i = 0; i < done.size(); ++i) {
+    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(inner->Answer());
+  }
+  for (auto& d : done) ASSERT_TRUE(d.Wait());
+  EXPECT_EQ(stalls, 0);
+  EXPECT_EQ(reader.Stats().timed_out, 0u);
+  reader.Stop();
+}
+
+TEST(BoundedReaderTest, StopDoesNotWaitForAHungReadAndAnswersItsReaders) {
+  auto* inner = new HeldReader(4);
+  auto reader = std::make_unique<BoundedReader>(std::unique_ptr<BackendReader>(inner),
+                                                BoundedReaderOptions{0.5, 0ms, 100ms});
+  const auto hung = File();
+  std::atomic<int> stalls{0};
+  Done in_flight, waiting1, waiting2;
+  reader->Submit(Request(hung, true, in_flight, [&] { ++stalls; }));
+  Done second;
+  reader->Submit(Request(hung, true, second, [&] { ++stalls; }));
+  reader->Submit(Request(hung, false, waiting1));
+  reader->Submit(Request(hung, true, waiting2));
+  reader->Stop();  // no timeout set: only the stop's grace bounds it
+  EXPECT_TRUE(reader->abandoned());
+  EXPECT_EQ(reader->Stats().abandoned, 2u);
+  EXPECT_EQ(stalls, 2) << "the readers of what is left in flight are answered";
+  EXPECT_FALSE(inner->stopped_) << "stopping the inner reader would wait for the hung reads";
+  ASSERT_TRUE(waiting1.ready());
+  EXPECT_EQ(waiting1.value().error().code(), ECANCELED);
+  ASSERT_TRUE(waiting2.ready());
+  Done after;
+  reader->Submit(Request(hung, true, after));
+  ASSERT_TRUE(after.ready());
+  EXPECT_EQ(after.value().error().code(), ECANCELED);
+  // A late answer still reaches its done (the process would exit instead; here it must be safe).
+  ASSERT_TRUE(inner->Answer());
+  ASSERT_TRUE(in_flight.Wait());
+  ASSERT_TRUE(inner->Answer());
+  ASSERT_TRUE(second.Wait());
+  reader.reset();  // leaks the inner reader, as documented; the test frees it
+  delete inner;
+}
+
+TEST(BoundedReaderTest, AnAnswerThatArrivesWhileTheStallCallbackRunsIsDeliveredAfterIt) {
+  auto* inner = new HeldReader(2);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 50ms, 100ms});
+  const auto file = File();
+  std::atomic<bool> stalled_returned{false};
+  std::atomic<bool> done_after_stall{false};
+  Done done;
+  ReadRequest r = Request(file, true, done, [&] {
+    // The read comes back in the middle of the stall: its done must wait for this to return.
+    std::thread([&] { inner->Answer(); }).join();
+    std::this_thread::sleep_for(20ms);
+    stalled_returned = true;
+  });
+  r.done = [&, cb = done.Callback()](Result<size_t> result) {
+    done_after_stall = stalled_returned.load();
+    cb(std::move(result));
+  };
+  reader.Submit(std::move(r));
+  ASSERT_TRUE(done.Wait());
+  EXPECT_TRUE(done_after_stall);
+  EXPECT_EQ(done.calls(), 1);
+  EXPECT_EQ(inner->lost_, 0);
+  EXPECT_EQ(reader.Stats().stuck, 0u);
+  reader.Stop();
+  EXPECT_FALSE(reader.abandoned());
+}
+
+// The cache over a stalling read: its readers get ETIMEDOUT, later readers too at once, and the
+// block is cached when the read finally returns.
+TEST(BoundedReaderTest, TheCacheAnswersAStalledBlocksReadersAndKeepsItWhenItArrives) {
+  auto* inner = new HeldReader(4);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 50ms, 100ms});
+  RamBlockStore store;
+  BlockCache cache(store, reader, {64 << 20, 1 << 20});
+  const auto file = File();
+  const BlockKey key{FileKey{1, 2, 1 << 20, 3}, 0};
+  Awaited<Result<BlockCache::Ref>> first;
+  cache.Get(key, 1 << 20, file, first.Callback());
+  ASSERT_TRUE(first.Wait());
+  ASSERT_FALSE(first.value().ok());
+  EXPECT_EQ(first.value().error().code(), ETIMEDOUT);
+  Awaited<Result<BlockCache::Ref>> again;
+  cache.Get(key, 1 << 20, file, again.Callback());
+  ASSERT_TRUE(again.ready()) << "a stalled block's reader is answered at once";
+  EXPECT_EQ(again.value().error().code(), ETIMEDOUT);
+  EXPECT_EQ(inner->held(), 1u) << "and no second read is sent for it";
+  EXPECT_EQ(cache.Stats().stalled_fetches, 1u);
+
+  ASSERT_TRUE(inner->Answer());
+  ASSERT_TRUE(Eventually([&] { return cache.Stats().ready_blocks == 1; }));
+  Awaited<Result<BlockCache::Ref>> later;
+  cache.Get(key, 1 << 20, file, later.Callback());
+  ASSERT_TRUE(later.ready());
+  EXPECT_TRUE(later.value().ok());
+  later.Reset();
+  reader.Stop();
+  cache.Shutdown();
+}
+
+}  // namespace
+}  // namespace accelfs

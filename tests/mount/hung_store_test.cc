@@ -1,0 +1,226 @@
+// A store whose reads of one file hang (NET with a `hang` fault: an NFS server gone, a stuck
+// S3-FUSE request) under a real accelfs mount: every other file reads at once and byte for byte,
+// the hung file's readers get ETIMEDOUT after --backend-timeout instead of waiting forever, the
+// stuck reads show in accelfs-stat, the file reads again once the store answers, and SIGTERM or
+// an unmount ends the daemon within seconds while the store still hangs. Before: another shard's
+// read took over 8 s (every backend slot held by the hung file), and the daemon outlived SIGTERM
+// until the store answered.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/mount/mount_fixture.h"
+
+namespace accelfs::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kShard = 48 * kMiB;
+
+struct ReadOutcome {
+  int err = 0;  // errno of the first failed read or open; 0 when every byte came back right
+  bool wrong = false;
+  uint64_t bytes = 0;
+};
+
+// Reads `path` front to back in 1 MiB reads and checks every byte against seed `seed`.
+ReadOutcome ReadAndCheck(const std::string& path, uint64_t seed, uint64_t size) {
+  ReadOutcome out;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    out.err = errno;
+    return out;
+  }
+  std::vector<uint8_t> got(kMiB), want(kMiB);
+  while (out.bytes < size) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kMiB, size - out.bytes));
+    const int64_t r = PreadFully(fd, got.data(), n, out.bytes);
+    if (r < 0) {
+      out.err = static_cast<int>(-r);
+      break;
+    }
+    FillBytes(seed, out.bytes, want.data(), n);
+    if (r != static_cast<int64_t>(n) || std::memcmp(got.data(), want.data(), n) != 0) {
+      out.wrong = true;
+      break;
+    }
+    out.bytes += n;
+  }
+  close(fd);
+  return out;
+}
+
+class HungStoreTest : public MountTest {
+ protected:
+  void SetUp() override {
+    MountTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_EQ(mkdir(store_.c_str(), 0755), 0);
+    ASSERT_EQ(mkdir(net_mount_.c_str(), 0755), 0);
+    WriteTestFile(store_ + "/model-00001-of-00002.safetensors", kShard, 1);
+    WriteTestFile(store_ + "/model-00002-of-00002.safetensors", kShard, 2);
+    WriteTestFile(store_ + "/config.json", 100 * 1024, 3);
+    SetFaults("");
+    ASSERT_TRUE(net_.StartDaemon({ACCELFS_NETFS_BINARY, store_, net_mount_, "-f", "--latency-ms",
+                                  "1", "--request-mbps", "2000", "--fault-file", faults_},
+                                 CanonicalPath(net_mount_), "fuse.accelfs_netfs",
+                                 dir_ / "netfs.log"));
+  }
+  void TearDown() override {
+    SetFaults("");  // let parked reads go before anything is stopped
+    MountTest::TearDown();
+    net_.Stop();
+  }
+
+  void SetFaults(const std::string& rules) {
+    const std::string tmp = faults_ + ".tmp";
+    std::ofstream(tmp) << rules;
+    ASSERT_EQ(rename(tmp.c_str(), faults_.c_str()), 0);
+    std::this_thread::sleep_for(200ms);  // NET looks at the file every 50 ms
+  }
+
+  void StartOverStore(const std::vector<std::string>& extra) {
+    source_ = net_mount_;  // accelfs serves the store
+    ASSERT_NO_FATAL_FAILURE(StartMount(extra));
+  }
+
+  std::string M(const std::string& name) const { return Mnt(name); }
+
+  const std::string store_ = dir_ / "store";
+  const std::string net_mount_ = dir_ / "net";
+  const std::string faults_ = dir_ / "faults";
+  AccelfsProcess net_;
+};
+
+TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "3"}));
+  SetFaults("hang 00001-of\n");
+  auto hung = std::async(std::launch::async, [&] {
+    return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard);
+  });
+  std::this_thread::sleep_for(500ms);  // its fill and prefetch take what they can
+
+  // Everything else reads, right, while the hung file's reads are outstanding.
+  // Times are printed for the record (docs/FAULTS.md), not asserted.
+  const auto t0 = std::chrono::steady_clock::now();
+  const ReadOutcome small = ReadAndCheck(M("config.json"), 3, 100 * 1024);
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_EQ(small.err, 0) << std::strerror(small.err);
+  EXPECT_FALSE(small.wrong);
+  const ReadOutcome other = ReadAndCheck(M("model-00002-of-00002.safetensors"), 2, kShard);
+  EXPECT_EQ(other.err, 0) << std::strerror(other.err);
+  EXPECT_FALSE(other.wrong);
+  EXPECT_EQ(other.bytes, kShard);
+  const auto t2 = std::chrono::steady_clock::now();
+  std::printf("while one shard hangs: a 100 KiB file read in %.3f s, the other 48 MiB shard in %.3f s\n",
+              std::chrono::duration<double>(t1 - t0).count(),
+              std::chrono::duration<double>(t2 - t1).count());
+
+  // The hung file's reader is answered with an error, not left waiting.
+  ASSERT_EQ(hung.wait_for(60s), std::future_status::ready) << "the hung file's reader never returned";
+  const ReadOutcome h = hung.get();
+  EXPECT_FALSE(h.wrong) << "a wrong byte from the hung file";
+  EXPECT_TRUE(h.err == ETIMEDOUT || h.err == EIO) << std::strerror(h.err);
+
+  const CommandResult stat = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+  ASSERT_EQ(stat.exit_code, 0) << stat.err;
+  const nlohmann::json j = nlohmann::json::parse(stat.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << stat.out;
+  EXPECT_GT(j["mounts"][0].value("timed_out_requests", 0), 0) << stat.out;
+  EXPECT_GT(j["mounts"][0].value("stuck_requests", 0), 0) << stat.out;
+  const CommandResult text = RunCommand({ACCELFS_STAT, mountpoint_});
+  EXPECT_NE(text.out.find("stuck"), std::string::npos) << text.out;
+
+  // The store answers again: the file reads right, and the lost slots come back.
+  SetFaults("");
+  const ReadOutcome back = ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard);
+  EXPECT_EQ(back.err, 0) << std::strerror(back.err);
+  EXPECT_FALSE(back.wrong);
+  for (int i = 0; i < 100; ++i) {
+    const CommandResult s = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+    const nlohmann::json k = nlohmann::json::parse(s.out, nullptr, false);
+    if (!k.is_discarded() && k["mounts"][0].value("stuck_requests", 1) == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  const CommandResult after = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+  const nlohmann::json a = nlohmann::json::parse(after.out, nullptr, false);
+  ASSERT_FALSE(a.is_discarded());
+  EXPECT_EQ(a["mounts"][0].value("stuck_requests", 1), 0) << after.out;
+  EXPECT_FALSE(ProcessGone(daemon_.pid()));
+}
+
+// Shutdown while the store hangs: by SIGTERM with a reader waiting, and by unmount with the
+// daemon's own fetches (a warm) hung, the daemon is gone within seconds (the default 60 s timeout
+// never comes into it), and a waiting reader gets an error.
+void ExpectPromptExit(AccelfsProcess& daemon, const std::function<void()>& stop) {
+  std::this_thread::sleep_for(1s);  // the hung reads are in flight
+  const auto begin = std::chrono::steady_clock::now();
+  stop();
+  int status = 0;
+  ASSERT_TRUE(daemon.Wait(kExitWait, &status)) << "the daemon outlived the stop\n" << daemon.Log();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  std::printf("daemon gone %.2f s after the stop\n", seconds);
+  EXPECT_LT(seconds, 10) << "a few seconds, whatever the store does";
+  EXPECT_NE(daemon.Log().find("did not return"), std::string::npos) << daemon.Log();
+}
+
+TEST_F(HungStoreTest, SigtermEndsTheDaemonWhileTheStoreHangs) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  SetFaults("hang 00001-of\n");
+  auto hung = std::async(std::launch::async, [&] {
+    return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard);
+  });
+  std::this_thread::sleep_for(1s);
+  ASSERT_NE(hung.wait_for(0s), std::future_status::ready) << "the read did not hang";
+  ExpectPromptExit(daemon_, [&] { kill(daemon_.pid(), SIGTERM); });
+  ASSERT_EQ(hung.wait_for(30s), std::future_status::ready);
+  const ReadOutcome h = hung.get();
+  EXPECT_NE(h.err, 0);
+  EXPECT_FALSE(h.wrong);
+  EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
+}
+
+TEST_F(HungStoreTest, UnmountEndsTheDaemonWhileTheStoreHangs) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  SetFaults("hang 00001-of\n");
+  const CommandResult warm =
+      RunCommand({ACCELFS_WARM, "--no-wait", M("model-00001-of-00002.safetensors")});
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  ExpectPromptExit(daemon_, [&] {
+    const CommandResult u = RunCommand({"fusermount3", "-u", mountpoint_});
+    EXPECT_EQ(u.exit_code, 0) << u.err;
+  });
+  EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
+}
+
+// accelfs-warm of a hung file fails with one line after the timeout, instead of waiting forever.
+TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "2"}));
+  SetFaults("hang 00001-of\n");
+  const CommandResult warm =
+      RunCommand({ACCELFS_WARM, M("model-00001-of-00002.safetensors")}, std::chrono::seconds(120));
+  EXPECT_FALSE(warm.timed_out);
+  EXPECT_EQ(warm.exit_code, 1) << warm.out << warm.err;
+  EXPECT_EQ(std::count(warm.err.begin(), warm.err.end(), '\n'), 1) << warm.err;
+  const CommandResult other =
+      RunCommand({ACCELFS_WARM, M("model-00002-of-00002.safetensors")}, std::chrono::seconds(60));
+  EXPECT_EQ(other.exit_code, 0) << other.err;
+}
+
+}  // namespace
+}  // namespace accelfs::testing

@@ -31,6 +31,7 @@ struct Inode {
 
   // The content identity seen at the last open, to decide keep_cache and to notice changes.
   std::mutex mu;
+  std::mutex open_mu;  // serializes this inode's opens (ReadThroughFs::FinishOpen); taken before mu
   FileKey opened_identity;     // GUARDED_BY(mu)
   bool opened_before = false;  // GUARDED_BY(mu)
   // The kernel keeps an inode either in cached mode or in passthrough mode, never both, and wants

@@ -350,8 +350,12 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   OpenOut out;
   std::shared_ptr<Inode> dir;  // where the kernel first found the file, and its name there
   std::string name;
+  Inode& node = *handle->inode;
+  // Opens of one inode one at a time: the backing file's registration (an ioctl) is made without
+  // node.mu, and no other open may see the inode half registered. Nothing else takes open_mu.
+  std::unique_lock open_lock(node.open_mu);
+  int register_fd = -1;  // a backing file to register for this open, after node.mu
   {
-    Inode& node = *handle->inode;
     std::unique_lock lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
     if (node.passthrough_opens > 0 && node.passthrough_identity != handle->identity) {
       // The file changed while open in passthrough mode: the kernel takes one backing file per
@@ -362,7 +366,11 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
         node.passthrough_closed.wait_for(lock, kReleaseWait,
                                          [&] { return node.passthrough_opens == 0; });
       }
-      if (node.passthrough_opens > 0) return done(Error(EBUSY));
+      if (node.passthrough_opens > 0) {
+        lock.unlock();
+        open_lock.unlock();
+        return done(Error(EBUSY));  // answered with no lock held
+      }
     }
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
@@ -381,22 +389,33 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     if (registry_ != nullptr && registry_->Enabled() && node.cached_opens == 0 &&
         cache_.PinFile(handle->identity, &handle->pinned)) {
       if (node.passthrough_opens == 0) {
-        const int fd = cache_.store().FileDescriptor(handle->identity);
-        Result<int> id = fd >= 0 ? registry_->Open(fd) : Result<int>(Error(ENOTSUP));
-        node.backing_id = id.ok() ? id.value() : 0;
+        register_fd = cache_.store().FileDescriptor(handle->identity);
         node.passthrough_identity = handle->identity;
+      } else {
+        handle->backing_id = node.backing_id;
       }
-      handle->backing_id = node.backing_id;
     }
+  }
+  if (!handle->pinned.empty() && handle->backing_id == 0) {
+    // The first passthrough open of the inode: register its cache file with the kernel, with no
+    // lock but open_mu held (no other open runs, and no handle of the inode is in passthrough
+    // mode for a Release to close).
+    Result<int> id = register_fd >= 0 ? registry_->Open(register_fd) : Result<int>(Error(ENOTSUP));
+    handle->backing_id = id.ok() ? id.value() : 0;
+  }
+  {
+    std::lock_guard lock(node.mu);
     if (handle->backing_id > 0) {
+      node.backing_id = handle->backing_id;
       ++node.passthrough_opens;
       passthrough_files_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      handle->pinned.clear();
       ++node.cached_opens;
       if (pusher_ != nullptr) pusher_->Watch(handle->identity, ino);
     }
   }
+  open_lock.unlock();
+  if (handle->backing_id == 0) handle->pinned.clear();  // unpinned with no inode lock held
   out.backing_id = handle->backing_id;
   // A file served by the daemon starts streaming in at its first open, before any READ.
   if (prefetcher_ != nullptr) {
@@ -483,13 +502,14 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
 void ReadThroughFs::Release(uint64_t fh) {
   std::unique_ptr<Handle> handle = TakeHandle(handles_mu_, handles_, fh);
   if (!handle) return;
+  int close_backing = 0;  // the inode's backing file, unregistered after node.mu
   {
     Inode& node = *handle->inode;
     std::lock_guard lock(node.mu);
     if (handle->backing_id > 0) {
       passthrough_files_.fetch_sub(1, std::memory_order_relaxed);
       if (--node.passthrough_opens == 0) {
-        registry_->Close(node.backing_id);
+        close_backing = node.backing_id;
         node.backing_id = 0;
         node.passthrough_closed.notify_all();
       }
@@ -498,6 +518,8 @@ void ReadThroughFs::Release(uint64_t fh) {
       if (pusher_ != nullptr) pusher_->Unwatch(handle->identity, handle->ino);
     }
   }
+  // A new open may already have registered the file again: ids are the kernel's, each closed once.
+  if (close_backing > 0) registry_->Close(close_backing);
   open_files_.fetch_sub(1, std::memory_order_relaxed);
 }
 

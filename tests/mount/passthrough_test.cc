@@ -122,6 +122,37 @@ TEST_F(PassthroughTest, FullyCachedFileIsPassedThroughAndReadsTheBackingBytes) {
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), size);
 }
 
+// A server that finished loading survives a daemon crash: a file open in passthrough mode is read
+// by the kernel from the cache's tmpfs file, which the kernel holds, so read() and an existing
+// mapping go on after kill -9. New opens fail (ENOTCONN) until the mount is restarted.
+TEST_F(PassthroughTest, AnOpenPassedThroughFileKeepsServingAfterTheDaemonIsKilled) {
+  const uint64_t size = 9 * kMiB + 123;
+  WriteTestFile(Src("model.safetensors"), size, 12);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.safetensors"), 12, size));
+  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("model.safetensors"), 12, size));
+  const size_t before = CountOpens("passthrough");
+  const int fd = open(Mnt("model.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(CountOpens("passthrough"), before + 1) << "this open is not passed through:\n"
+                                                   << daemon_.Log();
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+
+  ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
+  int status = 0;
+  ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
+  const std::vector<uint8_t> want = Bytes(12, 0, size);
+  std::vector<uint8_t> got(size);
+  EXPECT_EQ(PreadFully(fd, got.data(), size, 0), static_cast<int64_t>(size));
+  EXPECT_TRUE(got == want) << "read() after the kill differs";
+  EXPECT_EQ(std::memcmp(map, want.data(), size), 0) << "the mapping after the kill differs";
+  munmap(map, size);
+  close(fd);
+  EXPECT_LT(open(Mnt("model.safetensors").c_str(), O_RDONLY | O_CLOEXEC), 0);
+  EXPECT_EQ(errno, ENOTCONN) << std::strerror(errno);
+}
+
 TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) {
   // A 64 MiB cache of 1 MiB blocks; the open file holds 16 of them, the rest is churned.
   WriteTestFile(Src("pinned.bin"), 16 * kMiB, 21);

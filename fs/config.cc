@@ -312,8 +312,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     config.block_size = static_cast<uint32_t>(*v);
   }
   // Under a memory limit "RAM" is the limit.
-  const uint64_t ram = cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit
-                                                                                : mem_total;
+  const uint64_t ram =
+      cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit : mem_total;
   if (!cache_size.empty()) {
     auto v = ParseSize(cache_size, ram, &error);
     if (!v) return usage_error("--cache-size " + error);
@@ -323,7 +323,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       return usage_error(
           "--cache-size " + FormatBytes(config.cache_size) +
           " does not fit in this daemon's memory cgroup (limit " + FormatBytes(cgroup->limit) +
-          ", " + cgroup->file + "): the cache's pages are charged to it and the daemon would be "
+          ", " + cgroup->file +
+          "): the cache's pages are charged to it and the daemon would be "
           "OOM-killed; use at most " +
           FormatBytes(cgroup->limit > kDaemonRoom ? cgroup->limit - kDaemonRoom : 0) +
           ", or raise the limit");
@@ -331,16 +332,14 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   } else {
     config.cache_size = mem_available / 2;
     config.cache_size_origin = "half of MemAvailable";
-    const uint64_t headroom =
-        cgroup && cgroup->limit > cgroup->usage + kDaemonRoom
-            ? cgroup->limit - cgroup->usage - kDaemonRoom
-            : 0;
+    const uint64_t headroom = cgroup && cgroup->limit > cgroup->usage + kDaemonRoom
+                                  ? cgroup->limit - cgroup->usage - kDaemonRoom
+                                  : 0;
     if (cgroup && headroom / 2 < config.cache_size) {
       config.cache_size = headroom / 2;
       config.cache_size_origin = "half of what the memory cgroup has left: limit " +
-                                 FormatBytes(cgroup->limit) + ", " +
-                                 FormatBytes(cgroup->usage) + " in use, " +
-                                 FormatBytes(kDaemonRoom) + " kept for the daemon";
+                                 FormatBytes(cgroup->limit) + ", " + FormatBytes(cgroup->usage) +
+                                 " in use, " + FormatBytes(kDaemonRoom) + " kept for the daemon";
     }
   }
   if (config.cache_size < kMinCacheBlocks * config.block_size) {

@@ -5,9 +5,9 @@
 #include <optional>
 #include <string>
 
-#include "fs/memory_limit.h"
 #include <string_view>
 #include <vector>
+#include "fs/memory_limit.h"
 
 namespace accelfs {
 

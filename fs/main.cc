@@ -186,8 +186,8 @@ int Run(const Config& config) {
   // In front of both: a bounded share of the backend per file, and a timeout for reads that hang
   // (cache/backend/bounded_reader.h).
   BoundedReaderOptions bounded_options;
-  bounded_options.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(config.backend_timeout * 1000));
+  bounded_options.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.backend_timeout * 1000));
   auto bounded_owner = std::make_unique<BoundedReader>(std::move(reader), bounded_options);
   BoundedReader* bounded = bounded_owner.get();
   reader = std::move(bounded_owner);
@@ -283,8 +283,9 @@ int Run(const Config& config) {
   control_sources.open_files = [&] {
     nlohmann::json open = nlohmann::json::array();
     for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
-      open.push_back(
-          {{"name", NameToJson(f.name)}, {"size", f.size}, {"mode", f.passthrough ? "passthrough" : "cached"}});
+      open.push_back({{"name", NameToJson(f.name)},
+                      {"size", f.size},
+                      {"mode", f.passthrough ? "passthrough" : "cached"}});
     }
     return open;
   };
@@ -313,6 +314,7 @@ int Run(const Config& config) {
   // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,
   // reports and tells the parent we are ready. Unmounted first (a signal during start): it just
   // ends, and the parent sees the daemon exit.
+  const bool pushing = pusher != nullptr;  // the starter reads this, not `pusher`, reset below
   std::thread starter([&] {
     if (!(*session)->WaitInitialized()) return;
     std::string readahead = "kernel default";
@@ -355,7 +357,7 @@ int Run(const Config& config) {
         "flight, {}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, "
         "max_background {}",
         config.readahead_blocks, FormatBytes(config.stream_threshold), prefetch.limits.ahead,
-        prefetch.limits.max_in_flight, pusher ? "" : "not ", config.attr_timeout,
+        prefetch.limits.max_in_flight, pushing ? "" : "not ", config.attr_timeout,
         config.entry_timeout, session_options.max_background);
     ReportReady(ready_fd);
     // systemd: READY only now, when the mount answers and read_ahead_kb is tuned.

@@ -63,8 +63,8 @@ std::vector<std::string> CgroupMemoryDirs(std::string_view proc_self_cgroup,
     const bool v2 = line.substr(0, first) == "0" && controllers.empty();
     if (!v2 && !HasWord(controllers, "memory")) continue;
     for (const MountInfo& m : mounts) {
-      const bool match = v2 ? m.fstype == "cgroup2"
-                            : m.fstype == "cgroup" && HasWord(m.super_options, "memory");
+      const bool match =
+          v2 ? m.fstype == "cgroup2" : m.fstype == "cgroup" && HasWord(m.super_options, "memory");
       if (!match) continue;
       // The mount shows the hierarchy from m.root down; a path outside it (another cgroup
       // namespace's view) leaves only the mount's own top.

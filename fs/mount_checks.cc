@@ -124,7 +124,7 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
     return MountProbe::kNotAnswering;
   }
   return shared->err == ENOTCONN || shared->err == ECONNABORTED ? MountProbe::kDead
-                                                                 : MountProbe::kAlive;
+                                                                : MountProbe::kAlive;
 }
 
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
@@ -179,12 +179,13 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
     // A killed FUSE daemon's mount may still stat() fine (the kernel trusts cached attributes),
     // but statfs() goes to the connection, and a dead one answers ENOTCONN at once.
     const bool fuse = m.fstype == "fuse" || m.fstype.starts_with("fuse.");
-    const MountProbe probe = fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
+    const MountProbe probe =
+        fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
     if (probe == MountProbe::kDead) {
       *error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
                ", Transport endpoint is not connected): its daemon died without unmounting; "
-               "clear it with 'fusermount3 -u " + mountpoint + "' (or 'umount -l " + mountpoint +
-               "') and retry";
+               "clear it with 'fusermount3 -u " +
+               mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
     } else if (probe == MountProbe::kNotAnswering) {
       *error = "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
                ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +

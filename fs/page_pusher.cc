@@ -10,7 +10,10 @@ constexpr uint32_t kPage = 4096;
 }  // namespace
 
 PagePusher::PagePusher(BlockCache& cache, KernelCache& kernel, Options options)
-    : cache_(cache), kernel_(kernel), options_(std::move(options)), thread_([this] { RunGuarded("page pusher", [this] { Run(); }); }) {}
+    : cache_(cache),
+      kernel_(kernel),
+      options_(std::move(options)),
+      thread_([this] { RunGuarded("page pusher", [this] { Run(); }); }) {}
 
 PagePusher::~PagePusher() {
   {

@@ -1,6 +1,6 @@
 #include "fs/warmer.h"
-#include "fs/names.h"
 #include "cache/guard.h"
+#include "fs/names.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -360,9 +360,8 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       std::lock_guard lock(job.mu_);
       ++file.pending;
     }
-    const BlockCache::PrefetchResult r =
-        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, [this, owner, index,
-                                                                   expected](Status fetched) {
+    const BlockCache::PrefetchResult r = cache_.Prefetch(
+        BlockKey{file.key, b}, expected, backing, [this, owner, index, expected](Status fetched) {
           WarmJob& j = *owner;
           {
             std::lock_guard lock(j.mu_);
@@ -374,10 +373,10 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
             if (--f.pending == 0 && f.issued) ++j.progress_.files_done;
           }
           j.changed_.notify_all();
-          {
-            std::lock_guard lock(mu_);
-            --outstanding_;
-          }
+          // Notified under the lock: once outstanding_ is 0, Stop may return and the Warmer (and
+          // wake_) go, so nothing of it may be touched after the lock is released.
+          std::lock_guard lock(mu_);
+          --outstanding_;
           wake_.notify_all();
         });
     if (r == BlockCache::PrefetchResult::kStarted) {

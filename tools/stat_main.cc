@@ -104,11 +104,13 @@ void PrintSummary(const Sample& s) {
       static_cast<unsigned long long>(U(c, "fetching_blocks")),
       static_cast<unsigned long long>(U(c, "queued_blocks")),
       static_cast<unsigned long long>(U(c, "failed_fetches")));
-  if (const uint64_t stuck = U(st, "stuck_requests"); stuck > 0 || U(st, "timed_out_requests") > 0) {
-    std::printf("  stuck      %llu backend reads hung past --backend-timeout now; %llu given up on "
-                "since start (their readers got ETIMEDOUT)\n",
-                static_cast<unsigned long long>(stuck),
-                static_cast<unsigned long long>(U(st, "timed_out_requests")));
+  if (const uint64_t stuck = U(st, "stuck_requests");
+      stuck > 0 || U(st, "timed_out_requests") > 0) {
+    std::printf(
+        "  stuck      %llu backend reads hung past --backend-timeout now; %llu given up on "
+        "since start (their readers got ETIMEDOUT)\n",
+        static_cast<unsigned long long>(stuck),
+        static_cast<unsigned long long>(U(st, "timed_out_requests")));
   }
   if (const uint64_t waiting = U(st, "waiting_requests"); waiting > 0) {
     std::printf("  held back  %llu backend reads of files that have their share in flight\n",
@@ -152,9 +154,8 @@ void PrintWatchLine(const Sample& s, const Sample* previous) {
   const std::string open =
       std::to_string(U(st, "open_files")) + "(" + std::to_string(U(st, "passthrough_files")) + ")";
   std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock,
-              EscapeName(NameField(st, "mountpoint")).c_str(),
-              used.c_str(), HitRatio(hits, misses).c_str(),
-              FormatRate(BackendRate(s, previous)).c_str(),
+              EscapeName(NameField(st, "mountpoint")).c_str(), used.c_str(),
+              HitRatio(hits, misses).c_str(), FormatRate(BackendRate(s, previous)).c_str(),
               FormatBytes(U(c, "fetching_bytes")).c_str(), depth.c_str(), open.c_str());
 }
 
@@ -220,8 +221,8 @@ int Files(const std::vector<std::string>& args, bool json) {
   uint64_t count = 0;
   for (const auto& [mount, relative] : groups) {
     auto client = ControlClient::Connect(mount, &error);
-    auto reply =
-        client ? client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}}, &error) : std::nullopt;
+    auto reply = client ? client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}}, &error)
+                        : std::nullopt;
     if (!reply) {
       Fail(client ? mount.mountpoint + ": " + error : error);
       rc = 1;
@@ -246,9 +247,9 @@ int Files(const std::vector<std::string>& args, bool json) {
     }
   }
   if (json) {
-    std::printf(
-        "%s\n",
-        DumpJson(nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}, 2).c_str());
+    std::printf("%s\n",
+                DumpJson(nlohmann::json{{"files", all}, {"size", total}, {"resident", resident}}, 2)
+                    .c_str());
   } else if (rc == 0) {
     std::printf("%llu files, %s, %s resident (%s)\n", static_cast<unsigned long long>(count),
                 FormatBytes(total).c_str(), FormatPercent(resident, total).c_str(),

@@ -80,7 +80,8 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
   std::string error;
   auto client = ControlClient::Connect(mount, &error);
   if (!client) return Fail(error);
-  auto first = client->Call({{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}}, &error);
+  auto first = client->Call(
+      {{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}}, &error);
   if (!first) return Fail(mount.mountpoint + ": " + error);
   const nlohmann::json& start = (*first)["progress"];
   if (options.json) std::printf("%s\n", DumpJson(*first).c_str());

@@ -47,8 +47,8 @@ void BoundedReader::Submit(ReadRequest request) {
       if (file.in_flight < Share()) {
         Admit(std::move(request), file, &send);
       } else {
-        (request.demand ? file.demand : file.prefetch).emplace_back(Clock::now(),
-                                                                    std::move(request));
+        (request.demand ? file.demand : file.prefetch)
+            .emplace_back(Clock::now(), std::move(request));
         ++stats_.waiting;
       }
     }
@@ -95,7 +95,8 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
       in_flight_.erase(it);
     }
     // The slot goes to this file's next request, demand first.
-    while (!stopping_ && file.in_flight < Share() && (!file.demand.empty() || !file.prefetch.empty())) {
+    while (!stopping_ && file.in_flight < Share() &&
+           (!file.demand.empty() || !file.prefetch.empty())) {
       auto& from = file.demand.empty() ? file.prefetch : file.demand;
       ReadRequest next = std::move(from.front().second);
       from.pop_front();
@@ -110,8 +111,9 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
   if (done) done(std::move(result));
 }
 
-void BoundedReader::StallWhere(const std::function<bool(const InFlight&)>& pick,
-                               const std::function<bool(Clock::time_point, const PerFile&)>& expired) {
+void BoundedReader::StallWhere(
+    const std::function<bool(const InFlight&)>& pick,
+    const std::function<bool(Clock::time_point, const PerFile&)>& expired) {
   std::vector<std::pair<uint64_t, std::function<void()>>> stalling;
   std::vector<ReadRequest> timed_out;
   {

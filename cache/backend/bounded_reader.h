@@ -48,10 +48,10 @@ struct BoundedReaderOptions {
 };
 
 struct BoundedReaderStats {
-  uint64_t stuck = 0;       // requests in flight past the timeout now (slots lost)
-  uint64_t timed_out = 0;   // requests stalled or answered ETIMEDOUT, since start
-  uint64_t waiting = 0;     // requests held back now because their file has its share
-  uint64_t abandoned = 0;   // requests still in flight when Stop gave up on them
+  uint64_t stuck = 0;      // requests in flight past the timeout now (slots lost)
+  uint64_t timed_out = 0;  // requests stalled or answered ETIMEDOUT, since start
+  uint64_t waiting = 0;    // requests held back now because their file has its share
+  uint64_t abandoned = 0;  // requests still in flight when Stop gave up on them
 };
 
 class BoundedReader final : public BackendReader {
@@ -82,7 +82,7 @@ class BoundedReader final : public BackendReader {
     std::optional<Result<size_t>> result;  // arrived while kStalling
   };
   struct PerFile {
-    unsigned in_flight = 0;  // sent and not answered by the inner reader, stalled ones included
+    unsigned in_flight = 0;      // sent and not answered by the inner reader, stalled ones included
     Clock::time_point progress;  // last completion, or the first send after idle
     std::deque<std::pair<Clock::time_point, ReadRequest>> demand;  // waiting for the share
     std::deque<std::pair<Clock::time_point, ReadRequest>> prefetch;
@@ -104,12 +104,12 @@ class BoundedReader final : public BackendReader {
 
   mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
   std::condition_variable cv_;
-  std::unordered_map<BackingFile*, PerFile> files_;    // GUARDED_BY(mu_)
+  std::unordered_map<BackingFile*, PerFile> files_;   // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
-  uint64_t next_id_ = 0;                               // GUARDED_BY(mu_)
-  bool stopping_ = false;                              // GUARDED_BY(mu_)
-  bool abandoned_ = false;                             // GUARDED_BY(mu_)
-  BoundedReaderStats stats_;                           // GUARDED_BY(mu_)
+  uint64_t next_id_ = 0;                              // GUARDED_BY(mu_)
+  bool stopping_ = false;                             // GUARDED_BY(mu_)
+  bool abandoned_ = false;                            // GUARDED_BY(mu_)
+  BoundedReaderStats stats_;                          // GUARDED_BY(mu_)
   std::thread watcher_;
 };
 

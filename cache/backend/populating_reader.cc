@@ -30,7 +30,8 @@ bool KernelPopulates() {
 
 PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
     : inner_(std::move(inner)), populate_(KernelPopulates()), thread_count_(std::max(threads, 1u)) {
-  for (unsigned i = 0; i < thread_count_; ++i) served_.threads.emplace_back([this] { RunGuarded("populating", [this] { Run(); }); });
+  for (unsigned i = 0; i < thread_count_; ++i)
+    served_.threads.emplace_back([this] { RunGuarded("populating", [this] { Run(); }); });
 }
 
 PopulatingReader::~PopulatingReader() { Stop(); }
@@ -110,7 +111,7 @@ void PopulatingReader::ReadView(const Filled& filled) {
 bool PopulatingReader::MayPassOn() const {
   if (served_.queue.empty()) return false;
   const unsigned window = 2 * std::max(inner_->CurrentDepth(), 1u) + thread_count_ +
-                         static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
+                          static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
   // Demand has a window of its own, so that a reader's miss does not wait behind prefetch.
   return served_.queue.has_demand() ? demand_passed_on_ < window : passed_on_ < window;
 }

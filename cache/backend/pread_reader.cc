@@ -83,7 +83,8 @@ void ServedQueue::StopAndJoin() {
 }
 
 PreadReader::PreadReader(unsigned threads) : depth_(threads) {
-  for (unsigned i = 0; i < threads; ++i) served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
+  for (unsigned i = 0; i < threads; ++i)
+    served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
 }
 
 PreadReader::~PreadReader() { Stop(); }

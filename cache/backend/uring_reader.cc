@@ -169,7 +169,8 @@ class UringReader final : public BackendReader {
       bool idle;
       // Stalled reads hold their slots and an io-wq worker each, maybe forever: as many more are
       // let in flight, with as many more workers, so that the backend goes on with the rest.
-      const unsigned lost = static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
+      const unsigned lost =
+          static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
       if (lost != workers_for_lost_) {
         unsigned workers[2] = {depth_ + lost, depth_ + lost};
         io_uring_register_iowq_max_workers(&ring_, workers);
@@ -298,8 +299,8 @@ class UringReader final : public BackendReader {
   unsigned epoch_ = 0;               // ring thread only: bumped at each depth change
   unsigned in_flight_ = 0;           // ring thread only
   unsigned prefetch_in_flight_ = 0;  // ring thread only
-  std::atomic<int> lost_{0};          // stalled reads among those in flight (NoteLost)
-  unsigned workers_for_lost_ = 0;     // ring thread only: `lost_` when the workers were last set
+  std::atomic<int> lost_{0};         // stalled reads among those in flight (NoteLost)
+  unsigned workers_for_lost_ = 0;    // ring thread only: `lost_` when the workers were last set
   io_uring ring_{};
   bool ring_ready_ = false;
   uint64_t wake_value_ = 0;

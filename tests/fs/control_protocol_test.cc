@@ -99,7 +99,9 @@ TEST(ParseControlRequestTest, NamesThatAreNotUtf8TravelAsHexAndComeBackExactly) 
   EXPECT_EQ(back->paths, request.paths);
   // A name in the daemon's stats (the mount's own paths) is carried the same way.
   DaemonStats stats;
-  stats.source = "/models/bad\xff" "dir";
+  stats.source =
+      "/models/bad\xff"
+      "dir";
   EXPECT_NO_THROW((void)DaemonStatsToJson(stats).dump());
 }
 

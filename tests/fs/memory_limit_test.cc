@@ -35,11 +35,11 @@ TEST(CgroupMemoryDirsTest, V2TheCgroupAndItsAncestors) {
 }
 
 TEST(CgroupMemoryDirsTest, V1MemoryControllerAmongOthers) {
-  const auto dirs = CgroupMemoryDirs(
-      "9:name=systemd:/\n4:memory:/process_api/80cb\n3:cpuset:/\n0::/\n",
-      {Mount("/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
-       Mount("/", "/sys/fs/cgroup/memory", "cgroup", "rw,memory"),
-       Mount("/", "/sys/fs/cgroup/unified", "cgroup2", "rw")});
+  const auto dirs =
+      CgroupMemoryDirs("9:name=systemd:/\n4:memory:/process_api/80cb\n3:cpuset:/\n0::/\n",
+                       {Mount("/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
+                        Mount("/", "/sys/fs/cgroup/memory", "cgroup", "rw,memory"),
+                        Mount("/", "/sys/fs/cgroup/unified", "cgroup2", "rw")});
   EXPECT_EQ(dirs, (std::vector<std::string>{"/sys/fs/cgroup/memory/process_api/80cb",
                                             "/sys/fs/cgroup/memory/process_api",
                                             "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified"}));
@@ -66,9 +66,8 @@ TEST(CgroupMemoryDirsTest, AContainerSeesItsOwnSubtree) {
 TEST(CgroupMemoryDirsTest, NothingWithoutAMemoryHierarchy) {
   EXPECT_TRUE(CgroupMemoryDirs("", {}).empty());
   EXPECT_TRUE(CgroupMemoryDirs("4:memory:/x\n", {}).empty());
-  EXPECT_TRUE(
-      CgroupMemoryDirs("3:cpu:/x\n", {Mount("/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu")})
-          .empty());
+  EXPECT_TRUE(CgroupMemoryDirs("3:cpu:/x\n", {Mount("/", "/sys/fs/cgroup/cpu", "cgroup", "rw,cpu")})
+                  .empty());
   EXPECT_TRUE(CgroupMemoryDirs("garbage\n::\n", {}).empty());
 }
 
@@ -133,8 +132,7 @@ ParseOutcome Parse(std::vector<std::string> args, const std::optional<CgroupMemo
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   argv.push_back(nullptr);
-  return ParseCommandLine(static_cast<int>(args.size()), argv.data(), 20 * kGiB, 24 * kGiB,
-                          cgroup);
+  return ParseCommandLine(static_cast<int>(args.size()), argv.data(), 20 * kGiB, 24 * kGiB, cgroup);
 }
 
 TEST(CacheSizeUnderACgroupTest, TheDefaultIsHalfOfWhatTheCgroupHasLeft) {

@@ -12,7 +12,8 @@ namespace {
 TEST(NamesTest, Utf8IsRecognisedAndEverythingElseIsNot) {
   EXPECT_TRUE(IsUtf8(""));
   EXPECT_TRUE(IsUtf8("model-00001-of-00002.safetensors"));
-  EXPECT_TRUE(IsUtf8("mod\xc3\xa8le/\xe6\xa8\xa1\xe5\x9e\x8b/\xf0\x9f\xa4\x96"));  // è, 模型, 🤖
+  EXPECT_TRUE(
+      IsUtf8("mod\xc3\xa8le/\xe6\xa8\xa1\xe5\x9e\x8b/\xf0\x9f\xa4\x96"));  // è, 模型, 🤖
   EXPECT_FALSE(IsUtf8("bad\xffname"));
   EXPECT_FALSE(IsUtf8("\xc3"));              // truncated
   EXPECT_FALSE(IsUtf8("\xc0\xaf"));          // overlong '/'

@@ -9,6 +9,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
 
 #include "tests/mount/mount_fixture.h"
 #include "tests/support/test_data.h"
@@ -166,7 +170,8 @@ TEST_F(CliTest, StaleMountWithCachedAttributesIsNamedWithItsFix) {
   int status = 0;
   ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
   ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
-  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0) << "expected cached attributes: " << std::strerror(errno);
+  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0)
+      << "expected cached attributes: " << std::strerror(errno);
 
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{source_, mountpoint_, "-f", "--cache-size", "512M"},
@@ -180,6 +185,26 @@ TEST_F(CliTest, StaleMountWithCachedAttributesIsNamedWithItsFix) {
   EXPECT_TRUE(UnmountAll(mountpoint_));
 }
 
+// Whether every thread of `pid` is stopped (state T in /proc/PID/task/TID/stat), within 10 s.
+bool AllThreadsStopped(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (int i = 0; i < 1000; ++i) {
+    bool all = true;
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 // A daemon alive but stuck (stopped) answers nothing: accelfs does not wait for it, and names
 // the fix.
 TEST_F(CliTest, AMountWhoseDaemonDoesNotAnswerIsNamedWithItsFix) {
@@ -189,6 +214,8 @@ TEST_F(CliTest, AMountWhoseDaemonDoesNotAnswerIsNamedWithItsFix) {
   struct stat st {};
   ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0);
   ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
+  // kill() returns before every thread has stopped; one still reading /dev/fuse could answer.
+  ASSERT_TRUE(AllThreadsStopped(daemon_.pid()));
   const CommandResult r =
       RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M"}, std::chrono::seconds(15));
   ASSERT_EQ(kill(daemon_.pid(), SIGCONT), 0);

@@ -126,12 +126,14 @@ TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
   EXPECT_FALSE(other.wrong);
   EXPECT_EQ(other.bytes, kShard);
   const auto t2 = std::chrono::steady_clock::now();
-  std::printf("while one shard hangs: a 100 KiB file read in %.3f s, the other 48 MiB shard in %.3f s\n",
-              std::chrono::duration<double>(t1 - t0).count(),
-              std::chrono::duration<double>(t2 - t1).count());
+  std::printf(
+      "while one shard hangs: a 100 KiB file read in %.3f s, the other 48 MiB shard in %.3f s\n",
+      std::chrono::duration<double>(t1 - t0).count(),
+      std::chrono::duration<double>(t2 - t1).count());
 
   // The hung file's reader is answered with an error, not left waiting.
-  ASSERT_EQ(hung.wait_for(60s), std::future_status::ready) << "the hung file's reader never returned";
+  ASSERT_EQ(hung.wait_for(60s), std::future_status::ready)
+      << "the hung file's reader never returned";
   const ReadOutcome h = hung.get();
   EXPECT_FALSE(h.wrong) << "a wrong byte from the hung file";
   EXPECT_TRUE(h.err == ETIMEDOUT || h.err == EIO) << std::strerror(h.err);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "tests/mount/mount_fixture.h"
 
@@ -119,6 +120,12 @@ class MemoryLimitTest : public MountTest {
 };
 
 TEST_F(MemoryLimitTest, TheDefaultCacheFitsTheCgroupAndAModelLargerThanItLoads) {
+  // ThreadSanitizer's shadow memory (several times what the daemon touches, the cache's mapped
+  // pages included) is charged to the cgroup too; the budget cannot account for it.
+  if (std::string_view(ACCELFS_SANITIZE).find("thread") != std::string_view::npos) {
+    GTEST_SKIP() << "under ThreadSanitizer the daemon's memory is not its own (the plain and "
+                    "address-sanitizer runs cover this)";
+  }
   WriteTestFile(Src("model.safetensors"), kModel, 7);
   WriteTestFile(Src("config.json"), 1000, 8);
   const CommandResult start = StartInCgroup({});
@@ -150,9 +157,8 @@ TEST_F(MemoryLimitTest, TheDefaultCacheFitsTheCgroupAndAModelLargerThanItLoads) 
 
 TEST_F(MemoryLimitTest, AnExplicitCacheSizeOverTheLimitIsRefusedWithOneLine) {
   WriteTestFile(Src("config.json"), 1000, 8);
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--cache-size", "1G"},
-        std::vector<std::string>{"-o", "cache_size=2G"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--cache-size", "1G"},
+                                               std::vector<std::string>{"-o", "cache_size=2G"}}) {
     const CommandResult r = StartInCgroup(args);
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

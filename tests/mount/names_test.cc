@@ -33,8 +33,8 @@ CommandResult Tool(const char* tool, const std::vector<std::string>& args) {
 }
 
 std::string Describe(const CommandResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + EscapeName(r.out) +
-         "\nstderr:\n" + EscapeName(r.err);
+  return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + EscapeName(r.out) + "\nstderr:\n" +
+         EscapeName(r.err);
 }
 
 class NamesMountTest : public MountTest {
@@ -121,9 +121,8 @@ TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
 // refused with one line saying how to send it; the same path in hex is answered; the connection
 // goes on to the next request, and the daemon lives.
 TEST_F(NamesMountTest, ARawNonUtf8RequestIsRefusedItsHexFormAnsweredAndTheDaemonLives) {
-  const std::string path =
-      ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
-      ControlSocketName(mountpoint_);
+  const std::string path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
+                           ControlSocketName(mountpoint_);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
   sockaddr_un addr{};

@@ -8,11 +8,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
+# The test command also fuzzes, with Debian's clang and its libFuzzer runtime.
+test_packages=(clang-14 libclang-rt-14-dev)
 jobs=$(nproc)
 
-install_missing() {
+install_missing() {  # install_missing [more packages]
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -64,7 +66,7 @@ case "${1:-}" in
     exec /usr/local/bin/accelfs "$@"
     ;;
   test)
-    install_missing
+    install_missing "${test_packages[@]}"
     configure_tests build
     cmake --build build -j"$jobs"
     run_tests build
@@ -74,6 +76,17 @@ case "${1:-}" in
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
     run_tests build-asan
+    # ThreadSanitizer: the unit and component tiers, and the mount tests of the paths with the
+    # most threads (hung store and shutdown, names over the control channel, passthrough, signals).
+    configure_tests build-tsan -DACCELFS_SANITIZE=thread
+    cmake --build build-tsan -j"$jobs"
+    run_tests build-tsan -L 'unit|component'
+    run_tests build-tsan -R '^(HungStoreTest|NamesMountTest|PassthroughTest|LifecycleTest)\.'
+    # Every parser of outside input under libFuzzer, a bounded run over its committed corpus.
+    CC=clang-14 CXX=clang++-14 configure build-fuzz -DACCELFS_FUZZ=ON -DACCELFS_TESTS=OFF \
+      -DACCELFS_WERROR=ON -DACCELFS_SANITIZE=address,undefined
+    cmake --build build-fuzz -j"$jobs" --target accelfs_fuzzers
+    run_tests build-fuzz -L fuzz
     ;;
   *)
     echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test" >&2

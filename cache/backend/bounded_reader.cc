@@ -35,6 +35,11 @@ unsigned BoundedReader::Share() const {
   return std::max(1u, static_cast<unsigned>(std::ceil(depth * options_.share)));
 }
 
+BoundedReader::FileId BoundedReader::IdOf(const BackingFile& file) {
+  if (file.ino() != 0) return {file.dev(), file.ino()};
+  return {0, reinterpret_cast<uintptr_t>(&file)};
+}
+
 void BoundedReader::Submit(ReadRequest request) {
   std::vector<ReadRequest> send;
   bool taken = false;
@@ -42,15 +47,10 @@ void BoundedReader::Submit(ReadRequest request) {
     std::lock_guard lock(mu_);
     if (!stopping_) {
       taken = true;
-      BackingFile* key = request.file.get();
-      PerFile& file = files_[key];
-      if (file.in_flight < Share()) {
-        Admit(std::move(request), file, &send);
-      } else {
-        (request.demand ? file.demand : file.prefetch)
-            .emplace_back(Clock::now(), std::move(request));
-        ++stats_.waiting;
-      }
+      PerFile& file = files_[IdOf(*request.file)];
+      (request.demand ? file.demand : file.prefetch).emplace_back(Clock::now(), std::move(request));
+      ++stats_.waiting;
+      AdmitWaiting(&send);
     }
   }
   if (!taken) {  // stopping
@@ -63,15 +63,46 @@ void BoundedReader::Submit(ReadRequest request) {
 void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send) {
   const Clock::time_point now = Clock::now();
   if (file.in_flight++ == 0) file.progress = now;  // an idle file's clock starts now
+  ++active_;
   const uint64_t id = next_id_++;
   InFlight& f = in_flight_[id];
-  f.file = request.file.get();
+  f.file = IdOf(*request.file);
   f.sent = now;
   f.stalled = std::move(request.stalled);
   f.done = std::move(request.done);
   request.stalled = nullptr;
   request.done = [this, id](Result<size_t> result) { Completed(id, std::move(result)); };
   send->push_back(std::move(request));
+}
+
+void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
+  const unsigned share = Share();
+  const unsigned flight = 2 * std::max(inner_->CurrentDepth(), 1u);
+  while (active_ < flight) {
+    // The oldest waiting request of a file under its share: demand, else prefetch. A scan of the
+    // files with requests waiting or in flight: a few, or a few hundred when a model's every shard
+    // is open.
+    PerFile* pick = nullptr;
+    bool demand = false;
+    for (auto& [id, file] : files_) {
+      if (file.in_flight >= share) continue;
+      for (const bool d : {true, false}) {
+        const auto& queue = d ? file.demand : file.prefetch;
+        if (queue.empty() || (demand && !d)) continue;
+        if (pick == nullptr || (d && !demand) ||
+            queue.front().first < (demand ? pick->demand : pick->prefetch).front().first) {
+          pick = &file;
+          demand = d;
+        }
+      }
+    }
+    if (pick == nullptr) return;
+    auto& from = demand ? pick->demand : pick->prefetch;
+    ReadRequest next = std::move(from.front().second);
+    from.pop_front();
+    --stats_.waiting;
+    Admit(std::move(next), *pick, send);
+  }
 }
 
 void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
@@ -86,6 +117,7 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
     PerFile& file = file_it->second;
     --file.in_flight;
     file.progress = Clock::now();
+    if (f.state == State::kInFlight) --active_;
     if (f.state == State::kStalling) {  // the watcher answers it once its stall callback ran
       f.result = std::move(result);
     } else {
@@ -94,17 +126,9 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
       done = std::move(f.done);
       in_flight_.erase(it);
     }
-    // The slot goes to this file's next request, demand first.
-    while (!stopping_ && file.in_flight < Share() &&
-           (!file.demand.empty() || !file.prefetch.empty())) {
-      auto& from = file.demand.empty() ? file.prefetch : file.demand;
-      ReadRequest next = std::move(from.front().second);
-      from.pop_front();
-      --stats_.waiting;
-      Admit(std::move(next), file, &send);
-    }
     if (file.in_flight == 0 && file.demand.empty() && file.prefetch.empty()) files_.erase(file_it);
-    if (stopping_) cv_.notify_all();  // Stop waits for in-flight requests
+    if (!stopping_) AdmitWaiting(&send);  // the slot goes to the next waiting request
+    if (stopping_) cv_.notify_all();      // Stop waits for in-flight requests
   }
   if (was_lost) inner_->NoteLost(-1);
   for (ReadRequest& r : send) inner_->Submit(std::move(r));
@@ -116,11 +140,13 @@ void BoundedReader::StallWhere(
     const std::function<bool(Clock::time_point, const PerFile&)>& expired) {
   std::vector<std::pair<uint64_t, std::function<void()>>> stalling;
   std::vector<ReadRequest> timed_out;
+  std::vector<ReadRequest> send;
   {
     std::lock_guard lock(mu_);
     for (auto& [id, f] : in_flight_) {
       if (f.state != State::kInFlight || !pick(f)) continue;
       f.state = State::kStalling;
+      --active_;
       ++stats_.stuck;
       ++stats_.timed_out;
       stalling.emplace_back(id, std::move(f.stalled));
@@ -141,7 +167,9 @@ void BoundedReader::StallWhere(
         ++it;
       }
     }
+    if (!stopping_) AdmitWaiting(&send);  // stalled reads left the flight
   }
+  for (ReadRequest& r : send) inner_->Submit(std::move(r));
   for (ReadRequest& r : timed_out) r.done(Error(ETIMEDOUT));
   for (auto& [id, stalled] : stalling) {
     inner_->NoteLost(+1);
@@ -185,8 +213,9 @@ void BoundedReader::Watch() {
           const auto file = files_.find(f.file);  // mu_ held by StallWhere
           return file == files_.end() || file->second.progress <= deadline;
         },
-        [&](Clock::time_point queued, const PerFile& file) {
-          return queued <= deadline && file.progress <= deadline;
+        // Waiting for its own file's share, not for the flight: the file is the one stuck.
+        [&, share = Share()](Clock::time_point queued, const PerFile& file) {
+          return queued <= deadline && file.progress <= deadline && file.in_flight >= share;
         });
   }
 }

@@ -6,9 +6,14 @@
 // 100 KiB file 3 s, while the store answered those directly in 0.05 s. And a read blocked in a
 // hung kernel filesystem may never complete and cannot be cancelled.
 //
-// - Share: each backing file has at most `share` of the inner reader's depth in flight (demand
-//   and prefetch together, stalled reads included); its further requests wait here, demand first,
-//   so they take no slot and no window below. Another file's demand read finds a slot at once.
+// - Share: each backing file (its inode, whichever open reads it) has at most `share` of the inner
+//   reader's depth in flight (demand and prefetch together, stalled reads included); its further
+//   requests wait here, so they take no slot and no window below. Another file's demand read
+//   finds a slot at once.
+// - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
+//   that it sees requests waiting for a slot (what makes an adaptive depth grow), few enough that
+//   a request's time since it was sent is its time at the backend, not in a queue below. Waiting
+//   requests go oldest first, demand before prefetch.
 // - Timeout: a request in flight for `timeout` while its file completed nothing for as long is
 //   stalled: its `stalled` callback runs (the cache answers its waiters ETIMEDOUT); `done` still
 //   follows if the read ever returns, and the buffer stays the read's until then. A request that
@@ -73,8 +78,16 @@ class BoundedReader final : public BackendReader {
  private:
   using Clock = std::chrono::steady_clock;
   enum class State { kInFlight, kStalling, kStalled };
+  // A backing inode (dev, ino), or the BackingFile's address where the inode is not known.
+  using FileId = std::pair<uint64_t, uint64_t>;
+  struct FileIdHash {
+    size_t operator()(const FileId& id) const {
+      return std::hash<uint64_t>()(id.first * 0x9e3779b97f4a7c15ULL ^ id.second);
+    }
+  };
+  static FileId IdOf(const BackingFile& file);
   struct InFlight {
-    BackingFile* file;
+    FileId file;
     Clock::time_point sent;
     State state = State::kInFlight;
     std::function<void()> stalled;
@@ -91,6 +104,9 @@ class BoundedReader final : public BackendReader {
   // Sends `request` to the inner reader. REQUIRES: mu_ held; the caller submits after unlocking
   // what it appends to `send`.
   void Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send);
+  // Sends waiting requests, oldest demand first, then oldest prefetch, while the flight has room
+  // and their files are under their share. REQUIRES: mu_ held.
+  void AdmitWaiting(std::vector<ReadRequest>* send);
   void Completed(uint64_t id, Result<size_t> result);
   unsigned Share() const;
   void Watch();
@@ -104,7 +120,8 @@ class BoundedReader final : public BackendReader {
 
   mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
   std::condition_variable cv_;
-  std::unordered_map<BackingFile*, PerFile> files_;   // GUARDED_BY(mu_)
+  std::unordered_map<FileId, PerFile, FileIdHash> files_;  // GUARDED_BY(mu_)
+  unsigned active_ = 0;  // GUARDED_BY(mu_) sent and not stalled nor answered
   std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 0;                              // GUARDED_BY(mu_)
   bool stopping_ = false;                             // GUARDED_BY(mu_)

@@ -22,7 +22,9 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
     return Error(err);
   }
   const int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
-  return std::make_shared<BackingFile>(direct, buffered);
+  auto file = std::make_shared<BackingFile>(direct, buffered);
+  file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
+  return file;
 }
 
 Result<size_t> PreadBlock(const ReadRequest& request) {

@@ -33,6 +33,15 @@ class BackingFile {
   BackingFile(const BackingFile&) = delete;
   BackingFile& operator=(const BackingFile&) = delete;
 
+  // The backing inode, as opened: every open of one file shares it (BoundedReader's share is per
+  // file, not per open). 0 and 0 when not known.
+  void SetInode(uint64_t dev, uint64_t ino) {
+    dev_ = dev;
+    ino_ = ino;
+  }
+  uint64_t dev() const { return dev_; }
+  uint64_t ino() const { return ino_; }
+
   int direct_fd() const { return direct_fd_; }
   int buffered_fd() const { return buffered_fd_; }
   bool direct() const { return direct_.load(std::memory_order_relaxed); }
@@ -42,6 +51,8 @@ class BackingFile {
   const int direct_fd_;
   const int buffered_fd_;
   std::atomic<bool> direct_;
+  uint64_t dev_ = 0;  // set once, before the file is shared
+  uint64_t ino_ = 0;
 };
 
 struct ReadRequest {

@@ -15,6 +15,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "cache/block.h"
@@ -39,7 +40,7 @@ struct RecordHeader {
   int64_t mtime_ns;
   uint64_t padding[2];
 };
-static_assert(sizeof(RecordHeader) == 64);
+static_assert(sizeof(RecordHeader) == kBlockRecordHeaderBytes);
 
 bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
   return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
@@ -51,6 +52,35 @@ bool EndsWith(const std::string& s, const char* suffix) {
 }
 
 }  // namespace
+
+Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size) {
+  RecordHeader header{};
+  if (record.size() < sizeof(header) || block_size == 0) return Error(EINVAL);
+  std::memcpy(&header, record.data(), sizeof(header));  // `record` need not be aligned
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.block_size != block_size) {
+    return Error(EINVAL);
+  }
+  return FileKey{header.dev, header.ino, header.size, header.mtime_ns};
+}
+
+Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size) {
+  const Result<FileKey> key = ParseBlockRecordHeader(record, block_size);
+  if (!key.ok()) return key.error();
+  // Not BlockCount: a hostile size near 2^64 would wrap it.
+  const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
+  if (record.size() - sizeof(RecordHeader) != blocks) return Error(EINVAL);
+  try {
+    BlockRecord parsed{key.value(), {}};
+    const std::span<const std::byte> marks = record.subspan(sizeof(RecordHeader));
+    for (uint64_t i = 0; i < blocks; ++i) {
+      if (marks[i] != std::byte{1}) continue;
+      parsed.present.push_back({{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size)});
+    }
+    return parsed;
+  } catch (const std::bad_alloc&) {
+    return Error(ENOMEM);
+  }
+}
 
 std::string StoredName(const FileKey& key) {
   char name[80];
@@ -163,45 +193,44 @@ void FileBlockStore::LoadStored() {
     if (!EndsWith(name, kMapSuffix)) continue;
     const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
     const int map_fd = openat(root_fd_, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    RecordHeader header{};
-    if (map_fd < 0 || pread(map_fd, &header, sizeof(header), 0) != sizeof(header) ||
-        std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 ||
-        header.block_size != block_size_) {
+    std::byte head[kBlockRecordHeaderBytes];
+    const Result<FileKey> parsed_key =
+        map_fd >= 0 && pread(map_fd, head, sizeof(head), 0) == sizeof(head)
+            ? ParseBlockRecordHeader(head, block_size_)
+            : Error(EINVAL);
+    if (!parsed_key.ok()) {
       if (map_fd >= 0) close(map_fd);
       RemoveFiles(stem);  // unreadable, or blocks of another size: nothing in it can be used
       continue;
     }
-    const FileKey key{header.dev, header.ino, header.size, header.mtime_ns};
+    const FileKey key = parsed_key.value();
     const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     struct stat st {};
     struct stat map_st {};
-    const uint64_t blocks = BlockCount(key.size, block_size_);
+    const uint64_t record_bytes = sizeof(RecordHeader) + BlockCount(key.size, block_size_);
     // The sizes are checked before the record is read, so a hostile header costs no memory.
     bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
               static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
-              static_cast<uint64_t>(map_st.st_size) == sizeof(RecordHeader) + blocks;
-    std::vector<uint8_t> present(ok ? blocks : 0);
-    ok = ok && pread(map_fd, present.data(), blocks, sizeof(RecordHeader)) ==
-                   static_cast<ssize_t>(blocks);
-    if (!ok) {
+              static_cast<uint64_t>(map_st.st_size) == record_bytes;
+    std::vector<std::byte> bytes(ok ? record_bytes : 0);
+    ok = ok && pread(map_fd, bytes.data(), record_bytes, 0) == static_cast<ssize_t>(record_bytes);
+    Result<BlockRecord> record = ok ? ParseBlockRecord(bytes, block_size_) : Error(EINVAL);
+    if (!record.ok() || record->key != key) {
       close(map_fd);
       if (fd >= 0) close(fd);
       RemoveFiles(stem);
       continue;
     }
-    size_t found = 0;
-    for (uint64_t i = 0; i < blocks; ++i) {
-      if (present[i] != 1) continue;
-      stored_.push_back({{key, i}, BlockBytes(i, key.size, block_size_)});
-      ++found;
-    }
-    if (found == 0) {
+    if (record->present.empty()) {
       close(map_fd);
       close(fd);
       RemoveFiles(stem);
       continue;
     }
-    files_[key] = File{fd, map_fd, 0};
+    stored_.insert(stored_.end(), record->present.begin(), record->present.end());
+    File& stored = files_[key];
+    stored.fd = fd;
+    stored.map_fd = map_fd;
     kept.push_back(stem);
   }
   // Data whose record is gone (a daemon killed while removing a file's two names).
@@ -290,8 +319,17 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
     file.view = MapAligned(file.length, file.fd, 0, /*writable=*/false);
   }
   ++file.blocks;
+  ++file.live[key.index];
   return BlockBuffer{file.base + offset, length,
                      file.view != nullptr ? file.view + offset : nullptr};
+}
+
+bool FileBlockStore::Unlive(File& file, uint64_t index) {
+  auto it = file.live.find(index);
+  if (it == file.live.end()) return false;
+  if (--it->second > 0) return true;
+  file.live.erase(it);
+  return false;
 }
 
 void FileBlockStore::Unmap(File& file) {
@@ -315,7 +353,8 @@ void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer&, size_t) {
     std::lock_guard lock(mu_);
     auto it = files_.find(key.file);
     if (it == files_.end()) return;
-    file = it->second;
+    file.fd = it->second.fd;  // what Mark needs, not the whole File
+    file.map_fd = it->second.map_fd;
   }
   // The descriptors stay open: the block is allocated, so its file is not closed under us.
   if (sync_ && fdatasync(file.fd) != 0) return;  // not on disk: not recorded
@@ -346,7 +385,11 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
   auto it = files_.find(key.file);
   if (it == files_.end()) return;
   File& file = it->second;
-  if (buffer.data != nullptr) {
+  // An evicted block's buffer is released after the cache's lock, so the same block may have been
+  // allocated again meanwhile (and be filling, or ready): its range is the new buffer's now, and
+  // punching it would turn the new block's bytes into zeros.
+  const bool reallocated = Unlive(file, key.index);
+  if (buffer.data != nullptr && !reallocated) {
     // Unmarked first: a crash between the two leaves unrecorded data, never a recorded hole.
     if (persistent_) Mark(file, key.index, false);
     fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -363,6 +406,7 @@ void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
   if (it == files_.end()) return;
   // The file stays open and mapped (until the store goes) with its blocks recorded: allocating
   // them again finds their data.
+  Unlive(it->second, key.index);
   --it->second.blocks;
 }
 

@@ -22,8 +22,10 @@
 // wrong bytes: at worst a block's data without its mark, which the next daemon fetches again.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -75,10 +77,16 @@ class FileBlockStore final : public BlockStore {
     // costs passthrough readers their first reads.
     const std::byte* view = nullptr;
     size_t length = 0;  // of each mapping
+    // Buffers allocated and not yet released, per block: more than one while an evicted block's
+    // release is on its way and the block was allocated again.
+    std::unordered_map<uint64_t, uint32_t> live;
   };
 
   // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.
   Status OpenFile(const FileKey& key, File* file);
+  // One buffer of block `index` released or retained; true when another is still allocated.
+  // REQUIRES: mu_ held.
+  static bool Unlive(File& file, uint64_t index);
   // Unmaps both of `file`'s mappings.
   static void Unmap(File& file);
   // Writes block `index`'s presence byte. REQUIRES: the file is open.
@@ -103,5 +111,28 @@ class FileBlockStore final : public BlockStore {
 
 // The cache-directory file name stem for `key` (hex dev-ino-size-mtime).
 std::string StoredName(const FileKey& key);
+
+// A record (NAME.map) read back. Records are outside input to the daemon that reads them: whatever
+// a file in the cache directory holds, parsing it is an Error or a record, never a crash.
+struct BlockRecord {
+  FileKey key;
+  std::vector<StoredBlock> present;  // ascending by index, each with its bytes in the file
+};
+
+// A record's header: the magic, the block size and the identity, 64 bytes.
+inline constexpr size_t kBlockRecordHeaderBytes = 64;
+
+// The identity a record's header names. `record` holds at least the header; what follows is
+// ignored, so a caller can check the header before reading the rest. Error(EINVAL) when `record`
+// is shorter than the header, the magic is not ours, or the header's block size is not
+// `block_size` (blocks of another size: nothing in the record can be used) or is 0.
+Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size);
+
+// A whole record: the header as ParseBlockRecordHeader takes it, then exactly one byte per block
+// of the file the header names. A block is present when its byte is 1; any other value counts as
+// absent (only 0 and 1 are ever written). Error(EINVAL) as ParseBlockRecordHeader, or when the
+// record's length is not the header's plus one byte per block; Error(ENOMEM) when memory runs out.
+// Does not check that the record's file name is StoredName(key): the caller knows the name.
+Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size);
 
 }  // namespace accelfs

@@ -127,8 +127,16 @@ bool StderrIsJournal() {
 
 int Run(const Config& config) {
   std::string error;
-  const std::optional<CheckedPaths> paths = CheckPaths(config.source, config.mountpoint, &error);
-  if (!paths) return Fail(error);
+  MountProbe probe = MountProbe::kAlive;
+  const std::optional<CheckedPaths> paths =
+      CheckPaths(config.source, config.mountpoint, &error, &probe);
+  if (!paths) {
+    Fail(error);
+    // A thread waits in the kernel for a daemon that does not answer: a normal exit would wait
+    // for it too (mount_checks.h).
+    if (probe == MountProbe::kNotAnswering) _exit(1);
+    return 1;
+  }
   std::optional<gid_t> control_group;
   if (!config.control_group.empty()) {
     control_group = ResolveGroup(config.control_group);

@@ -128,7 +128,7 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
 }
 
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
-                                       std::string* error) {
+                                       std::string* error, MountProbe* probe_out) {
   struct stat st {};
   if (stat(source.c_str(), &st) != 0) {
     *error = "source " + Quote(source) +
@@ -181,6 +181,7 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
     const bool fuse = m.fstype == "fuse" || m.fstype.starts_with("fuse.");
     const MountProbe probe =
         fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
+    if (probe_out != nullptr) *probe_out = probe;
     if (probe == MountProbe::kDead) {
       *error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
                ", Transport endpoint is not connected): its daemon died without unmounting; "

@@ -35,15 +35,18 @@ struct CheckedPaths {
 
 // Whether the filesystem mounted at `path` answers: statfs() reaches a FUSE daemon even where
 // stat() is answered from cached attributes, and a dead connection answers ENOTCONN at once.
-// kNotAnswering when no answer came within `timeout` (a daemon alive but stuck).
+// kNotAnswering when no answer came within `timeout` (a daemon alive but stuck): a thread is then
+// left waiting in the kernel, and the caller should end the process with _exit, since a normal
+// exit's handlers (LeakSanitizer's among them) would wait for that thread.
 enum class MountProbe { kAlive, kDead, kNotAnswering };
 MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout);
 // How long CheckPaths waits for a FUSE mount on MOUNTPOINT to answer.
 inline constexpr std::chrono::milliseconds kProbeTimeout{2000};
 
-// Validates SOURCE and MOUNTPOINT. On failure returns nullopt and sets `error` to one line.
+// Validates SOURCE and MOUNTPOINT. On failure returns nullopt and sets `error` to one line;
+// `probe` (if given) says what a FUSE mount found on MOUNTPOINT answered (ProbeMount).
 std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
-                                       std::string* error);
+                                       std::string* error, MountProbe* probe = nullptr);
 
 // A --cache-dir (existing or not) must not lie inside the mountpoint (the daemon would read its
 // own mount) or the source (the mount would show the cache). One line in `error` when it does.

@@ -390,21 +390,22 @@ struct Guard<Fn> {
   static void Run(fuse_req_t req, Args... args) noexcept {
     try {
       Fn(req, args...);
+    } catch (const std::bad_alloc&) {
+      Fail(req, ENOMEM);
     } catch (...) {
-      const std::exception_ptr e = std::current_exception();
-      RunOnce("a FUSE request failed", [&] { std::rethrow_exception(e); });
-      if constexpr (kAnswersNothing<Fn>) {
-        fuse_reply_none(req);
-      } else {
-        bool oom = false;
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::bad_alloc&) {
-          oom = true;
-        } catch (...) {
-        }
-        fuse_reply_err(req, oom ? ENOMEM : EIO);
-      }
+      Fail(req, EIO);
+    }
+  }
+  // Logs the exception being handled and answers the request.
+  static void Fail(fuse_req_t req, int err) noexcept {
+    try {
+      spdlog::error("a FUSE request failed: {}", ExceptionText(std::current_exception()));
+    } catch (...) {
+    }
+    if constexpr (kAnswersNothing<Fn>) {
+      fuse_reply_none(req);
+    } else {
+      fuse_reply_err(req, err);
     }
   }
 };

@@ -8,6 +8,11 @@
 
 namespace accelfs {
 
+// The cache block every layer defaults to (--block-size): large enough that one backend request
+// amortises a network store's latency, small enough that a 1 MiB kernel READ rarely waits on much
+// more than itself.
+inline constexpr uint32_t kDefaultBlockSize = 4u << 20;
+
 struct BlockSlice {
   uint64_t index = 0;   // block number in the file
   uint32_t offset = 0;  // first byte wanted, relative to the block's start

@@ -27,6 +27,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "cache/block.h"
 #include "cache/block_cache.h"
 
 namespace accelfs {
@@ -48,7 +49,7 @@ struct PushStats {
 class PagePusher {
  public:
   struct Options {
-    uint32_t block_size = 4u << 20;
+    uint32_t block_size = kDefaultBlockSize;
     uint64_t hole_every = 0;  // 0: push whole blocks only
     std::function<void(const FileKey&)> pushed;  // called after each push, no lock held
   };

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
@@ -27,7 +28,7 @@
 namespace accelfs {
 
 struct FsOptions {
-  uint32_t block_size = 4 << 20;
+  uint32_t block_size = kDefaultBlockSize;
   uint32_t readahead_blocks = 4;  // daemon read-ahead window of a sequential handle, in blocks
   // Fill on open: an open of a large file (one the prefetcher streams) that fits in the cache,
   // where passthrough is possible, is answered only once the whole file is cached, in passthrough

@@ -1,5 +1,5 @@
 #include "tools/control_client.h"
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fs/control_protocol.h"
-#include "fs/mount_checks.h"
+#include "fs/common/control_protocol.h"
+#include "fs/common/mountinfo.h"
 
 namespace accelfs {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "fs/config.h"
+#include "fs/common/format.h"
 
 namespace accelfs {
 

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <map>
 
-#include "fs/config.h"
-#include "fs/names.h"
+#include "fs/common/format.h"
+#include "fs/common/names.h"
 #include "tools/cli.h"
 #include "tools/control_client.h"
 #include "tools/progress.h"

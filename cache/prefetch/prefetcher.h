@@ -23,14 +23,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/prefetch/stream_policy.h"
 
 namespace accelfs {
 
 struct PrefetcherOptions {
-  uint32_t block_size = 4u << 20;
-  uint64_t stream_threshold = 64u << 20;  // files at least this big are streamed; 0: none
+  uint32_t block_size = kDefaultBlockSize;
+  uint64_t stream_threshold = kDefaultStreamThreshold;  // files at least this big are streamed; 0: none
   StreamLimits limits{64, 32};
   bool tensor_order = true;  // parse safetensors headers and stream in tensor order
   std::function<void(const std::string&)> debug_log;  // why a header was not used, etc.

@@ -13,6 +13,10 @@
 
 namespace accelfs {
 
+// Files at least this big are streamed in whole from their first open (--stream-threshold): model
+// shards are read entirely, and 64 MiB leaves tokenizers and configs to plain read-ahead.
+inline constexpr uint64_t kDefaultStreamThreshold = 64u << 20;
+
 struct StreamState {
   uint64_t blocks = 0;      // blocks in the file
   uint64_t next = 0;        // the next block the stream asks for

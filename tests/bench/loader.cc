@@ -44,7 +44,7 @@
 
 #include <sys/mman.h>
 
-#include "fs/config.h"
+#include "fs/daemon/memory_limit.h"
 #include "tools/bench/loaders.h"
 
 namespace {

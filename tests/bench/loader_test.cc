@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fs/config.h"
+#include "fs/daemon/memory_limit.h"
 #include "tests/mount/mount_fixture.h"
 #include "tools/bench/loaders.h"
 

@@ -1,4 +1,4 @@
-// libFuzzer harness: the command line and its -o keys (fs/config.h). The input, split on NUL
+// libFuzzer harness: the command line and its -o keys (fs/daemon/config.h). The input, split on NUL
 // bytes, is argv after "accelfs", parsed on a plain machine and inside a memory cgroup.
 // ParseCommandLine prints nothing and exits nothing: it returns what to print and the exit code,
 // so nothing is silenced here. A Config it accepts must hold the limits its fields document.
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fs/config.h"
+#include "fs/daemon/config.h"
 
 namespace accelfs {
 namespace {

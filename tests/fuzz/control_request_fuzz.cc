@@ -1,4 +1,4 @@
-// libFuzzer harness: one control-channel request line (fs/control_protocol.h). A request parsed
+// libFuzzer harness: one control-channel request line (fs/common/control_protocol.h). A request parsed
 // must serialise without a throw and parse back to itself; a refused one's error reply must
 // serialise too. Kept small: the request's path encoding is about to change.
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "fs/control_protocol.h"
+#include "fs/common/control_protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace accelfs;

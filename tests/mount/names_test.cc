@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/control_protocol.h"
-#include "fs/names.h"
+#include "fs/common/control_protocol.h"
+#include "fs/common/names.h"
 #include "tests/mount/mount_fixture.h"
 
 namespace accelfs::testing {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/control_protocol.h"
+#include "fs/common/control_protocol.h"
 #include "tests/mount/mount_fixture.h"
 
 namespace accelfs::testing {

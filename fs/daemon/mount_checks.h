@@ -1,5 +1,4 @@
-// Start-up checks with one clear line each, /proc/self/mountinfo parsing and the mount's
-// read_ahead_kb. Nothing here talks to FUSE: stat() of our own mountpoint would wait for our own
+// Start-up checks with one clear line each and the mount's read_ahead_kb. Nothing here talks to FUSE: stat() of our own mountpoint would wait for our own
 // daemon, so the mount's device is taken from mountinfo instead.
 #pragma once
 
@@ -9,24 +8,11 @@
 #include <vector>
 
 #include "cache/result.h"
+#include "fs/common/mountinfo.h"
 
 namespace accelfs {
 
-struct MountInfo {
-  unsigned major = 0;
-  unsigned minor = 0;
-  std::string root;        // the directory of the filesystem mounted there (unescaped)
-  std::string mountpoint;  // unescaped
-  std::string fstype;
-  std::string source;
-  std::string super_options;  // e.g. "ro,user_id=0,group_id=0" for FUSE mounts
-};
 
-// Entries of a mountinfo file (default: this process's), in mount order.
-std::vector<MountInfo> ReadMountInfo(const std::string& path = "/proc/self/mountinfo");
-
-// "\040" -> " " and friends, as the kernel escapes mountinfo fields.
-std::string UnescapeMountField(const std::string& field);
 
 struct CheckedPaths {
   std::string source;      // canonical
@@ -55,8 +41,6 @@ bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::strin
 // /dev/fuse present, a character device, openable. One line in `error` when not.
 bool CheckFuseDevice(const std::string& device, std::string* error);
 
-// The most recent mount on `mountpoint` (canonical path) of type fuse.<subtype>.
-std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::string& fstype);
 
 // Writes /sys/class/bdi/<major>:<minor>/read_ahead_kb.
 Status SetReadAheadKb(const MountInfo& mount, unsigned kb);

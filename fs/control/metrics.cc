@@ -1,6 +1,6 @@
-#include "fs/metrics.h"
+#include "fs/control/metrics.h"
 #include "cache/guard.h"
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>

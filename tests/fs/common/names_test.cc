@@ -1,6 +1,6 @@
 // Names are bytes: EscapeName, NameToJson and NameFromJson carry any of them, and nothing that
 // goes through them makes nlohmann's dump() throw.
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 #include <gtest/gtest.h>
 

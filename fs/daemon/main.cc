@@ -28,15 +28,15 @@
 #include "cache/file_block_store.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/ram_block_store.h"
-#include "fs/config.h"
-#include "fs/control_server.h"
-#include "fs/daemon_stats.h"
+#include "fs/daemon/config.h"
+#include "fs/control/control_server.h"
+#include "fs/common/daemon_stats.h"
 #include "fs/fuse_adapter.h"
-#include "fs/metrics.h"
-#include "fs/mount_checks.h"
-#include "fs/names.h"
+#include "fs/control/metrics.h"
+#include "fs/daemon/mount_checks.h"
+#include "fs/common/names.h"
 #include "fs/read_through_fs.h"
-#include "fs/warmer.h"
+#include "fs/control/warmer.h"
 
 namespace accelfs {
 namespace {
@@ -283,7 +283,7 @@ int Run(const Config& config) {
   // --- end DaemonStats and --metrics ---
 
   // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
-  // named after the mountpoint (fs/control_protocol.h). Stopped before the backend and unmount.
+  // named after the mountpoint (fs/common/control_protocol.h). Stopped before the backend and unmount.
   Warmer warmer(open(paths->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), cache,
                 {config.block_size, config.backend_depth, std::chrono::seconds(60)});
   ControlSources control_sources;

@@ -1,6 +1,6 @@
-// argv -> Config (fs/config.h): sizes and their units, every option's range, -o lists, and the
+// argv -> Config (fs/daemon/config.h): sizes and their units, every option's range, -o lists, and the
 // one-line usage errors.
-#include "fs/config.h"
+#include "fs/daemon/config.h"
 
 #include <gtest/gtest.h>
 

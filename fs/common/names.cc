@@ -1,4 +1,4 @@
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 #include <cstdint>
 

@@ -1,14 +1,14 @@
-// The daemon's memory cgroup (fs/memory_limit.h) and the cache budget it bounds (fs/config.h):
+// The daemon's memory cgroup (fs/daemon/memory_limit.h) and the cache budget it bounds (fs/daemon/config.h):
 // which directories apply (v1 and v2, containers that see only their own subtree, ancestors),
 // what their files say, and the budget and refusals that follow.
-#include "fs/memory_limit.h"
+#include "fs/daemon/memory_limit.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
 
-#include "fs/config.h"
+#include "fs/daemon/config.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {

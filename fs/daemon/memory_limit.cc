@@ -1,4 +1,4 @@
-#include "fs/memory_limit.h"
+#include "fs/daemon/memory_limit.h"
 
 #include <charconv>
 #include <fstream>
@@ -126,6 +126,18 @@ std::optional<CgroupMemory> OwnCgroupMemory() {
   const std::optional<std::string> cgroup = ReadSmallFile("/proc/self/cgroup");
   if (!cgroup) return std::nullopt;
   return ReadCgroupMemory(CgroupMemoryDirs(*cgroup, ReadMountInfo()));
+}
+
+void ReadMemInfo(uint64_t* available, uint64_t* total) {
+  *available = *total = 0;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") *available = kb << 10;
+    if (key == "MemTotal:") *total = kb << 10;
+  }
 }
 
 }  // namespace accelfs

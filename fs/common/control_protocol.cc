@@ -1,11 +1,11 @@
-#include "fs/control_protocol.h"
+#include "fs/common/control_protocol.h"
 
 #include <sys/un.h>
 
 #include <algorithm>
 #include <cstdio>
 
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 namespace accelfs {
 namespace {
@@ -70,25 +70,6 @@ std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, 
   return paths;
 }
 
-std::optional<uid_t> MountUid(const std::string& super_options) {
-  static constexpr std::string_view kKey = "user_id=";
-  size_t start = 0;
-  while (start <= super_options.size()) {
-    size_t end = super_options.find(',', start);
-    if (end == std::string::npos) end = super_options.size();
-    const std::string_view option(super_options.data() + start, end - start);
-    if (option.starts_with(kKey)) {
-      const std::string digits(option.substr(kKey.size()));
-      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
-          digits.size() > 10) {
-        return std::nullopt;
-      }
-      return static_cast<uid_t>(std::stoull(digits));
-    }
-    start = end + 1;
-  }
-  return std::nullopt;
-}
 
 bool IsControlOp(const std::string& op) { return op == "warm" || op == "evict"; }
 

@@ -1,4 +1,4 @@
-#include "fs/control_server.h"
+#include "fs/control/control_server.h"
 #include "cache/guard.h"
 
 #include <dirent.h>
@@ -17,7 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 namespace accelfs {
 namespace {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/result.h"
 
@@ -90,7 +91,7 @@ class WarmJob {
 };
 
 struct WarmerOptions {
-  uint32_t block_size = 4u << 20;
+  uint32_t block_size = kDefaultBlockSize;
   uint32_t max_in_flight = 64;  // fetches a job keeps outstanding: the backend depth
   // A job that finds no room (and sees no fetch finish) for this long fails with a message rather
   // than waiting forever: the budget is then full of blocks nobody reads or that open files pin.

@@ -1,6 +1,6 @@
-#include "fs/warmer.h"
+#include "fs/control/warmer.h"
 #include "cache/guard.h"
-#include "fs/names.h"
+#include "fs/common/names.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include <set>
 
 #include "cache/block.h"
-#include "fs/config.h"
+#include "fs/common/format.h"
 
 namespace accelfs {
 namespace {

@@ -2,7 +2,7 @@
 // cgroup of the process that faults them in and cannot be reclaimed without swap, so a cache sized
 // from the host's MemAvailable inside a 1.5 GiB cgroup (systemd MemoryMax=, a Kubernetes pod
 // limit, docker run -m) ended in an OOM kill and a stale mount. The budget is sized from this
-// instead (fs/config.cc).
+// instead (fs/daemon/config.cc).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fs/mount_checks.h"
+#include "fs/daemon/mount_checks.h"
 
 namespace accelfs {
 
@@ -37,5 +37,8 @@ std::optional<CgroupMemory> ReadCgroupMemory(const std::vector<std::string>& dir
 
 // This process's: /proc/self/cgroup and /proc/self/mountinfo.
 std::optional<CgroupMemory> OwnCgroupMemory();
+
+// MemAvailable and MemTotal in bytes; 0 when /proc/meminfo cannot be read.
+void ReadMemInfo(uint64_t* available, uint64_t* total);
 
 }  // namespace accelfs

@@ -1,6 +1,6 @@
-// The warmer (fs/warmer.h): path resolution that never leaves SOURCE, loader order, and jobs that
+// The warmer (fs/control/warmer.h): path resolution that never leaves SOURCE, loader order, and jobs that
 // bring files into a real BlockCache (RamBlockStore, PreadReader) until they are resident.
-#include "fs/warmer.h"
+#include "fs/control/warmer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

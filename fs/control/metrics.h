@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cache/result.h"
-#include "fs/daemon_stats.h"
+#include "fs/common/daemon_stats.h"
 
 namespace prometheus {
 class Exposer;

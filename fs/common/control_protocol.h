@@ -1,4 +1,4 @@
-// The control channel's protocol, shared by the daemon (fs/control_server.cc) and the tools
+// The control channel's protocol, shared by the daemon (fs/control/control_server.cc) and the tools
 // (tools/control_client.cc): where a mount's socket lives, and the JSON messages. Pure: nothing
 // here opens a socket. The protocol is described in docs/CONTROL.md.
 #pragma once
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/daemon_stats.h"
+#include "fs/common/daemon_stats.h"
 
 namespace accelfs {
 
@@ -34,8 +34,6 @@ std::string ControlSocketName(const std::string& mountpoint);
 std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, uid_t mount_uid,
                                                  uid_t client_uid, const char* xdg_runtime_dir);
 
-// The user_id= of a FUSE mount's super options; nullopt when absent.
-std::optional<uid_t> MountUid(const std::string& super_options);
 
 // One request. Ops: "stats", "open" (open files), "files", "warm", "evict".
 struct ControlRequest {

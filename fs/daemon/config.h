@@ -7,7 +7,10 @@
 
 #include <string_view>
 #include <vector>
-#include "fs/memory_limit.h"
+#include "cache/block.h"
+#include "cache/prefetch/stream_policy.h"
+#include "fs/common/format.h"
+#include "fs/daemon/memory_limit.h"
 
 namespace accelfs {
 
@@ -28,7 +31,7 @@ struct Config {
 
   // 4 MiB: large enough that one backend request amortises network latency, small enough that a
   // 1 MiB kernel READ rarely waits on much more than itself. Power of two, 64 KiB .. 256 MiB.
-  uint32_t block_size = 4u << 20;
+  uint32_t block_size = kDefaultBlockSize;
 
   // Most backend reads in flight. 64: a local disk saturates at 4-32; a network store needs many
   // large requests in flight (DESIGN.md section 3).
@@ -52,7 +55,7 @@ struct Config {
   // Files at least this big (bytes) are streamed in whole, in order, from their first open: model
   // shards are read entirely, and a stream of block-sized requests many deep is what a slow store
   // needs. 64 MiB leaves tokenizers and configs to plain read-ahead. 0 turns streaming off.
-  uint64_t stream_threshold = 64u << 20;
+  uint64_t stream_threshold = kDefaultStreamThreshold;
 
   // Seconds the kernel may trust attributes and names. Model files are immutable in practice, and
   // each expiry costs a GETATTR or LOOKUP round trip; a changed file is still caught at open.
@@ -79,7 +82,7 @@ struct Config {
   // --control-group: members of this group (name or number) may use the control socket (mode 0660
   // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.
   std::string control_group;
-  // --metrics: where to serve Prometheus text format (fs/metrics.h), "ADDR:PORT" with ADDR an IP
+  // --metrics: where to serve Prometheus text format (fs/control/metrics.h), "ADDR:PORT" with ADDR an IP
   // literal ("[::1]" for IPv6); empty serves none. A bare PORT means 127.0.0.1:PORT: counters
   // stay on the machine unless an address is given.
   std::string metrics_address;
@@ -95,7 +98,7 @@ struct ParseOutcome {
 };
 
 // mem_available and mem_total are in bytes (from /proc/meminfo), for the size defaults and "%".
-// `cgroup` is the daemon's memory cgroup's limit (fs/memory_limit.h), when it has one: the cache's
+// `cgroup` is the daemon's memory cgroup's limit (fs/daemon/memory_limit.h), when it has one: the cache's
 // tmpfs pages are charged to it. Then the default budget is half of what the cgroup has left
 // (when that is less than half of MemAvailable), "%" is of the limit, and a --cache-size that
 // does not fit under the limit with kDaemonRoom beside it is refused: the daemon would be
@@ -109,14 +112,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
 // the cache stays under 64 MiB (docs/BENCHMARKS.md, daemon memory); twice that for margin.
 inline constexpr uint64_t kDaemonRoom = 128ull << 20;
 
-// "4M", "4MiB", "4096", "1.5G"; binary units. With percent_of != 0, also "25%" of it. nullopt and
-// a message on bad input.
-std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, std::string* error);
 
-// "4.0 MiB", for reports.
-std::string FormatBytes(uint64_t bytes);
 
-// MemAvailable and MemTotal in bytes; 0 when /proc/meminfo cannot be read.
-void ReadMemInfo(uint64_t* available, uint64_t* total);
 
 }  // namespace accelfs

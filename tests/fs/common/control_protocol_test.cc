@@ -1,11 +1,11 @@
-// The control channel's pure parts (fs/control_protocol.h) and the access rule of
-// fs/control_server.h.
-#include "fs/control_protocol.h"
+// The control channel's pure parts (fs/common/control_protocol.h) and the access rule of
+// fs/control/control_server.h.
+#include "fs/common/control_protocol.h"
 
 #include <gtest/gtest.h>
 #include <sys/un.h>
 
-#include "fs/control_server.h"
+#include "fs/control/control_server.h"
 
 namespace accelfs {
 namespace {
@@ -53,16 +53,6 @@ TEST(ControlSocketCandidatesTest, WhereClientsLook) {
       (std::vector<std::string>{"/run/user/1000/accelfs/" + name, "/tmp/accelfs-1000/" + name}));
   // A runtime dir so long the socket would not fit is skipped.
   EXPECT_EQ(ControlSocketCandidates("/m", 7, 7, ("/" + std::string(120, 'r')).c_str()).size(), 2u);
-}
-
-TEST(MountUidTest, FromFuseSuperOptions) {
-  EXPECT_EQ(MountUid("rw,user_id=0,group_id=0"), 0u);
-  EXPECT_EQ(MountUid("rw,user_id=1000,group_id=1000,allow_other"), 1000u);
-  EXPECT_EQ(MountUid("user_id=42"), 42u);
-  EXPECT_EQ(MountUid("rw,group_id=0"), std::nullopt);
-  EXPECT_EQ(MountUid("rw,user_id=,group_id=0"), std::nullopt);
-  EXPECT_EQ(MountUid("rw,user_id=12x"), std::nullopt);
-  EXPECT_EQ(MountUid(""), std::nullopt);
 }
 
 TEST(ParseControlRequestTest, GoodRequests) {

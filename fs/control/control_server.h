@@ -22,9 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/result.h"
-#include "fs/control_protocol.h"
-#include "fs/daemon_stats.h"
-#include "fs/warmer.h"
+#include "fs/common/control_protocol.h"
+#include "fs/common/daemon_stats.h"
+#include "fs/control/warmer.h"
 
 namespace accelfs {
 

@@ -1,12 +1,12 @@
 // One snapshot of what the daemon is doing: what accelfs-stat shows and /metrics exports. The
-// daemon builds it on request (fs/main.cc wires the sources); nothing here is on the read path.
+// daemon builds it on request (fs/daemon/main.cc wires the sources); nothing here is on the read path.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "cache/block_cache.h"
+#include "cache/cache_stats.h"
 
 namespace accelfs {
 

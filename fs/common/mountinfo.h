@@ -1,0 +1,36 @@
+// /proc/self/mountinfo, parsed: which filesystems are mounted where. The daemon finds its own
+// mount's device here (stat() of its own mountpoint would wait for itself), and the tools find
+// the accelfs mounts and who made them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accelfs {
+
+struct MountInfo {
+  unsigned major = 0;
+  unsigned minor = 0;
+  std::string root;        // the directory of the filesystem mounted there (unescaped)
+  std::string mountpoint;  // unescaped
+  std::string fstype;
+  std::string source;
+  std::string super_options;  // e.g. "ro,user_id=0,group_id=0" for FUSE mounts
+};
+
+// Entries of a mountinfo file (default: this process's), in mount order.
+std::vector<MountInfo> ReadMountInfo(const std::string& path = "/proc/self/mountinfo");
+
+// "\040" -> " " and friends, as the kernel escapes mountinfo fields.
+std::string UnescapeMountField(const std::string& field);
+
+// The most recent mount on `mountpoint` (canonical path) of type fuse.<subtype>.
+std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::string& fstype);
+
+// The user_id= of a FUSE mount's super options; nullopt when absent.
+std::optional<uid_t> MountUid(const std::string& super_options);
+
+}  // namespace accelfs

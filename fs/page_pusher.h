@@ -18,6 +18,7 @@
 // by a READ in progress never stalls a backend completion.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +54,9 @@ class PagePusher {
     uint64_t hole_every = 0;  // 0: push whole blocks only
     std::function<void(const FileKey&)> pushed;  // called after each push, no lock held
   };
+  // A hole every quarter of the stream's window (`ahead_blocks`): the stream learns where the
+  // reader is four times per window, often enough that it never waits a whole window.
+  static uint64_t HoleEvery(uint64_t ahead_blocks) { return std::max<uint64_t>(1, ahead_blocks / 4); }
   // REQUIRES: cache and kernel outlive this.
   PagePusher(BlockCache& cache, KernelCache& kernel, Options options);
   ~PagePusher();  // stops the thread; queued pushes are dropped

@@ -43,6 +43,21 @@ struct FsOptions {
   Fill fill = Fill::kAll;
 };
 
+// --fill-on-open auto: below this many CPUs every large file is filled before its open is
+// answered. Measured (docs/BENCHMARKS-HISTORY.md, "Fill on open"): on 2 CPUs the daemon's copy of
+// a streamed file into the mount's page cache halved cold loads, while on 16 the overlap streaming
+// buys for the last shard was worth more than that copy.
+inline constexpr unsigned kFillAllBelowCpus = 8;
+
+// The fill mode of --fill-on-open `mode` (auto, all, shards or off, as validated by the command
+// line) on a machine where the daemon may run on `cpus` CPUs.
+inline FsOptions::Fill FillModeFor(std::string_view mode, unsigned cpus) {
+  if (mode == "all") return FsOptions::Fill::kAll;
+  if (mode == "shards") return FsOptions::Fill::kShards;
+  if (mode == "off") return FsOptions::Fill::kOff;
+  return cpus < kFillAllBelowCpus ? FsOptions::Fill::kAll : FsOptions::Fill::kShards;
+}
+
 struct EntryOut {
   uint64_t ino = 0;
   struct stat attr {};

@@ -7,6 +7,7 @@
 // priority. Readers behind the stream (re-reads, tensor-parallel slices) do not move it back.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cache/readahead.h"  // BlockRange
@@ -29,6 +30,13 @@ struct StreamLimits {
   uint64_t ahead = 0;          // blocks the stream may run past reader_end
   uint32_t max_in_flight = 0;  // stream fetches outstanding at once
 };
+
+// How far a stream runs ahead of its reader, in blocks: a quarter of the cache (several streams,
+// the shards ahead and what readers hold share the rest), at least 2 and at most 256 (1 GiB of
+// 4 MiB blocks: more buys a slow store nothing and takes room from the other streams).
+inline uint64_t StreamAheadBlocks(uint64_t cache_size, uint32_t block_size) {
+  return std::clamp<uint64_t>(cache_size / 4 / block_size, 2, 256);
+}
 
 // Records a reader asking for blocks [first, end).
 void NoteStreamRead(StreamState& state, uint64_t first, uint64_t end, const StreamLimits& limits);

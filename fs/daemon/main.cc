@@ -1,4 +1,7 @@
-// accelfs: config -> objects -> mount -> loop -> clean unmount.
+// accelfs, the daemon: main() reads the command line and sets up logging; Daemon::Run then runs
+// the phases in order: check, build the cache, build the filesystem, start the control plane,
+// mount, serve, shut down. Each phase builds what the next one needs; the objects are members of
+// Daemon in the order they are built, so that on any early return they go in reverse.
 #include <fcntl.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
@@ -12,12 +15,13 @@
 #include <grp.h>
 #include <sched.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "cache/backend/bounded_reader.h"
@@ -27,37 +31,35 @@
 #include "cache/block_cache.h"
 #include "cache/file_block_store.h"
 #include "cache/prefetch/prefetcher.h"
+#include "cache/prefetch/stream_policy.h"
 #include "cache/ram_block_store.h"
-#include "fs/daemon/config.h"
-#include "fs/control/control_server.h"
+#include "cache/result.h"
+#include "fs/common/control_protocol.h"
 #include "fs/common/daemon_stats.h"
-#include "fs/fuse_adapter.h"
-#include "fs/control/metrics.h"
-#include "fs/daemon/mount_checks.h"
 #include "fs/common/names.h"
-#include "fs/read_through_fs.h"
+#include "fs/control/control_server.h"
+#include "fs/control/metrics.h"
 #include "fs/control/warmer.h"
+#include "fs/daemon/config.h"
+#include "fs/daemon/mount_checks.h"
+#include "fs/fuse_adapter.h"
+#include "fs/page_pusher.h"
+#include "fs/read_through_fs.h"
 
 namespace accelfs {
 namespace {
 
 constexpr char kFuseDevice[] = "/dev/fuse";
 
-// --fill-on-open auto: below this many CPUs every large file is filled before its open is
-// answered. Measured (docs/BENCHMARKS.md): on 2 CPUs the daemon's copy of a streamed file into the
-// mount's page cache halved cold loads, while on 16 the overlap streaming buys for the last shard
-// was worth more than that copy.
-constexpr unsigned kFillAllBelowCpus = 8;
+// The private tmpfs's size limit is a safety net under the cache's own budget
+// (FileBlockStore::Create), with room for blocks whose release is still being punched out.
+constexpr uint64_t kPrivateTmpfsSlack = 64u << 20;
 
-FsOptions::Fill FillMode(const std::string& mode) {
-  if (mode == "all") return FsOptions::Fill::kAll;
-  if (mode == "shards") return FsOptions::Fill::kShards;
-  if (mode == "off") return FsOptions::Fill::kOff;
-  cpu_set_t cpus;  // auto: the CPUs this daemon may run on
-  const unsigned n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-                         ? static_cast<unsigned>(CPU_COUNT(&cpus))
-                         : std::thread::hardware_concurrency();
-  return n < kFillAllBelowCpus ? FsOptions::Fill::kAll : FsOptions::Fill::kShards;
+// The CPUs this daemon may run on (its affinity mask: a cgroup's cpuset or taskset).
+unsigned UsableCpus() {
+  cpu_set_t cpus;
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? static_cast<unsigned>(CPU_COUNT(&cpus))
+                                                       : std::thread::hardware_concurrency();
 }
 
 int Fail(const std::string& line) {
@@ -125,285 +127,374 @@ bool StderrIsJournal() {
 }
 // --- end systemd ---
 
-int Run(const Config& config) {
+Status Failure(std::string line) { return Error(EINVAL, std::move(line)); }
+
+class Daemon {
+ public:
+  explicit Daemon(const Config& config) : config_(config) {}
+
+  // The daemon's exit code. Prints one line to stderr when it cannot start.
+  int Run() {
+    for (Status (Daemon::*phase)() : {&Daemon::Check, &Daemon::BuildCache,
+                                      &Daemon::BuildFilesystem, &Daemon::StartControlPlane,
+                                      &Daemon::Mount}) {
+      if (Status s = (this->*phase)(); !s.ok()) return Fail(s.error().Message());
+    }
+    return ShutDown(session_->Loop());
+  }
+
+ private:
+  Status Check();              // SOURCE, MOUNTPOINT, the control group, /dev/fuse
+  Status BuildCache();         // the store, detaching, the backend readers, the cache, prefetch
+  Status BuildFilesystem();    // the FUSE-free core, the FUSE session, the page pusher
+  Status StartControlPlane();  // stats, --metrics, the warmer and the control socket
+  Status Mount();              // the mount, then the starter that tunes it and reports ready
+  int ShutDown(int loop_rc);   // after the session loop ends: stop, drain, unmount
+  Status OpenStore();
+  void MakeBackend();
+  DaemonStats Snapshot() const;
+  void ReportStarted(const std::string& readahead) const;
+
+  const Config& config_;
+  std::optional<CheckedPaths> paths_;
+  std::optional<gid_t> control_group_;
+  // Where cached blocks live.
+  std::unique_ptr<BlockStore> store_;
+  FileBlockStore* cache_dir_store_ = nullptr;  // store_, when it is a --cache-dir
+  std::string store_name_ = "private tmpfs";
+  bool store_in_files_ = true;  // files, which can be passed through
+  int ready_fd_ = -1;           // the pipe to the parent waiting for the mount (detached only)
+  std::unique_ptr<BackendReader> reader_;
+  BoundedReader* bounded_ = nullptr;  // the outermost of reader_'s layers
+  std::string backend_kind_ = "io_uring";
+  std::unique_ptr<BlockCache> cache_;
+  PrefetcherOptions prefetch_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  FsOptions fs_options_;
+  std::unique_ptr<ReadThroughFs> fs_;
+  SessionOptions session_options_;
+  std::unique_ptr<FuseSession> session_;
+  std::unique_ptr<PagePusher> pusher_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<Warmer> warmer_;
+  std::unique_ptr<ControlServer> control_;
+  std::thread starter_;
+};
+
+Status Daemon::Check() {
   std::string error;
   MountProbe probe = MountProbe::kAlive;
-  const std::optional<CheckedPaths> paths =
-      CheckPaths(config.source, config.mountpoint, &error, &probe);
-  if (!paths) {
-    Fail(error);
+  paths_ = CheckPaths(config_.source, config_.mountpoint, &error, &probe);
+  if (!paths_) {
     // A thread waits in the kernel for a daemon that does not answer: a normal exit would wait
     // for it too (mount_checks.h).
-    if (probe == MountProbe::kNotAnswering) _exit(1);
-    return 1;
+    if (probe == MountProbe::kNotAnswering) {
+      Fail(error);
+      _exit(1);
+    }
+    return Failure(error);
   }
-  std::optional<gid_t> control_group;
-  if (!config.control_group.empty()) {
-    control_group = ResolveGroup(config.control_group);
-    if (!control_group)
-      return Fail("--control-group '" + config.control_group + "': no such group");
+  if (!config_.control_group.empty()) {
+    control_group_ = ResolveGroup(config_.control_group);
+    if (!control_group_) return Failure("--control-group '" + config_.control_group + "': no such group");
   }
-  if (!CheckFuseDevice(kFuseDevice, &error)) return Fail(error);
+  if (!CheckFuseDevice(kFuseDevice, &error)) return Failure(error);
+  return Status::Ok();
+}
 
-  // The cache lives in files in --cache-dir, where a restart finds it; else, as root, in files on
-  // a private tmpfs; both can pass fully cached files through. Otherwise in anonymous memory. The
-  // cache dir is opened (and locked) before detaching, so that its errors reach the caller; the
-  // lock is inherited by the daemon.
-  std::unique_ptr<BlockStore> store;
-  FileBlockStore* cache_dir_store = nullptr;
-  std::string store_name = "private tmpfs";
-  bool store_in_files = true;
-  if (!config.cache_dir.empty()) {
-    if (!CheckCacheDir(config.cache_dir, *paths, &error)) return Fail(error);
-    auto dir = FileBlockStore::OpenDir(config.cache_dir, config.block_size, &error);
-    if (dir == nullptr) return Fail(error);
-    cache_dir_store = dir.get();
-    store = std::move(dir);
-    store_name = "cache dir " + config.cache_dir;
-  } else if (auto shm = FileBlockStore::Create(config.block_size, config.cache_size + (64u << 20));
+// The cache lives in files in --cache-dir, where a restart finds it; else, as root, in files on a
+// private tmpfs; both can pass fully cached files through. Otherwise in anonymous memory. The
+// cache dir is opened (and locked) before detaching, so that its errors reach the caller; the lock
+// is inherited by the daemon.
+Status Daemon::OpenStore() {
+  std::string error;
+  if (!config_.cache_dir.empty()) {
+    if (!CheckCacheDir(config_.cache_dir, *paths_, &error)) return Failure(error);
+    auto dir = FileBlockStore::OpenDir(config_.cache_dir, config_.block_size, &error);
+    if (dir == nullptr) return Failure(error);
+    cache_dir_store_ = dir.get();
+    store_ = std::move(dir);
+    store_name_ = "cache dir " + config_.cache_dir;
+  } else if (auto shm = FileBlockStore::Create(config_.block_size,
+                                               config_.cache_size + kPrivateTmpfsSlack);
              shm.ok()) {
-    store = std::move(shm.value());
+    store_ = std::move(shm.value());
   } else {
-    store = std::make_unique<RamBlockStore>();
-    store_name = "anonymous memory";
-    store_in_files = false;
+    store_ = std::make_unique<RamBlockStore>();
+    store_name_ = "anonymous memory";
+    store_in_files_ = false;
     spdlog::debug("private tmpfs for the cache refused ({}); caching in anonymous memory",
                   shm.error().Message());
   }
+  return Status::Ok();
+}
 
-  const int ready_fd = config.foreground ? -1 : Detach();
-  if (!config.foreground && ready_fd < 0)
-    return Fail(std::string("cannot detach: ") + std::strerror(errno));
-  if (cache_dir_store != nullptr)
-    cache_dir_store->NoteOwner();  // the daemon's pid, not the caller's
-  std::unique_ptr<BackendReader> reader;
-  std::string backend = "io_uring";
-  if (auto uring = MakeUringReader(config.backend_depth, /*adaptive=*/true,
+// io_uring, or a pool of pread threads where the kernel refuses it; then the layers in front.
+void Daemon::MakeBackend() {
+  if (auto uring = MakeUringReader(config_.backend_depth, /*adaptive=*/true,
                                    [](const std::string& line) { spdlog::debug("{}", line); });
       uring.ok()) {
-    reader = std::move(uring.value());
+    reader_ = std::move(uring.value());
   } else {
     spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",
-                 uring.error().Message(), config.backend_depth);
-    reader = std::make_unique<PreadReader>(config.backend_depth);
-    backend = "pread";
+                 uring.error().Message(), config_.backend_depth);
+    reader_ = std::make_unique<PreadReader>(config_.backend_depth);
+    backend_kind_ = "pread";
   }
   // Blocks' memory is faulted in on a few threads ahead of the reads, not by the ring's one thread
   // inside each O_DIRECT read (cache/backend/populating_reader.h).
-  reader = std::make_unique<PopulatingReader>(std::move(reader), PopulateThreads());
+  reader_ = std::make_unique<PopulatingReader>(std::move(reader_), PopulateThreads());
   // In front of both: a bounded share of the backend per file, and a timeout for reads that hang
   // (cache/backend/bounded_reader.h).
   BoundedReaderOptions bounded_options;
   bounded_options.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.backend_timeout * 1000));
-  auto bounded_owner = std::make_unique<BoundedReader>(std::move(reader), bounded_options);
-  BoundedReader* bounded = bounded_owner.get();
-  reader = std::move(bounded_owner);
-  BlockCache cache(*store, *reader, {config.cache_size, config.block_size});
-  if (const BlockCache::Adopted kept = cache.AdoptStored(); kept.blocks + kept.discarded_blocks) {
+      std::chrono::milliseconds(static_cast<int64_t>(config_.backend_timeout * 1000));
+  auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
+  bounded_ = bounded.get();
+  reader_ = std::move(bounded);
+}
+
+Status Daemon::BuildCache() {
+  if (Status s = OpenStore(); !s.ok()) return s;
+  // Before any thread exists (the backend's are the first).
+  if (!config_.foreground) {
+    ready_fd_ = Detach();
+    if (ready_fd_ < 0) return Failure(std::string("cannot detach: ") + std::strerror(errno));
+  }
+  if (cache_dir_store_ != nullptr) cache_dir_store_->NoteOwner();  // the daemon's pid
+  MakeBackend();
+  cache_ = std::make_unique<BlockCache>(*store_, *reader_,
+                                        BlockCache::Options{config_.cache_size, config_.block_size});
+  if (const BlockCache::Adopted kept = cache_->AdoptStored(); kept.blocks + kept.discarded_blocks) {
     spdlog::info("cache dir {}: {} cached by an earlier run, served without refetching{}",
-                 config.cache_dir, FormatBytes(kept.bytes),
+                 config_.cache_dir, FormatBytes(kept.bytes),
                  kept.discarded_blocks == 0
                      ? ""
                      : fmt::format(" ({} blocks over the budget dropped)", kept.discarded_blocks));
   }
-  // A stream runs up to a quarter of the cache ahead of its reader (at most 1 GiB of 4 MiB blocks),
-  // with as many fetches in flight as the backend takes.
-  PrefetcherOptions prefetch;
-  prefetch.block_size = config.block_size;
-  prefetch.stream_threshold = config.stream_threshold;
-  prefetch.limits.ahead = std::clamp<uint64_t>(config.cache_size / 4 / config.block_size, 2, 256);
-  prefetch.limits.max_in_flight = config.backend_depth;
-  prefetch.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
-  Prefetcher prefetcher(cache, prefetch);
-  FsOptions fs_options;
-  fs_options.block_size = config.block_size;
-  fs_options.readahead_blocks = config.readahead_blocks;
-  fs_options.fill = FillMode(config.fill_on_open);
-  auto fs = ReadThroughFs::Create(paths->source, cache, fs_options, &prefetcher);
-  if (!fs.ok()) return Fail("source '" + config.source + "': " + fs.error().Message());
+  prefetch_.block_size = config_.block_size;
+  prefetch_.stream_threshold = config_.stream_threshold;
+  prefetch_.limits.ahead = StreamAheadBlocks(config_.cache_size, config_.block_size);
+  prefetch_.limits.max_in_flight = config_.backend_depth;
+  prefetch_.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
+  prefetcher_ = std::make_unique<Prefetcher>(*cache_, prefetch_);
+  return Status::Ok();
+}
 
-  SessionOptions session_options;
-  session_options.source = paths->source;
-  session_options.mountpoint = paths->mountpoint;
-  session_options.fuse_options = config.fuse_options;
-  session_options.attr_timeout = config.attr_timeout;
-  session_options.entry_timeout = config.entry_timeout;
-  session_options.passthrough = config.passthrough && store_in_files;
-  auto session = FuseSession::Create(**fs, session_options);
-  if (!session.ok()) return Fail("cannot create the FUSE session (bad -o option?)");
+Status Daemon::BuildFilesystem() {
+  fs_options_.block_size = config_.block_size;
+  fs_options_.readahead_blocks = config_.readahead_blocks;
+  fs_options_.fill = FillModeFor(config_.fill_on_open, UsableCpus());
+  auto fs = ReadThroughFs::Create(paths_->source, *cache_, fs_options_, prefetcher_.get());
+  if (!fs.ok()) return Failure("source '" + config_.source + "': " + fs.error().Message());
+  fs_ = std::move(fs.value());
+
+  session_options_.source = paths_->source;
+  session_options_.mountpoint = paths_->mountpoint;
+  session_options_.fuse_options = config_.fuse_options;
+  session_options_.attr_timeout = config_.attr_timeout;
+  session_options_.entry_timeout = config_.entry_timeout;
+  session_options_.passthrough = config_.passthrough && store_in_files_;
+  auto session = FuseSession::Create(*fs_, session_options_);
+  if (!session.ok()) return Failure("cannot create the FUSE session (bad -o option?)");
+  session_ = std::move(session.value());
   // Streamed blocks go into the kernel's page cache ahead of mmap faults. Stopped before the
   // session goes.
-  std::unique_ptr<PagePusher> pusher;
-  if (config.push && config.stream_threshold > 0) {
+  if (config_.push && config_.stream_threshold > 0) {
     PagePusher::Options push;
-    push.block_size = config.block_size;
-    push.hole_every = std::max<uint64_t>(1, prefetch.limits.ahead / 4);
-    push.pushed = [&prefetcher](const FileKey& file) { prefetcher.Resume(file); };
-    pusher = std::make_unique<PagePusher>(cache, (*session)->kernel_cache(), std::move(push));
-    prefetcher.SetFetchedHook(
-        [p = pusher.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
-    (*fs)->EnablePagePush(pusher.get());
+    push.block_size = config_.block_size;
+    push.hole_every = PagePusher::HoleEvery(prefetch_.limits.ahead);
+    push.pushed = [p = prefetcher_.get()](const FileKey& file) { p->Resume(file); };
+    pusher_ = std::make_unique<PagePusher>(*cache_, session_->kernel_cache(), std::move(push));
+    prefetcher_->SetFetchedHook(
+        [p = pusher_.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
+    fs_->EnablePagePush(pusher_.get());
   }
+  return Status::Ok();
+}
 
-  // --- DaemonStats and --metrics (issue 5) ---
-  // One snapshot of the daemon's counters on request, for /metrics (and the control socket's
-  // stats). What it reads lives until after `metrics`, which goes first once the loop ends.
-  const auto started = std::chrono::steady_clock::now();
-  const StatsSource stats_source = [&] {
-    DaemonStats s;
-    s.source = paths->source;
-    s.mountpoint = paths->mountpoint;
-    s.store = store_name;
-    s.passthrough = (*session)->passthrough();
-    s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    s.cache = cache.Stats();
-    s.depth = reader->CurrentDepth();
-    s.depth_limit = config.backend_depth;
-    const BoundedReaderStats backend_stats = bounded->Stats();
-    s.stuck_requests = backend_stats.stuck;
-    s.timed_out_requests = backend_stats.timed_out;
-    s.waiting_requests = backend_stats.waiting;
-    s.open_files = (*fs)->open_files();
-    s.passthrough_files = (*fs)->passthrough_files();
-    s.filling_opens = (*fs)->filling_opens();
-    s.pushed_bytes = pusher ? pusher->Stats().pushed_bytes : 0;
-    return s;
-  };
-  std::unique_ptr<MetricsServer> metrics;
-  if (!config.metrics_address.empty()) {
-    auto server = MetricsServer::Start(config.metrics_address, stats_source);
+// One snapshot of the daemon's counters, for /metrics and the control socket's stats.
+DaemonStats Daemon::Snapshot() const {
+  DaemonStats s;
+  s.source = paths_->source;
+  s.mountpoint = paths_->mountpoint;
+  s.store = store_name_;
+  s.passthrough = session_->passthrough();
+  s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  s.cache = cache_->Stats();
+  s.depth = reader_->CurrentDepth();
+  s.depth_limit = config_.backend_depth;
+  const BoundedReaderStats backend = bounded_->Stats();
+  s.stuck_requests = backend.stuck;
+  s.timed_out_requests = backend.timed_out;
+  s.waiting_requests = backend.waiting;
+  s.open_files = fs_->open_files();
+  s.passthrough_files = fs_->passthrough_files();
+  s.filling_opens = fs_->filling_opens();
+  s.pushed_bytes = pusher_ ? pusher_->Stats().pushed_bytes : 0;
+  return s;
+}
+
+// accelfs-stat and accelfs-warm talk to the control socket, named after the mountpoint
+// (fs/common/control_protocol.h); Prometheus scrapes --metrics. Both stop before the backend.
+Status Daemon::StartControlPlane() {
+  const StatsSource stats = [this] { return Snapshot(); };
+  if (!config_.metrics_address.empty()) {
+    auto server = MetricsServer::Start(config_.metrics_address, stats);
     if (!server.ok()) {
-      return Fail("--metrics " + config.metrics_address +
-                  ": cannot listen there (the port is in use, or the address is not this "
-                  "machine's)");
+      return Failure("--metrics " + config_.metrics_address +
+                     ": cannot listen there (the port is in use, or the address is not this "
+                     "machine's)");
     }
-    metrics = std::move(server.value());
+    metrics_ = std::move(server.value());
   }
-  // --- end DaemonStats and --metrics ---
-
-  // ---- Control channel (issue 5): accelfs-stat and accelfs-warm talk to this over a Unix socket
-  // named after the mountpoint (fs/common/control_protocol.h). Stopped before the backend and unmount.
-  Warmer warmer(open(paths->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), cache,
-                {config.block_size, config.backend_depth, std::chrono::seconds(60)});
-  ControlSources control_sources;
-  control_sources.stats = stats_source;
-  control_sources.open_files = [&] {
+  warmer_ = std::make_unique<Warmer>(
+      open(paths_->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), *cache_,
+      WarmerOptions{config_.block_size, config_.backend_depth, std::chrono::seconds(60)});
+  ControlSources sources;
+  sources.stats = stats;
+  sources.open_files = [this] {
     nlohmann::json open = nlohmann::json::array();
-    for (const OpenFileInfo& f : (*fs)->OpenFiles()) {
+    for (const OpenFileInfo& f : fs_->OpenFiles()) {
       open.push_back({{"name", NameToJson(f.name)},
                       {"size", f.size},
                       {"mode", f.passthrough ? "passthrough" : "cached"}});
     }
     return open;
   };
-  control_sources.warmer = &warmer;
-  ControlServerOptions control_options;
-  control_options.path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
-                         ControlSocketName(paths->mountpoint);
-  control_options.owner = geteuid();
-  control_options.group = control_group;
-  auto control = ControlServer::Start(control_options, control_sources, &error);
+  sources.warmer = warmer_.get();
+  ControlServerOptions options;
+  options.path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
+                 ControlSocketName(paths_->mountpoint);
+  options.owner = geteuid();
+  options.group = control_group_;
+  std::string error;
+  auto control = ControlServer::Start(options, sources, &error);
   if (!control.ok()) {
     spdlog::warn("no control channel ({}): accelfs-stat and accelfs-warm cannot reach this mount",
                  error);
   } else {
-    spdlog::debug("control socket {}", (*control)->path());
+    control_ = std::move(control.value());
+    spdlog::debug("control socket {}", control_->path());
   }
-  // ---- end of the control channel's block
+  return Status::Ok();
+}
 
-  // Mounted only now, with the control socket in place: a tool that finds the mount also finds
-  // its daemon (a stale socket of a killed daemon is swept or replaced above).
-  if (!(*session)->Mount().ok()) {
-    return Fail("cannot mount on '" + config.mountpoint + "' (see the message above)");
+// Mounted only once the control socket is in place: a tool that finds the mount also finds its
+// daemon (a stale socket of a killed daemon is swept or replaced by then).
+Status Daemon::Mount() {
+  if (!session_->Mount().ok()) {
+    return Failure("cannot mount on '" + config_.mountpoint + "' (see the message above)");
   }
-
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
   // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,
   // reports and tells the parent we are ready. Unmounted first (a signal during start): it just
   // ends, and the parent sees the daemon exit.
-  const bool pushing = pusher != nullptr;  // the starter reads this, not `pusher`, reset below
-  std::thread starter([&] {
-    if (!(*session)->WaitInitialized()) return;
+  starter_ = std::thread([this] {
+    if (!session_->WaitInitialized()) return;
     std::string readahead = "kernel default";
-    if (config.readahead_kb > 0) {
-      auto mount = FindMount(paths->mountpoint, "fuse.accelfs");
-      Status s = mount ? SetReadAheadKb(*mount, config.readahead_kb) : Status(Error(ENOENT));
+    if (config_.readahead_kb > 0) {
+      auto mount = FindMount(paths_->mountpoint, "fuse.accelfs");
+      Status s = mount ? SetReadAheadKb(*mount, config_.readahead_kb) : Status(Error(ENOENT));
       if (s.ok()) {
-        readahead = std::to_string(config.readahead_kb) + " KiB";
+        readahead = std::to_string(config_.readahead_kb) + " KiB";
       } else {
         spdlog::warn(
-            "cannot raise the mount's read_ahead_kb to {} ({}; needs root): mmap reads "
-            "will be slower",
-            config.readahead_kb, s.error().Message());
+            "cannot raise the mount's read_ahead_kb to {} ({}; needs root): mmap reads will be "
+            "slower",
+            config_.readahead_kb, s.error().Message());
       }
     }
-    spdlog::info(
-        "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, "
-        "read_ahead {}",
-        paths->source, paths->mountpoint, FormatBytes(config.cache_size), config.cache_size_origin,
-        store_name, FormatBytes(config.block_size), backend, config.backend_depth, readahead);
-    if ((*session)->passthrough()) {
-      spdlog::info(
-          "passthrough on: fully cached files are read by the kernel from the cache, "
-          "without the daemon{}",
-          fs_options.fill != FsOptions::Fill::kOff && config.stream_threshold > 0
-              ? fmt::format("; opens of uncached files from {} wait until they are cached ({})",
-                            FormatBytes(config.stream_threshold),
-                            fs_options.fill == FsOptions::Fill::kAll
-                                ? "all"
-                                : "shards of a set but the last; others stream in")
-              : "");
-    } else {
-      spdlog::info("passthrough off ({}): every read goes through the daemon",
-                   !config.passthrough            ? "--no-passthrough"
-                   : !session_options.passthrough ? "needs root for the cache's tmpfs"
-                                                  : "the kernel does not offer it (needs 6.9+)");
-    }
-    spdlog::debug(
-        "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in "
-        "flight, {}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, "
-        "max_background {}",
-        config.readahead_blocks, FormatBytes(config.stream_threshold), prefetch.limits.ahead,
-        prefetch.limits.max_in_flight, pushing ? "" : "not ", config.attr_timeout,
-        config.entry_timeout, session_options.max_background);
-    ReportReady(ready_fd);
+    ReportStarted(readahead);
+    ReportReady(ready_fd_);
     // systemd: READY only now, when the mount answers and read_ahead_kb is tuned.
-    NotifySystemd("READY=1\nSTATUS=serving " + paths->source + " at " + paths->mountpoint);
+    NotifySystemd("READY=1\nSTATUS=serving " + paths_->source + " at " + paths_->mountpoint);
   });
+  return Status::Ok();
+}
 
-  const int rc = (*session)->Loop();
-  NotifySystemd("STOPPING=1");  // systemd
-  metrics.reset();              // no scrape from here on
-  spdlog::info("unmounting {}", paths->mountpoint);
-  if (control.ok()) (*control)->Stop();
+void Daemon::ReportStarted(const std::string& readahead) const {
+  spdlog::info("mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, read_ahead {}",
+               paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
+               config_.cache_size_origin, store_name_, FormatBytes(config_.block_size),
+               backend_kind_, config_.backend_depth, readahead);
+  if (session_->passthrough()) {
+    spdlog::info(
+        "passthrough on: fully cached files are read by the kernel from the cache, without the "
+        "daemon{}",
+        fs_options_.fill != FsOptions::Fill::kOff && config_.stream_threshold > 0
+            ? fmt::format("; opens of uncached files from {} wait until they are cached ({})",
+                          FormatBytes(config_.stream_threshold),
+                          fs_options_.fill == FsOptions::Fill::kAll
+                              ? "all"
+                              : "shards of a set but the last; others stream in")
+            : "");
+  } else {
+    spdlog::info("passthrough off ({}): every read goes through the daemon",
+                 !config_.passthrough            ? "--no-passthrough"
+                 : !session_options_.passthrough ? "needs root for the cache's tmpfs"
+                                                 : "the kernel does not offer it (needs 6.9+)");
+  }
+  spdlog::debug(
+      "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in flight, "
+      "{}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, max_background {}",
+      config_.readahead_blocks, FormatBytes(config_.stream_threshold), prefetch_.limits.ahead,
+      prefetch_.limits.max_in_flight, config_.push && config_.stream_threshold > 0 ? "" : "not ",
+      config_.attr_timeout, config_.entry_timeout, session_options_.max_background);
+}
+
+int Daemon::ShutDown(int loop_rc) {
+  NotifySystemd("STOPPING=1");
+  metrics_.reset();  // no scrape from here on
+  spdlog::info("unmounting {}", paths_->mountpoint);
+  if (control_) control_->Stop();
   // Finish what the backend has in flight (those READs get their replies) within a grace period,
   // and answer the readers of what is still in flight then with an error: a hung store must not
   // keep the daemon (bounded_reader.h). Then the warmer, whose fetches have all been answered.
-  reader->Stop();
-  warmer.Stop();
-  const CacheStats stats = cache.Stats();
-  const PushStats pushed = pusher ? pusher->Stats() : PushStats{};
+  reader_->Stop();
+  warmer_->Stop();
+  const CacheStats stats = cache_->Stats();
+  const PushStats pushed = pusher_ ? pusher_->Stats() : PushStats{};
   spdlog::info(
       "served {} block reads from the cache and {} by fetching; read {} from the backend ({} "
       "prefetches, {} failed) at depth {}; pushed {} into the page cache",
       stats.hits, stats.misses, FormatBytes(stats.fetched_bytes), stats.prefetches,
-      stats.failed_fetches, reader->CurrentDepth(), FormatBytes(pushed.pushed_bytes));
-  pusher.reset();
-  cache.Shutdown();
-  (*session)->Unmount();  // also ends a starter still waiting for INIT
-  starter.join();
-  if (const uint64_t left = bounded->Stats().abandoned; left > 0) {
+      stats.failed_fetches, reader_->CurrentDepth(), FormatBytes(pushed.pushed_bytes));
+  pusher_.reset();
+  cache_->Shutdown();
+  session_->Unmount();  // also ends a starter still waiting for INIT
+  starter_.join();
+  if (const uint64_t left = bounded_->Stats().abandoned; left > 0) {
     // Reads that never returned still own their buffers and callbacks: nothing they may write
     // into can be freed, so the process ends here, without destructors. The kernel ends the
     // reads with it (their waits are killable); a --cache-dir keeps what was committed.
     spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
     spdlog::default_logger()->flush();
     std::fflush(nullptr);
-    _exit(rc == 0 ? 0 : 1);
+    _exit(loop_rc == 0 ? 0 : 1);
   }
-  session->reset();
-  return rc == 0 ? 0 : 1;
+  session_.reset();
+  return loop_rc == 0 ? 0 : 1;
+}
+
+// Logs to stderr, and also to syslog once detached (stderr then goes to /dev/null). Under systemd
+// (stderr is the journal) to the journal only, each line at its level.
+void SetUpLogging(const Config& config) {
+  std::vector<spdlog::sink_ptr> sinks;
+  if (StderrIsJournal()) {
+    sinks.push_back(std::make_shared<spdlog::sinks::systemd_sink_mt>("accelfs"));
+  } else {
+    sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    sinks[0]->set_pattern("accelfs: %l: %v");
+  }
+  if (!config.foreground && !StderrIsJournal()) {
+    sinks.push_back(std::make_shared<spdlog::sinks::syslog_sink_mt>("accelfs", LOG_PID, LOG_DAEMON,
+                                                                    /*enable_formatting=*/false));
+  }
+  auto logger = std::make_shared<spdlog::logger>("accelfs", sinks.begin(), sinks.end());
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
 }
 
 }  // namespace
@@ -419,21 +510,6 @@ int main(int argc, char** argv) {
     std::fputs(parsed.output.c_str(), parsed.exit_code == 0 ? stdout : stderr);
     return parsed.exit_code;
   }
-  // A detached daemon logs to syslog too: its stderr goes to /dev/null once the mount is ready.
-  // Under systemd (stderr is the journal) it logs to the journal only, each line at its level.
-  std::vector<spdlog::sink_ptr> sinks;
-  if (accelfs::StderrIsJournal()) {
-    sinks.push_back(std::make_shared<spdlog::sinks::systemd_sink_mt>("accelfs"));
-  } else {
-    sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
-    sinks[0]->set_pattern("accelfs: %l: %v");
-  }
-  if (!parsed.config->foreground && !accelfs::StderrIsJournal()) {
-    sinks.push_back(std::make_shared<spdlog::sinks::syslog_sink_mt>("accelfs", LOG_PID, LOG_DAEMON,
-                                                                    /*enable_formatting=*/false));
-  }
-  auto logger = std::make_shared<spdlog::logger>("accelfs", sinks.begin(), sinks.end());
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(parsed.config->log_level));
-  return accelfs::Run(*parsed.config);
+  accelfs::SetUpLogging(*parsed.config);
+  return accelfs::Daemon(*parsed.config).Run();
 }

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fs/daemon/mount_checks.h"
+#include "fs/common/mountinfo.h"
 
 namespace accelfs {
 

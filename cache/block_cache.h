@@ -134,13 +134,13 @@ class BlockCache {
     State state = State::kQueued;
     BlockBuffer buffer;
     uint32_t expected = 0;
-    size_t charged = 0;                 // budget bytes reserved for the buffer
-    int pins = 0;                       // Refs alive
-    bool zombie = false;                // dropped from the map while pinned
-    bool unread = false;                // prefetched and not asked for yet
-    bool stalled = false;               // its read outlived the backend timeout (still kFetching)
+    size_t charged = 0;    // budget bytes reserved for the buffer
+    int pins = 0;          // Refs alive
+    bool zombie = false;   // dropped from the map while pinned
+    bool unread = false;   // prefetched and not asked for yet
+    bool stalled = false;  // its read outlived the backend timeout (still kFetching)
     std::function<void(Status)> prefetched;  // Prefetch's `done`, run when the fetch finishes
-    std::shared_ptr<BackingFile> file;  // while queued or fetching
+    std::shared_ptr<BackingFile> file;       // while queued or fetching
     std::vector<Waiter> waiters;
     std::list<Entry*>::iterator lru_pos{};  // valid while kReady and in the map
   };

@@ -117,11 +117,13 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_si
       new FileBlockStore(mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
 }
 
-std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir, uint32_t block_size,
-                                                        std::string* error) {
+Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::string& dir,
+                                                                uint32_t block_size) {
+  // `err`: what the syscall said; 0 when it set no errno (the line then names none, the code is
+  // EIO).
   const auto fail = [&](const std::string& what, int err) {
-    *error = "cache dir '" + dir + "': " + what + (err != 0 ? ": " + Error(err).Message() : "");
-    return nullptr;
+    return Error(err != 0 ? err : EIO, "cache dir '" + dir + "': " + what +
+                                           (err != 0 ? ": " + Error(err).Message() : ""));
   };
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail("cannot create it", errno);
   const int root_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -141,9 +143,9 @@ std::unique_ptr<FileBlockStore> FileBlockStore::OpenDir(const std::string& dir, 
     if (err == EWOULDBLOCK) {
       std::string holder(pid);
       holder.erase(holder.find_last_not_of(" \n") + 1);
-      return fail("in use by another accelfs" + (holder.empty() ? "" : " (pid " + holder + ")") +
-                      "; give each mount its own cache dir",
-                  0);
+      return Error(EBUSY, "cache dir '" + dir + "': in use by another accelfs" +
+                              (holder.empty() ? "" : " (pid " + holder + ")") +
+                              "; give each mount its own cache dir");
     }
     return fail("cannot lock it", err);
   }

@@ -6,7 +6,7 @@
 // Two homes:
 // - Private (Create): a tmpfs created with the new mount API (fsopen/fsmount) and never attached
 //   to the tree, so no other process can see it and it disappears with the daemon. huge=within_size
-//   (2 MiB pages for big files: DESIGN.md section 2 on daemon CPU). Needs CAP_SYS_ADMIN.
+//   (2 MiB pages for big files: docs/DESIGN.md section 2 on daemon CPU). Needs CAP_SYS_ADMIN.
 // - A cache directory (OpenDir, --cache-dir): a tmpfs such as /dev/shm/accelfs, or a local NVMe
 //   directory as a persistent tier. Blocks outlive the daemon: a restart over the same directory
 //   finds them (TakeStored) and serves them without refetching.
@@ -41,11 +41,12 @@ class FileBlockStore final : public BlockStore {
   static Result<std::unique_ptr<FileBlockStore>> Create(uint32_t block_size, uint64_t size_limit);
 
   // The cache directory `dir` (created, mode 0700, when missing). Locks it for this store's life:
-  // a second store on the same directory, in this process or another, fails with `*error` naming
-  // the holder's pid. Reads what earlier daemons left: blocks of another block size, records that
-  // do not parse and data files of the wrong size are removed. nullptr and `*error` on failure.
-  static std::unique_ptr<FileBlockStore> OpenDir(const std::string& dir, uint32_t block_size,
-                                                 std::string* error);
+  // a second store on the same directory, in this process or another, fails with EBUSY and a line
+  // naming the holder's pid. Reads what earlier daemons left: blocks of another block size,
+  // records that do not parse and data files of the wrong size are removed. On failure, the
+  // syscall's errno and one line naming the directory.
+  static Result<std::unique_ptr<FileBlockStore>> OpenDir(const std::string& dir,
+                                                         uint32_t block_size);
   ~FileBlockStore() override;
 
   Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override;

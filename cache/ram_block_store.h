@@ -1,6 +1,6 @@
 // Blocks in anonymous memory, on transparent huge pages where the kernel allows it: writing a
 // reply to /dev/fuse pins the source pages one by one, and 2 MiB pages halve the daemon's CPU per
-// GiB served (DESIGN.md section 2).
+// GiB served (docs/DESIGN.md section 2).
 #pragma once
 
 #include "cache/block_store.h"

@@ -47,12 +47,13 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache {
     ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingClose, &id);
   }
 
-  int Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
+  Status Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
     fuse_bufvec buf = FUSE_BUFVEC_INIT(data.size());
     buf.buf[0].mem = const_cast<std::byte*>(data.data());  // libfuse only reads it
     const int rc = fuse_lowlevel_notify_store(session, ino, static_cast<off_t>(offset), &buf,
                                               static_cast<fuse_buf_copy_flags>(0));
-    return rc < 0 ? -rc : 0;
+    if (rc < 0) return Error(-rc);
+    return Status::Ok();
   }
 
   ReadThroughFs& fs;
@@ -500,13 +501,13 @@ bool FuseSession::passthrough() const { return impl_->Enabled(); }
 
 KernelCache& FuseSession::kernel_cache() { return *impl_; }
 
-int FuseSession::Loop() {
+Status FuseSession::Loop() {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 1);
   fuse_loop_cfg_set_max_threads(config, impl_->options.max_threads);
   const int rc = fuse_session_loop_mt(impl_->session, config);
   fuse_loop_cfg_destroy(config);
-  return rc < 0 ? -rc : 0;
+  return rc < 0 ? Status(Error(-rc)) : Status::Ok();
 }
 
 bool FuseSession::WaitInitialized() {

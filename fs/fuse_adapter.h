@@ -18,7 +18,7 @@ struct SessionOptions {
   double attr_timeout = 3600;
   double entry_timeout = 3600;
   // Readahead READs are background requests; the kernel's default of 12 caps a cold read's
-  // parallelism (DESIGN.md section 2).
+  // parallelism (docs/DESIGN.md section 2).
   unsigned max_background = 64;
   unsigned max_threads = 16;
   // Offer FUSE passthrough to the kernel (fully cached files then never reach the daemon). Only
@@ -33,8 +33,9 @@ class FuseSession {
   ~FuseSession();  // unmounts if mounted
 
   Status Mount();
-  // Serves requests on a thread pool until unmounted or signalled. Returns 0 or an errno.
-  int Loop();
+  // Serves requests on a thread pool until unmounted or signalled. Its error: what ended the loop,
+  // when not an unmount.
+  Status Loop();
   void Unmount();
   // Blocks until the kernel has processed the INIT reply (true: the mount answers requests and its
   // read_ahead_kb may be tuned) or Unmount was called (false). Unlike a stat of the mount, this

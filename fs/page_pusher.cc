@@ -103,7 +103,7 @@ void PagePusher::Run() {
           offset += kPage;
         }
         for (uint64_t ino : inodes) {
-          if (kernel_.Store(ino, offset, data) == 0) {
+          if (kernel_.Store(ino, offset, data).ok()) {
             bytes += data.size();
           } else {
             ++failed;  // the kernel forgot the inode, or the mount is going away

@@ -1,4 +1,4 @@
-// Pushes prefetched blocks into the kernel's page cache ahead of the reader (DESIGN.md §2:
+// Pushes prefetched blocks into the kernel's page cache ahead of the reader (docs/DESIGN.md §2:
 // fuse_lowlevel_notify_store). A loader that mmaps a shard faults its pages in; each fault that
 // misses the page cache waits for a READ round trip through the daemon, and the kernel's
 // read-around keeps only a few of those in flight. Blocks the stream fetched before anyone asked
@@ -30,6 +30,7 @@
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/result.h"
 
 namespace accelfs {
 
@@ -37,8 +38,8 @@ namespace accelfs {
 class KernelCache {
  public:
   virtual ~KernelCache() = default;
-  // Stores `data` at `offset` of inode `ino`'s pages. Returns 0 or an errno.
-  virtual int Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) = 0;
+  // Stores `data` at `offset` of inode `ino`'s pages. The kernel's errno when it refuses.
+  virtual Status Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) = 0;
 };
 
 struct PushStats {
@@ -51,12 +52,14 @@ class PagePusher {
  public:
   struct Options {
     uint32_t block_size = kDefaultBlockSize;
-    uint64_t hole_every = 0;  // 0: push whole blocks only
+    uint64_t hole_every = 0;                     // 0: push whole blocks only
     std::function<void(const FileKey&)> pushed;  // called after each push, no lock held
   };
   // A hole every quarter of the stream's window (`ahead_blocks`): the stream learns where the
   // reader is four times per window, often enough that it never waits a whole window.
-  static uint64_t HoleEvery(uint64_t ahead_blocks) { return std::max<uint64_t>(1, ahead_blocks / 4); }
+  static uint64_t HoleEvery(uint64_t ahead_blocks) {
+    return std::max<uint64_t>(1, ahead_blocks / 4);
+  }
   // REQUIRES: cache and kernel outlive this.
   PagePusher(BlockCache& cache, KernelCache& kernel, Options options);
   ~PagePusher();  // stops the thread; queued pushes are dropped

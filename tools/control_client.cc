@@ -63,39 +63,38 @@ std::optional<PathInMount> LocatePath(const std::vector<AccelfsMount>& mounts,
   return best;
 }
 
-std::optional<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& mounts,
-                                           const std::string& path, std::string* error) {
-  if (auto found = LocatePath(mounts, AbsolutePath(path))) return found;
+Result<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& mounts,
+                                    const std::string& path) {
+  if (auto found = LocatePath(mounts, AbsolutePath(path))) return *found;
   char real[PATH_MAX];
   if (realpath(path.c_str(), real) != nullptr) {
-    if (auto found = LocatePath(mounts, real)) return found;
+    if (auto found = LocatePath(mounts, real)) return *found;
   } else if (errno == ENOENT) {
-    *error = "'" + EscapeName(path) + "': no such file or directory";
-    return std::nullopt;
+    return Error(ENOENT, "'" + EscapeName(path) + "': no such file or directory");
   }
-  *error = "'" + EscapeName(path) + "' is not inside an accelfs mount" +
-           (mounts.empty() ? " (no accelfs mount on this machine)" : "");
-  return std::nullopt;
+  return Error(EINVAL, "'" + EscapeName(path) + "' is not inside an accelfs mount" +
+                           (mounts.empty() ? " (no accelfs mount on this machine)" : ""));
 }
 
-bool GroupByMount(const std::vector<AccelfsMount>& mounts, const std::vector<std::string>& paths,
-                  std::vector<MountPaths>* groups, std::string* error) {
+Result<std::vector<MountPaths>> GroupByMount(const std::vector<AccelfsMount>& mounts,
+                                             const std::vector<std::string>& paths) {
+  std::vector<MountPaths> groups;
   for (const auto& path : paths) {
-    auto where = FindPathInMount(mounts, path, error);
-    if (!where) return false;
-    auto it = std::find_if(groups->begin(), groups->end(), [&](const MountPaths& g) {
+    Result<PathInMount> where = FindPathInMount(mounts, path);
+    if (!where.ok()) return where.error();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const MountPaths& g) {
       return g.mount.mountpoint == where->mount.mountpoint;
     });
-    if (it == groups->end()) {
-      groups->push_back({where->mount, {}});
-      it = groups->end() - 1;
+    if (it == groups.end()) {
+      groups.push_back({where->mount, {}});
+      it = groups.end() - 1;
     }
     it->relative.push_back(where->relative);
   }
-  return true;
+  return groups;
 }
 
-std::optional<ControlClient> ControlClient::Connect(const AccelfsMount& mount, std::string* error) {
+Result<ControlClient> ControlClient::Connect(const AccelfsMount& mount) {
   const std::vector<std::string> candidates = ControlSocketCandidates(
       mount.mountpoint, mount.uid, geteuid(), std::getenv("XDG_RUNTIME_DIR"));
   int first_error = ENOENT;
@@ -103,8 +102,8 @@ std::optional<ControlClient> ControlClient::Connect(const AccelfsMount& mount, s
   for (const auto& path : candidates) {
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-      *error = std::string("socket: ") + std::strerror(errno);
-      return std::nullopt;
+      const int err = errno;
+      return Error(err, std::string("socket: ") + std::strerror(err));
     }
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
@@ -125,39 +124,43 @@ std::optional<ControlClient> ControlClient::Connect(const AccelfsMount& mount, s
   }
   const std::string where = "the accelfs daemon of " + mount.mountpoint;
   if (first_error == EACCES || first_error == EPERM) {
-    *error = "permission denied on the control socket " + first_path + " of " + mount.mountpoint +
-             " (it belongs to uid " + std::to_string(mount.uid) +
-             "; mount with --control-group to share it)";
-  } else if (first_error == ECONNREFUSED || first_error == ENOENT) {
-    *error = where + " is not running (" +
-             (first_error == ENOENT ? "no control socket" : "stale control socket " + first_path) +
-             "); if the mount is stale, clear it with: fusermount3 -u " + mount.mountpoint;
-  } else {
-    *error = "cannot connect to " + where + " at " + first_path + ": " + std::strerror(first_error);
+    return Error(first_error, "permission denied on the control socket " + first_path + " of " +
+                                  mount.mountpoint + " (it belongs to uid " +
+                                  std::to_string(mount.uid) +
+                                  "; mount with --control-group to share it)");
   }
-  return std::nullopt;
+  if (first_error == ECONNREFUSED || first_error == ENOENT) {
+    return Error(
+        first_error,
+        where + " is not running (" +
+            (first_error == ENOENT ? "no control socket" : "stale control socket " + first_path) +
+            "); if the mount is stale, clear it with: fusermount3 -u " + mount.mountpoint);
+  }
+  return Error(first_error, "cannot connect to " + where + " at " + first_path + ": " +
+                                std::strerror(first_error));
 }
 
 ControlClient::~ControlClient() {
   if (fd_ >= 0) close(fd_);
 }
 
-bool ControlClient::Send(const nlohmann::json& message, std::string* error) {
+Status ControlClient::Send(const nlohmann::json& message) {
   const std::string line = DumpJson(message) + "\n";
   size_t sent = 0;
   while (sent < line.size()) {
     const ssize_t n = send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      *error = std::string("the daemon closed the control connection: ") + std::strerror(errno);
-      return false;
+      const int err = errno;
+      return Error(err != 0 ? err : EPIPE,
+                   std::string("the daemon closed the control connection: ") + std::strerror(err));
     }
     sent += static_cast<size_t>(n);
   }
-  return true;
+  return Status::Ok();
 }
 
-std::optional<nlohmann::json> ControlClient::Receive(std::string* error) {
+Result<nlohmann::json> ControlClient::Receive() {
   char chunk[8192];
   for (;;) {
     const size_t newline = buffer_.find('\n');
@@ -166,32 +169,28 @@ std::optional<nlohmann::json> ControlClient::Receive(std::string* error) {
                                                /*allow_exceptions=*/false);
       buffer_.erase(0, newline + 1);
       if (j.is_discarded() || !j.is_object()) {
-        *error = "the daemon sent a malformed reply";
-        return std::nullopt;
+        return Error(EPROTO, "the daemon sent a malformed reply");
       }
       return j;
     }
     const ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      *error = "the daemon did not answer within 30 s";
-      return std::nullopt;
+      return Error(ETIMEDOUT, "the daemon did not answer within 30 s");
     }
     if (n <= 0) {
-      *error = "the daemon closed the control connection (did it stop?)";
-      return std::nullopt;
+      const int err = n < 0 ? errno : ECONNRESET;
+      return Error(err, "the daemon closed the control connection (did it stop?)");
     }
     buffer_.append(chunk, static_cast<size_t>(n));
   }
 }
 
-std::optional<nlohmann::json> ControlClient::Call(const nlohmann::json& request,
-                                                  std::string* error) {
-  if (!Send(request, error)) return std::nullopt;
-  std::optional<nlohmann::json> reply = Receive(error);
-  if (reply && !reply->value("ok", false)) {
-    *error = reply->value("error", std::string("the daemon refused the request"));
-    return std::nullopt;
+Result<nlohmann::json> ControlClient::Call(const nlohmann::json& request) {
+  if (Status sent = Send(request); !sent.ok()) return sent.error();
+  Result<nlohmann::json> reply = Receive();
+  if (reply.ok() && !reply->value("ok", false)) {
+    return Error(EREMOTEIO, reply->value("error", std::string("the daemon refused the request")));
   }
   return reply;
 }

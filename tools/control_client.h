@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/result.h"
+
 namespace accelfs {
 
 struct AccelfsMount {
@@ -35,25 +37,25 @@ struct PathInMount {
 std::optional<PathInMount> LocatePath(const std::vector<AccelfsMount>& mounts,
                                       const std::string& path);
 
-// LocatePath of AbsolutePath(path), then of its realpath (a symlink to the mount). One line in
-// `error` when it is in no accelfs mount.
-std::optional<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& mounts,
-                                           const std::string& path, std::string* error);
+// LocatePath of AbsolutePath(path), then of its realpath (a symlink to the mount). An error with
+// one line when it is in no accelfs mount: ENOENT when the path does not exist, else EINVAL.
+Result<PathInMount> FindPathInMount(const std::vector<AccelfsMount>& mounts,
+                                    const std::string& path);
 
 // Paths grouped by the mount each is in: mounts in the order first seen, each group's relative
-// paths in the order given. False and one line in `error` for a path in no accelfs mount.
+// paths in the order given. FindPathInMount's error for a path in no accelfs mount.
 struct MountPaths {
   AccelfsMount mount;
   std::vector<std::string> relative;
 };
-bool GroupByMount(const std::vector<AccelfsMount>& mounts, const std::vector<std::string>& paths,
-                  std::vector<MountPaths>* groups, std::string* error);
+Result<std::vector<MountPaths>> GroupByMount(const std::vector<AccelfsMount>& mounts,
+                                             const std::vector<std::string>& paths);
 
 class ControlClient {
  public:
-  // Connects to the daemon of `mount`. One line in `error` (daemon not running, permission denied
-  // on the socket) on failure.
-  static std::optional<ControlClient> Connect(const AccelfsMount& mount, std::string* error);
+  // Connects to the daemon of `mount`. On failure, the errno of the connect (or socket) that
+  // failed, with one line (daemon not running, permission denied on the socket).
+  static Result<ControlClient> Connect(const AccelfsMount& mount);
   ControlClient(ControlClient&& other) noexcept
       : fd_(other.fd_), buffer_(std::move(other.buffer_)) {
     other.fd_ = -1;
@@ -61,11 +63,13 @@ class ControlClient {
   ControlClient& operator=(ControlClient&&) = delete;
   ~ControlClient();
 
-  bool Send(const nlohmann::json& message, std::string* error);
-  // The next message; nullopt and one line in `error` when the daemon closed or sent garbage.
-  std::optional<nlohmann::json> Receive(std::string* error);
-  // Send, then Receive; a reply with "ok": false becomes its "error".
-  std::optional<nlohmann::json> Call(const nlohmann::json& request, std::string* error);
+  // One message; send's errno with one line when the daemon closed the connection.
+  Status Send(const nlohmann::json& message);
+  // The next message. Errors, with one line: EPROTO when the daemon sent garbage, ETIMEDOUT when
+  // it did not answer in time, ECONNRESET (or recv's errno) when it closed.
+  Result<nlohmann::json> Receive();
+  // Send, then Receive; a reply with "ok": false becomes EREMOTEIO with its "error".
+  Result<nlohmann::json> Call(const nlohmann::json& request);
 
  private:
   explicit ControlClient(int fd) : fd_(fd) {}

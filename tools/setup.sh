@@ -9,7 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime.
-test_packages=(clang-14 libclang-rt-14-dev)
+test_packages=(clang-14 libclang-rt-14-dev clang-format-14)
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]
@@ -49,6 +49,19 @@ run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
   ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$jobs" "$@"
 }
 
+check_format() {  # every C++ file laid out as .clang-format says, by Debian's clang-format-14
+  local files
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    mapfile -t files < <(git ls-files '*.cc' '*.h')
+  else
+    mapfile -t files < <(find fs cache tools tests -name '*.cc' -o -name '*.h')
+  fi
+  if ! clang-format-14 --dry-run --Werror "${files[@]}"; then
+    echo "setup.sh: files above are not clang-format-14 clean: run clang-format-14 -i on them" >&2
+    return 1
+  fi
+}
+
 # Sourced (by tests/tools/setup_test.sh): the functions only.
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 
@@ -67,6 +80,7 @@ case "${1:-}" in
     ;;
   test)
     install_missing "${test_packages[@]}"
+    check_format
     configure_tests build
     cmake --build build -j"$jobs"
     run_tests build

@@ -3,6 +3,7 @@
 // reached, 2 on usage errors.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "fs/common/daemon_stats.h"
 #include "fs/common/format.h"
 #include "fs/common/names.h"
 #include "tools/cli.h"
@@ -33,18 +35,17 @@ std::string HitRatio(uint64_t hits, uint64_t misses) {
   return hits + misses == 0 ? "-" : FormatPercent(hits, hits + misses);
 }
 
-// The mounts to show: MOUNT (any path inside one), or every accelfs mount.
-bool SelectMounts(const std::string& mount, std::vector<AccelfsMount>* out, std::string* error) {
+// The mounts to show: MOUNT (any path inside one), or every accelfs mount (ENOENT when there is
+// none).
+Result<std::vector<AccelfsMount>> SelectMounts(const std::string& mount) {
   const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
   if (mount.empty()) {
-    *out = mounts;
-    if (out->empty()) *error = "no accelfs mount on this machine";
-    return !out->empty();
+    if (mounts.empty()) return Error(ENOENT, "no accelfs mount on this machine");
+    return mounts;
   }
-  auto where = FindPathInMount(mounts, mount, error);
-  if (!where) return false;
-  out->push_back(where->mount);
-  return true;
+  Result<PathInMount> where = FindPathInMount(mounts, mount);
+  if (!where.ok()) return where.error();
+  return std::vector<AccelfsMount>{where->mount};
 }
 
 struct Sample {
@@ -53,73 +54,72 @@ struct Sample {
   std::chrono::steady_clock::time_point at;
 };
 
-std::optional<Sample> Take(const AccelfsMount& mount, bool with_open, std::string* error) {
-  auto client = ControlClient::Connect(mount, error);
-  if (!client) return std::nullopt;
-  auto stats = client->Call({{"op", "stats"}}, error);
-  if (!stats) return std::nullopt;
+Result<Sample> Take(const AccelfsMount& mount, bool with_open) {
+  auto client = ControlClient::Connect(mount);
+  if (!client.ok()) return client.error();
+  auto stats = client->Call({{"op", "stats"}});
+  if (!stats.ok()) return stats.error();
   Sample s{(*stats)["stats"], nlohmann::json::array(), std::chrono::steady_clock::now()};
   if (with_open) {
-    auto open = client->Call({{"op", "open"}}, error);
-    if (!open) return std::nullopt;
+    auto open = client->Call({{"op", "open"}});
+    if (!open.ok()) return open.error();
     s.open = (*open)["open"];
   }
   return s;
 }
 
+// A sample's stats as the daemon filled them (read by kStatsFields' keys, so that no key is spelt
+// here).
+DaemonStats StatsOf(const Sample& s) { return DaemonStatsFromJson(s.stats); }
+
 // Backend bytes per second since `previous`, or since the daemon started.
 double BackendRate(const Sample& now, const Sample* previous) {
-  const uint64_t fetched = U(now.stats["cache"], "fetched_bytes");
+  const DaemonStats st = StatsOf(now);
+  const uint64_t fetched = st.cache.fetched_bytes;
   if (previous == nullptr) {
-    const double up = now.stats.value("uptime_s", 0.0);
+    const double up = st.uptime_s;
     return up > 0 ? static_cast<double>(fetched) / up : 0;
   }
   const double dt = std::chrono::duration<double>(now.at - previous->at).count();
-  const uint64_t before = U(previous->stats["cache"], "fetched_bytes");
+  const uint64_t before = StatsOf(*previous).cache.fetched_bytes;
   return dt > 0 && fetched >= before ? static_cast<double>(fetched - before) / dt : 0;
 }
 
 void PrintSummary(const Sample& s) {
-  const nlohmann::json& st = s.stats;
-  const nlohmann::json& c = st["cache"];
-  std::printf("%s <- %s\n", EscapeName(NameField(st, "mountpoint")).c_str(),
-              EscapeName(NameField(st, "source")).c_str());
+  const DaemonStats st = StatsOf(s);
+  const CacheStats& c = st.cache;
+  std::printf("%s <- %s\n", EscapeName(st.mountpoint).c_str(), EscapeName(st.source).c_str());
   std::printf("  cache      %s / %s (%s), in %s; passthrough %s\n",
-              FormatBytes(U(c, "used_bytes")).c_str(), FormatBytes(U(c, "budget_bytes")).c_str(),
-              FormatPercent(U(c, "used_bytes"), U(c, "budget_bytes")).c_str(),
-              st.value("store", "").c_str(), st.value("passthrough", false) ? "on" : "off");
+              FormatBytes(c.used_bytes).c_str(), FormatBytes(c.budget_bytes).c_str(),
+              FormatPercent(c.used_bytes, c.budget_bytes).c_str(), st.store.c_str(),
+              st.passthrough ? "on" : "off");
   std::printf("  hits       %s of block reads (%llu hits, %llu misses)\n",
-              HitRatio(U(c, "hits"), U(c, "misses")).c_str(),
-              static_cast<unsigned long long>(U(c, "hits")),
-              static_cast<unsigned long long>(U(c, "misses")));
+              HitRatio(c.hits, c.misses).c_str(), static_cast<unsigned long long>(c.hits),
+              static_cast<unsigned long long>(c.misses));
   std::printf("  backend    %s read, %s since start (%s up); depth %llu of %llu\n",
-              FormatBytes(U(c, "fetched_bytes")).c_str(),
-              FormatRate(BackendRate(s, nullptr)).c_str(),
-              FormatDuration(st.value("uptime_s", 0.0)).c_str(),
-              static_cast<unsigned long long>(U(st, "depth")),
-              static_cast<unsigned long long>(U(st, "depth_limit")));
+              FormatBytes(c.fetched_bytes).c_str(), FormatRate(BackendRate(s, nullptr)).c_str(),
+              FormatDuration(st.uptime_s).c_str(), static_cast<unsigned long long>(st.depth),
+              static_cast<unsigned long long>(st.depth_limit));
   std::printf(
       "  in flight  %s (%llu blocks fetching, %llu waiting for room); %llu failed fetches\n",
-      FormatBytes(U(c, "fetching_bytes")).c_str(),
-      static_cast<unsigned long long>(U(c, "fetching_blocks")),
-      static_cast<unsigned long long>(U(c, "queued_blocks")),
-      static_cast<unsigned long long>(U(c, "failed_fetches")));
-  if (const uint64_t stuck = U(st, "stuck_requests");
-      stuck > 0 || U(st, "timed_out_requests") > 0) {
+      FormatBytes(c.fetching_bytes).c_str(), static_cast<unsigned long long>(c.fetching_blocks),
+      static_cast<unsigned long long>(c.queued_blocks),
+      static_cast<unsigned long long>(c.failed_fetches));
+  if (const uint64_t stuck = st.stuck_requests; stuck > 0 || st.timed_out_requests > 0) {
     std::printf(
         "  stuck      %llu backend reads hung past --backend-timeout now; %llu given up on "
         "since start (their readers got ETIMEDOUT)\n",
         static_cast<unsigned long long>(stuck),
-        static_cast<unsigned long long>(U(st, "timed_out_requests")));
+        static_cast<unsigned long long>(st.timed_out_requests));
   }
-  if (const uint64_t waiting = U(st, "waiting_requests"); waiting > 0) {
+  if (const uint64_t waiting = st.waiting_requests; waiting > 0) {
     std::printf("  held back  %llu backend reads of files that have their share in flight\n",
                 static_cast<unsigned long long>(waiting));
   }
   std::printf("  open files %llu (%llu passthrough)",
-              static_cast<unsigned long long>(U(st, "open_files")),
-              static_cast<unsigned long long>(U(st, "passthrough_files")));
-  if (const uint64_t filling = U(st, "filling_opens"); filling > 0) {
+              static_cast<unsigned long long>(st.open_files),
+              static_cast<unsigned long long>(st.passthrough_files));
+  if (const uint64_t filling = st.filling_opens; filling > 0) {
     std::printf("; %llu open%s waiting for the file to be cached",
                 static_cast<unsigned long long>(filling), filling == 1 ? "" : "s");
   }
@@ -136,27 +136,26 @@ void PrintWatchHeader() {
 }
 
 void PrintWatchLine(const Sample& s, const Sample* previous) {
-  const nlohmann::json& st = s.stats;
-  const nlohmann::json& c = st["cache"];
-  uint64_t hits = U(c, "hits");
-  uint64_t misses = U(c, "misses");
+  const DaemonStats st = StatsOf(s);
+  const CacheStats& c = st.cache;
+  uint64_t hits = c.hits;
+  uint64_t misses = c.misses;
   if (previous != nullptr) {
-    hits -= std::min(hits, U(previous->stats["cache"], "hits"));
-    misses -= std::min(misses, U(previous->stats["cache"], "misses"));
+    const CacheStats before = StatsOf(*previous).cache;
+    hits -= std::min(hits, before.hits);
+    misses -= std::min(misses, before.misses);
   }
   char clock[16];
   const std::time_t now = std::time(nullptr);
   std::strftime(clock, sizeof(clock), "%H:%M:%S", std::localtime(&now));
-  const std::string used =
-      FormatBytes(U(c, "used_bytes")) + "/" + FormatBytes(U(c, "budget_bytes"));
-  const std::string depth =
-      std::to_string(U(st, "depth")) + "/" + std::to_string(U(st, "depth_limit"));
+  const std::string used = FormatBytes(c.used_bytes) + "/" + FormatBytes(c.budget_bytes);
+  const std::string depth = std::to_string(st.depth) + "/" + std::to_string(st.depth_limit);
   const std::string open =
-      std::to_string(U(st, "open_files")) + "(" + std::to_string(U(st, "passthrough_files")) + ")";
-  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock,
-              EscapeName(NameField(st, "mountpoint")).c_str(), used.c_str(),
-              HitRatio(hits, misses).c_str(), FormatRate(BackendRate(s, previous)).c_str(),
-              FormatBytes(U(c, "fetching_bytes")).c_str(), depth.c_str(), open.c_str());
+      std::to_string(st.open_files) + "(" + std::to_string(st.passthrough_files) + ")";
+  std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock, EscapeName(st.mountpoint).c_str(),
+              used.c_str(), HitRatio(hits, misses).c_str(),
+              FormatRate(BackendRate(s, previous)).c_str(), FormatBytes(c.fetching_bytes).c_str(),
+              depth.c_str(), open.c_str());
 }
 
 nlohmann::json SampleJson(const Sample& s, const Sample* previous) {
@@ -173,10 +172,9 @@ int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
     nlohmann::json all = nlohmann::json::array();
     if (watch > 0 && !json && round % 20 == 0) PrintWatchHeader();
     for (const AccelfsMount& m : mounts) {
-      std::string error;
-      auto s = Take(m, /*with_open=*/watch == 0, &error);
-      if (!s) {
-        Fail(error);
+      auto s = Take(m, /*with_open=*/watch == 0);
+      if (!s.ok()) {
+        Fail(s.error().Message());
         rc = 1;
         continue;
       }
@@ -202,7 +200,6 @@ int Summary(const std::vector<AccelfsMount>& mounts, bool json, double watch) {
 int Files(const std::vector<std::string>& args, bool json) {
   const std::vector<AccelfsMount> mounts = ListAccelfsMounts();
   std::vector<MountPaths> groups;
-  std::string error;
   if (args.empty()) {
     // The working directory when it is in a mount, else every mount's root.
     if (auto here = LocatePath(mounts, AbsolutePath("."))) {
@@ -211,8 +208,10 @@ int Files(const std::vector<std::string>& args, bool json) {
       for (const auto& m : mounts) groups.push_back({m, {""}});
     }
     if (groups.empty()) return Fail("no accelfs mount on this machine");
-  } else if (!GroupByMount(mounts, args, &groups, &error)) {
-    return Fail(error);
+  } else if (Result<std::vector<MountPaths>> grouped = GroupByMount(mounts, args); grouped.ok()) {
+    groups = std::move(grouped.value());
+  } else {
+    return Fail(grouped.error().Message());
   }
   int rc = 0;
   nlohmann::json all = nlohmann::json::array();
@@ -220,11 +219,15 @@ int Files(const std::vector<std::string>& args, bool json) {
   uint64_t resident = 0;
   uint64_t count = 0;
   for (const auto& [mount, relative] : groups) {
-    auto client = ControlClient::Connect(mount, &error);
-    auto reply = client ? client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}}, &error)
-                        : std::nullopt;
-    if (!reply) {
-      Fail(client ? mount.mountpoint + ": " + error : error);
+    auto client = ControlClient::Connect(mount);
+    if (!client.ok()) {
+      Fail(client.error().Message());
+      rc = 1;
+      continue;
+    }
+    auto reply = client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}});
+    if (!reply.ok()) {
+      Fail(mount.mountpoint + ": " + reply.error().Message());
       rc = 1;
       continue;
     }
@@ -299,10 +302,9 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  std::vector<AccelfsMount> mounts;
-  std::string error;
-  if (!SelectMounts(mount, &mounts, &error)) return Fail(error);
-  return Summary(mounts, json, watch);
+  const Result<std::vector<AccelfsMount>> mounts = SelectMounts(mount);
+  if (!mounts.ok()) return Fail(mounts.error().Message());
+  return Summary(mounts.value(), json, watch);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -28,30 +29,27 @@ int Fail(const std::string& line) {
 }
 
 // Arguments with glob characters the shell left alone (quoted, or no match there) are expanded
-// here; a name that exists as written is taken as it is.
-bool ExpandGlobs(const std::vector<std::string>& args, std::vector<std::string>* out,
-                 std::string* error) {
+// here; a name that exists as written is taken as it is. ENOENT for a pattern that matches
+// nothing, EIO for one glob could not expand.
+Result<std::vector<std::string>> ExpandGlobs(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
   for (const auto& arg : args) {
     struct stat st {};
     if (arg.find_first_of("*?[") == std::string::npos || lstat(arg.c_str(), &st) == 0) {
-      out->push_back(arg);
+      out.push_back(arg);
       continue;
     }
     glob_t g{};
     const int rc = glob(arg.c_str(), 0, nullptr, &g);
     if (rc == GLOB_NOMATCH) {
       globfree(&g);
-      *error = "'" + arg + "': no match";
-      return false;
+      return Error(ENOENT, "'" + arg + "': no match");
     }
-    for (size_t i = 0; i < g.gl_pathc; ++i) out->push_back(g.gl_pathv[i]);
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(g.gl_pathv[i]);
     globfree(&g);
-    if (rc != 0) {
-      *error = "'" + arg + "': cannot expand the pattern";
-      return false;
-    }
+    if (rc != 0) return Error(EIO, "'" + arg + "': cannot expand the pattern");
   }
-  return true;
+  return out;
 }
 
 struct Options {
@@ -60,10 +58,11 @@ struct Options {
 };
 
 // The files' residency, summed: what "everything asked for is resident" is checked against.
-bool AllResident(ControlClient& client, const std::vector<std::string>& paths, uint64_t* resident,
-                 uint64_t* total, std::string* error) {
-  auto reply = client.Call({{"op", "files"}, {"paths", NamesToJson(paths)}}, error);
-  if (!reply) return false;
+// Whether all of it is, or the error of the call.
+Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& paths,
+                         uint64_t* resident, uint64_t* total) {
+  auto reply = client.Call({{"op", "files"}, {"paths", NamesToJson(paths)}});
+  if (!reply.ok()) return reply.error();
   *resident = *total = 0;
   bool all = true;
   for (const auto& f : (*reply)["files"]) {
@@ -77,12 +76,11 @@ bool AllResident(ControlClient& client, const std::vector<std::string>& paths, u
 }
 
 int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
-  std::string error;
-  auto client = ControlClient::Connect(mount, &error);
-  if (!client) return Fail(error);
-  auto first = client->Call(
-      {{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}}, &error);
-  if (!first) return Fail(mount.mountpoint + ": " + error);
+  auto client = ControlClient::Connect(mount);
+  if (!client.ok()) return Fail(client.error().Message());
+  auto first =
+      client->Call({{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}});
+  if (!first.ok()) return Fail(mount.mountpoint + ": " + first.error().Message());
   const nlohmann::json& start = (*first)["progress"];
   if (options.json) std::printf("%s\n", DumpJson(*first).c_str());
   if (options.no_wait) {
@@ -102,10 +100,10 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
   auto last_plain = std::chrono::steady_clock::now() - kPlainEvery;
   nlohmann::json last = start;
   for (;;) {
-    auto message = client->Receive(&error);
-    if (!message) {
+    auto message = client->Receive();
+    if (!message.ok()) {
       if (tty) std::printf("\n");
-      return Fail(error);
+      return Fail(message.error().Message());
     }
     if (options.json) {
       std::printf("%s\n", DumpJson(*message).c_str());
@@ -131,10 +129,11 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
   }
   uint64_t resident = 0;
   uint64_t total = 0;
-  if (!AllResident(*client, paths, &resident, &total, &error)) {
-    return Fail(error.empty() ? "only " + FormatPercent(resident, total) + " of " +
-                                    FormatBytes(total) + " is resident (evicted meanwhile?)"
-                              : error);
+  const Result<bool> all = AllResident(*client, paths, &resident, &total);
+  if (!all.ok()) return Fail(all.error().Message());
+  if (!all.value()) {
+    return Fail("only " + FormatPercent(resident, total) + " of " + FormatBytes(total) +
+                " is resident (evicted meanwhile?)");
   }
   if (!options.json) {
     const double elapsed = last.value("elapsed_s", 0.0);
@@ -153,11 +152,10 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
 
 int Evict(const AccelfsMount& mount, const std::vector<std::string>& paths,
           const Options& options) {
-  std::string error;
-  auto client = ControlClient::Connect(mount, &error);
-  if (!client) return Fail(error);
-  auto reply = client->Call({{"op", "evict"}, {"paths", NamesToJson(paths)}}, &error);
-  if (!reply) return Fail(mount.mountpoint + ": " + error);
+  auto client = ControlClient::Connect(mount);
+  if (!client.ok()) return Fail(client.error().Message());
+  auto reply = client->Call({{"op", "evict"}, {"paths", NamesToJson(paths)}});
+  if (!reply.ok()) return Fail(mount.mountpoint + ": " + reply.error().Message());
   if (options.json) {
     std::printf("%s\n", DumpJson(*reply).c_str());
   } else {
@@ -193,13 +191,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "accelfs-warm: --wait and --no-wait contradict each other\n");
     return 2;
   }
-  std::vector<std::string> paths;
-  std::string error;
-  if (!ExpandGlobs(args, &paths, &error)) return Fail(error);
-  std::vector<MountPaths> groups;
-  if (!GroupByMount(ListAccelfsMounts(), paths, &groups, &error)) return Fail(error);
+  const Result<std::vector<std::string>> paths = ExpandGlobs(args);
+  if (!paths.ok()) return Fail(paths.error().Message());
+  const Result<std::vector<MountPaths>> groups = GroupByMount(ListAccelfsMounts(), paths.value());
+  if (!groups.ok()) return Fail(groups.error().Message());
   int rc = 0;
-  for (const auto& [mount, relative] : groups) {
+  for (const auto& [mount, relative] : groups.value()) {
     const int r = evict ? Evict(mount, relative, options) : Warm(mount, relative, options);
     rc = rc != 0 ? rc : r;
   }

@@ -102,7 +102,7 @@ void PopulatingReader::ReadView(const Filled& filled) {
   }
   // Then out of this process's page tables (the pages stay in the file): mapped twice, the cache
   // would count twice in the daemon's RSS. What the reads paid for stays paid (measured:
-  // docs/BENCHMARKS.md, "The hypervisor's first read").
+  // docs/BENCHMARKS-HISTORY.md, "The hypervisor's first read").
   madvise(const_cast<std::byte*>(filled.view), bytes, MADV_DONTNEED);
   viewed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   filled.done(filled.bytes);

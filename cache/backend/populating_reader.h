@@ -4,9 +4,9 @@
 // Why: an O_DIRECT read pins its buffer in the thread that issues it, and io_uring issues it
 // inline, in the ring's one thread. A buffer never touched before (a new block of the cache) is
 // then allocated and zeroed page by page by the thread that also submits and reaps every read.
-// Measured (docs/BENCHMARKS.md, "Block memory off the ring thread, and a depth with headroom"):
-// that thread at 100% of a CPU in clear_page while the fill of a shard ran at 0.4 GB/s and the
-// other CPU idled.
+// Measured (docs/BENCHMARKS-HISTORY.md, "Block memory off the ring thread, and a depth with
+// headroom"): that thread at 100% of a CPU in clear_page while the fill of a shard ran at 0.4 GB/s
+// and the other CPU idled.
 //
 // The same threads read each page of a filled buffer once through its read-only view, where the
 // request has one (ReadRequest::view), before answering it: off the ring's thread, and off the

@@ -31,7 +31,8 @@ namespace accelfs {
 
 struct PrefetcherOptions {
   uint32_t block_size = kDefaultBlockSize;
-  uint64_t stream_threshold = kDefaultStreamThreshold;  // files at least this big are streamed; 0: none
+  uint64_t stream_threshold =
+      kDefaultStreamThreshold;  // files at least this big are streamed; 0: none
   StreamLimits limits{64, 32};
   bool tensor_order = true;  // parse safetensors headers and stream in tensor order
   std::function<void(const std::string&)> debug_log;  // why a header was not used, etc.

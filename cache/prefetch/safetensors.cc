@@ -197,7 +197,8 @@ std::vector<uint32_t> SafetensorsBlockOrder(const SafetensorsLayout& layout, uin
                                             uint32_t block_size) {
   std::vector<uint32_t> order;
   // BlockCount would wrap for a size within a block of 2^64 (no st_size is, but a caller could).
-  if (block_size == 0 || file_size > std::numeric_limits<uint64_t>::max() - block_size) return order;
+  if (block_size == 0 || file_size > std::numeric_limits<uint64_t>::max() - block_size)
+    return order;
   const uint64_t blocks = BlockCount(file_size, block_size);
   if (blocks >= std::numeric_limits<uint32_t>::max()) return order;
   order.reserve(blocks);

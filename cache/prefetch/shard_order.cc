@@ -91,7 +91,7 @@ std::string ShardOrder::Next(int dir_fd, const std::string& name) {
     const std::span<const std::string> following = ShardsAfter(*index->shards, name);
     if (!following.empty()) return following.front();
   }
-  std::vector<std::string> following = FollowingShardsByName(name);
+  std::vector<std::string> following = FollowingShardsByName(name, /*most=*/1);
   return following.empty() ? std::string() : following.front();
 }
 

@@ -109,7 +109,7 @@ class IndexReader final : public Json::json_sax_t {
 
 }  // namespace
 
-std::vector<std::string> FollowingShardsByName(std::string_view name) {
+std::vector<std::string> FollowingShardsByName(std::string_view name, size_t most) {
   if (name.find('/') != std::string_view::npos || !name.ends_with(kShardSuffix)) return {};
   const std::string_view stem = name.substr(0, name.size() - kShardSuffix.size());
   const size_t of = stem.rfind(kShardOf);
@@ -123,8 +123,9 @@ std::vector<std::string> FollowingShardsByName(std::string_view name) {
 
   const std::string_view prefix = stem.substr(0, of - width - 1);
   std::vector<std::string> names;
-  names.reserve(*n - *k);
-  for (size_t i = *k + 1; i <= *n; ++i) {
+  const size_t last = *n - *k > most ? *k + most : *n;
+  names.reserve(last - *k);
+  for (size_t i = *k + 1; i <= last; ++i) {
     const std::string digits = std::to_string(i);  // fits: i <= n, which has `width` digits
     std::string shard(prefix);
     shard.append("-").append(width - digits.size(), '0').append(digits);

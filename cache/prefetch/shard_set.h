@@ -31,7 +31,9 @@ inline constexpr size_t kMaxShardIndexBytes = 64u << 20;
 // number of digits (zero-padded, at least one), the names of the shards that follow it in order:
 // k+1 .. n, same prefix, same width. Empty otherwise: k == n, k > n, k == 0, n > kMaxShards, a
 // malformed name, or one with a '/'.
-std::vector<std::string> FollowingShardsByName(std::string_view name);
+// At most `most` of them, the first ones: who needs only the next shard asks for 1 and does not
+// build the names of a 100,000-shard set to take one.
+std::vector<std::string> FollowingShardsByName(std::string_view name, size_t most = kMaxShards);
 
 // From the contents of a model.safetensors.index.json: the distinct files its "weight_map" (tensor
 // name -> file name) names, sorted by name (std::string's <) as loaders take them. Of repeated

@@ -3,6 +3,7 @@
 #include <sys/un.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 
 #include "fs/common/names.h"
@@ -70,51 +71,44 @@ std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, 
   return paths;
 }
 
-
 bool IsControlOp(const std::string& op) { return op == "warm" || op == "evict"; }
 
-std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::string* error) {
+Result<ControlRequest> ParseControlRequest(const std::string& line) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    *error =
-        "a request is one JSON object per line, in UTF-8 (a name that is not UTF-8 goes as "
-        "{\"bytes_hex\": \"...\"})";
-    return std::nullopt;
+    return Error(EINVAL,
+                 "a request is one JSON object per line, in UTF-8 (a name that is not UTF-8 goes "
+                 "as {\"bytes_hex\": \"...\"})");
   }
   ControlRequest request;
   auto op = j.find("op");
   if (op == j.end() || !op->is_string()) {
-    *error = "the request has no \"op\"";
-    return std::nullopt;
+    return Error(EINVAL, "the request has no \"op\"");
   }
   request.op = op->get<std::string>();
   static constexpr std::string_view kOps[] = {"stats", "open", "files", "warm", "evict"};
   if (std::find(std::begin(kOps), std::end(kOps), request.op) == std::end(kOps)) {
-    *error = "unknown op '" + EscapeName(request.op) + "'";
-    return std::nullopt;
+    return Error(EINVAL, "unknown op '" + EscapeName(request.op) + "'");
   }
   if (auto paths = j.find("paths"); paths != j.end()) {
     if (!paths->is_array() || paths->size() > kMaxPaths) {
-      *error = "\"paths\" must be an array of at most " + std::to_string(kMaxPaths) + " strings";
-      return std::nullopt;
+      return Error(EINVAL, "\"paths\" must be an array of at most " + std::to_string(kMaxPaths) +
+                               " strings");
     }
     for (const auto& p : *paths) {
       std::optional<std::string> path = NameFromJson(p);
       if (!path || path->size() > kMaxPathBytes || path->find('\0') != std::string::npos) {
-        *error = "\"paths\" must hold path strings (or {\"bytes_hex\": ...} objects)";
-        return std::nullopt;
+        return Error(EINVAL, "\"paths\" must hold path strings (or {\"bytes_hex\": ...} objects)");
       }
       request.paths.push_back(std::move(*path));
     }
   }
   if ((request.op == "warm" || request.op == "evict") && request.paths.empty()) {
-    *error = "'" + request.op + "' needs \"paths\"";
-    return std::nullopt;
+    return Error(EINVAL, "'" + request.op + "' needs \"paths\"");
   }
   if (auto wait = j.find("wait"); wait != j.end()) {
     if (!wait->is_boolean()) {
-      *error = "\"wait\" must be true or false";
-      return std::nullopt;
+      return Error(EINVAL, "\"wait\" must be true or false");
     }
     request.wait = wait->get<bool>();
   }
@@ -129,40 +123,19 @@ nlohmann::json ControlRequestToJson(const ControlRequest& request) {
 }
 
 nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
-  const CacheStats& c = s.cache;
-  return {
-      {"source", NameToJson(s.source)},
-      {"mountpoint", NameToJson(s.mountpoint)},
-      {"store", s.store},
-      {"passthrough", s.passthrough},
-      {"uptime_s", s.uptime_s},
-      {"cache",
-       {{"budget_bytes", c.budget_bytes},
-        {"used_bytes", c.used_bytes},
-        {"pinned_bytes", c.pinned_bytes},
-        {"ready_blocks", c.ready_blocks},
-        {"fetching_blocks", c.fetching_blocks},
-        {"queued_blocks", c.queued_blocks},
-        {"hits", c.hits},
-        {"misses", c.misses},
-        {"hit_bytes", c.hit_bytes},
-        {"miss_bytes", c.miss_bytes},
-        {"fetching_bytes", c.fetching_bytes},
-        {"fetched_bytes", c.fetched_bytes},
-        {"evicted_blocks", c.evicted_blocks},
-        {"failed_fetches", c.failed_fetches},
-        {"stalled_fetches", c.stalled_fetches},
-        {"prefetches", c.prefetches}}},
-      {"depth", s.depth},
-      {"depth_limit", s.depth_limit},
-      {"stuck_requests", s.stuck_requests},
-      {"timed_out_requests", s.timed_out_requests},
-      {"waiting_requests", s.waiting_requests},
-      {"open_files", s.open_files},
-      {"passthrough_files", s.passthrough_files},
-      {"filling_opens", s.filling_opens},
-      {"pushed_bytes", s.pushed_bytes},
+  nlohmann::json j = {
+      {kStatsSourceKey, NameToJson(s.source)},
+      {kStatsMountpointKey, NameToJson(s.mountpoint)},
+      {kStatsStoreKey, s.store},
+      {kStatsPassthroughKey, s.passthrough},
+      {kStatsCacheKey, nlohmann::json::object()},
   };
+  nlohmann::json& cache = j[kStatsCacheKey];
+  for (const StatField& field : kStatsFields) {
+    nlohmann::json& into = field.section == StatSection::kCache ? cache : j;
+    std::visit([&](auto value) { into[field.key] = value; }, field.get(s));
+  }
+  return j;
 }
 
 nlohmann::json ControlError(const std::string& message) {

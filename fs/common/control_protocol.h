@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/result.h"
 #include "fs/common/daemon_stats.h"
 
 namespace accelfs {
@@ -34,7 +35,6 @@ std::string ControlSocketName(const std::string& mountpoint);
 std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, uid_t mount_uid,
                                                  uid_t client_uid, const char* xdg_runtime_dir);
 
-
 // One request. Ops: "stats", "open" (open files), "files", "warm", "evict".
 struct ControlRequest {
   std::string op;
@@ -45,11 +45,12 @@ struct ControlRequest {
 // Whether `op` changes the cache (only the owner, root and the control group may send it).
 bool IsControlOp(const std::string& op);
 
-// Parses one request line. nullopt and one line in `error` for bad input.
-std::optional<ControlRequest> ParseControlRequest(const std::string& line, std::string* error);
+// Parses one request line. EINVAL with one line for bad input.
+Result<ControlRequest> ParseControlRequest(const std::string& line);
 nlohmann::json ControlRequestToJson(const ControlRequest& request);
 
-// The stats snapshot as sent to the tools.
+// The stats snapshot as sent to the tools: the names, and every kStatsFields row at its key
+// (fs/common/daemon_stats.h; DaemonStatsFromJson reads it back).
 nlohmann::json DaemonStatsToJson(const DaemonStats& stats);
 
 // {"ok": false, "error": message}

@@ -1,10 +1,23 @@
 // One snapshot of what the daemon is doing: what accelfs-stat shows and /metrics exports. The
-// daemon builds it on request (fs/daemon/main.cc wires the sources); nothing here is on the read path.
+// daemon builds it on request (fs/daemon/main.cc wires the sources); nothing here is on the read
+// path.
+//
+// kStatsFields below is the stats schema: one row per number, with its key in the stats JSON
+// (docs/CONTROL.md), its Prometheus metric (README.md, Metrics) and its help. DaemonStatsToJson
+// (fs/common/control_protocol.cc), DaemonStatsFromJson (accelfs-stat's reading of it) and the
+// metrics (fs/control/metrics.cc) all walk it; tests/fs/common/daemon_stats_test.cc checks that
+// they and the docs agree. A new number: a field here and a row in kStatsFields.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "cache/cache_stats.h"
 
@@ -13,7 +26,8 @@ namespace accelfs {
 struct DaemonStats {
   std::string source;      // SOURCE, as resolved at start
   std::string mountpoint;  // MOUNTPOINT, as resolved at start
-  std::string store;       // where cached blocks live: "private tmpfs", a --cache-dir, "anonymous memory"
+  std::string
+      store;  // where cached blocks live: "private tmpfs", a --cache-dir, "anonymous memory"
   bool passthrough = false;  // whether fully cached files are passed through to the store
   double uptime_s = 0;
 
@@ -23,12 +37,164 @@ struct DaemonStats {
   uint64_t stuck_requests = 0;      // backend reads in flight past --backend-timeout (lost slots)
   uint64_t timed_out_requests = 0;  // backend reads given up on since start
   uint64_t waiting_requests = 0;    // backend reads held back: their file has its share in flight
-  uint64_t open_files = 0;         // file handles open (cached or passthrough)
-  uint64_t passthrough_files = 0;  // of them, open in passthrough mode
-  uint64_t filling_opens = 0;      // opens waiting for their file to be cached (fill on open)
-  uint64_t pushed_bytes = 0;       // bytes written into the kernel page cache (--push)
+  uint64_t open_files = 0;          // file handles open (cached or passthrough)
+  uint64_t passthrough_files = 0;   // of them, open in passthrough mode
+  uint64_t filling_opens = 0;       // opens waiting for their file to be cached (fill on open)
+  uint64_t pushed_bytes = 0;        // bytes written into the kernel page cache (--push)
 };
 
 using StatsSource = std::function<DaemonStats()>;
+
+// The stats JSON's keys that are not numbers, and the object the CacheStats rows live in.
+inline constexpr std::string_view kStatsSourceKey = "source";
+inline constexpr std::string_view kStatsMountpointKey = "mountpoint";
+inline constexpr std::string_view kStatsStoreKey = "store";
+inline constexpr std::string_view kStatsPassthroughKey = "passthrough";
+inline constexpr std::string_view kStatsCacheKey = "cache";
+
+// Where a row's key is in the stats JSON: at the top, or in the "cache" object (the CacheStats
+// fields; a row's section follows from its field, so it cannot be put in the wrong one).
+enum class StatSection : uint8_t { kTop, kCache };
+// A counter only grows while the daemon runs (its metric name ends in _total); a gauge is a level.
+enum class StatKind : uint8_t { kGauge, kCounter };
+// What the number counts. kCount: reads, fetches, files, opens.
+enum class StatUnit : uint8_t { kBytes, kBlocks, kSeconds, kCount };
+
+// A field's value: integer fields as uint64_t, uptime_s as double (the JSON keeps the distinction).
+using StatValue = std::variant<uint64_t, double>;
+
+struct StatField {
+  StatSection section;
+  std::string_view key;  // in the stats JSON, within `section`
+  StatKind kind;
+  StatUnit unit;
+  std::string_view metric;  // the Prometheus metric; empty: the JSON only
+  std::string_view help;    // the metric's HELP text (for a JSON-only row, what it means)
+  StatValue (*get)(const DaemonStats&);
+  void (*set)(DaemonStats&, StatValue);  // converts to the field's type
+};
+
+namespace stats_internal {
+
+template <typename>
+struct MemberOf;
+template <typename C, typename T>
+struct MemberOf<T C::*> {
+  using Class = C;
+  using Type = T;
+};
+
+template <auto M, typename S>  // S: DaemonStats or const DaemonStats
+constexpr auto& FieldIn(S& s) {
+  if constexpr (std::is_same_v<typename MemberOf<decltype(M)>::Class, CacheStats>) {
+    return s.cache.*M;
+  } else {
+    return s.*M;
+  }
+}
+
+template <auto M>
+StatValue Get(const DaemonStats& s) {
+  using T = typename MemberOf<decltype(M)>::Type;
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<double>(FieldIn<M>(s));
+  } else {
+    return static_cast<uint64_t>(FieldIn<M>(s));
+  }
+}
+
+template <auto M>
+void Set(DaemonStats& s, StatValue v) {
+  using T = typename MemberOf<decltype(M)>::Type;
+  FieldIn<M>(s) = std::visit([](auto x) { return static_cast<T>(x); }, v);
+}
+
+// One row for the field M (&DaemonStats::depth, &CacheStats::hits).
+template <auto M>
+constexpr StatField Row(std::string_view key, StatKind kind, StatUnit unit, std::string_view metric,
+                        std::string_view help) {
+  using Member = MemberOf<decltype(M)>;
+  static_assert(std::is_same_v<typename Member::Class, DaemonStats> ||
+                std::is_same_v<typename Member::Class, CacheStats>);
+  static_assert(std::is_arithmetic_v<typename Member::Type> &&
+                !std::is_same_v<typename Member::Type, bool>);
+  const StatSection section =
+      std::is_same_v<typename Member::Class, CacheStats> ? StatSection::kCache : StatSection::kTop;
+  return {section, key, kind, unit, metric, help, &Get<M>, &Set<M>};
+}
+
+}  // namespace stats_internal
+
+// Every number of DaemonStats, in the order /metrics lists them (the JSON's keys are sorted).
+inline constexpr std::array kStatsFields = [] {
+  using enum StatKind;
+  using enum StatUnit;
+  using stats_internal::Row;
+  using C = CacheStats;
+  using D = DaemonStats;
+  return std::array{
+      Row<&C::budget_bytes>("budget_bytes", kGauge, kBytes, "accelfs_cache_budget_bytes",
+                            "Cache budget (--cache-size)."),
+      Row<&C::used_bytes>("used_bytes", kGauge, kBytes, "accelfs_cache_used_bytes",
+                          "Bytes of cache blocks held: ready, in flight and pinned."),
+      Row<&C::pinned_bytes>("pinned_bytes", kGauge, kBytes, "",
+                            "Of them, bytes of blocks held by a reply or a passthrough file."),
+      Row<&C::ready_blocks>("ready_blocks", kGauge, kBlocks, "accelfs_cache_ready_blocks",
+                            "Cache blocks holding data."),
+      Row<&C::fetching_blocks>("fetching_blocks", kGauge, kBlocks, "",
+                               "Cache blocks whose backend read is in flight."),
+      Row<&C::queued_blocks>("queued_blocks", kGauge, kBlocks, "",
+                             "Cache blocks waiting for room in the budget."),
+      Row<&C::hits>("hits", kCounter, kCount, "accelfs_cache_hits_total",
+                    "Block reads answered from the cache."),
+      Row<&C::misses>("misses", kCounter, kCount, "accelfs_cache_misses_total",
+                      "Block reads that started or joined a backend fetch."),
+      Row<&C::hit_bytes>("hit_bytes", kCounter, kBytes, "accelfs_cache_hit_bytes_total",
+                         "Bytes of the blocks cache hits returned."),
+      Row<&C::miss_bytes>("miss_bytes", kCounter, kBytes, "accelfs_cache_miss_bytes_total",
+                          "Bytes of the blocks cache misses waited for."),
+      Row<&C::fetched_bytes>("fetched_bytes", kCounter, kBytes, "accelfs_backend_read_bytes_total",
+                             "Bytes read from SOURCE into the cache."),
+      Row<&C::prefetches>("prefetches", kCounter, kCount, "accelfs_prefetches_total",
+                          "Backend fetches started by prefetch."),
+      Row<&C::fetching_bytes>("fetching_bytes", kGauge, kBytes, "accelfs_prefetch_inflight_bytes",
+                              "Bytes of backend reads in flight."),
+      Row<&D::depth>("depth", kGauge, kCount, "accelfs_backend_depth",
+                     "Backend reads the adaptive depth allows in flight now."),
+      Row<&D::depth_limit>("depth_limit", kGauge, kCount, "accelfs_backend_depth_limit",
+                           "Most backend reads in flight (--backend-depth)."),
+      Row<&D::open_files>("open_files", kGauge, kCount, "accelfs_open_files",
+                          "File handles open on the mount."),
+      Row<&D::passthrough_files>("passthrough_files", kGauge, kCount,
+                                 "accelfs_passthrough_open_files",
+                                 "Of them, open in FUSE passthrough mode."),
+      Row<&D::filling_opens>("filling_opens", kGauge, kCount, "accelfs_filling_opens",
+                             "Opens waiting for their file to be cached (fill on open)."),
+      Row<&C::evicted_blocks>("evicted_blocks", kCounter, kBlocks, "accelfs_evicted_blocks_total",
+                              "Cache blocks evicted to stay within the budget."),
+      Row<&C::failed_fetches>("failed_fetches", kCounter, kCount, "accelfs_failed_fetches_total",
+                              "Backend reads that failed."),
+      Row<&C::stalled_fetches>("stalled_fetches", kCounter, kCount, "",
+                               "Backend fetches whose read outlived --backend-timeout."),
+      Row<&D::stuck_requests>(
+          "stuck_requests", kGauge, kCount, "accelfs_backend_stuck_requests",
+          "Backend reads in flight past --backend-timeout: slots lost to a hung store."),
+      Row<&D::timed_out_requests>(
+          "timed_out_requests", kCounter, kCount, "accelfs_backend_timed_out_requests_total",
+          "Backend reads given up on after --backend-timeout; their readers got ETIMEDOUT."),
+      Row<&D::waiting_requests>(
+          "waiting_requests", kGauge, kCount, "accelfs_backend_waiting_requests",
+          "Backend reads held back because their file has its share of the depth in flight."),
+      Row<&D::pushed_bytes>("pushed_bytes", kCounter, kBytes, "accelfs_pushed_bytes_total",
+                            "Bytes pushed into the kernel's page cache (--push)."),
+      Row<&D::uptime_s>("uptime_s", kGauge, kSeconds, "accelfs_uptime_seconds",
+                        "Seconds since the daemon started."),
+  };
+}();
+
+// The inverse of DaemonStatsToJson (fs/common/control_protocol.h), by the same rows: what
+// accelfs-stat reads a daemon's stats with. A key that is absent or not of its type reads as 0
+// ("" for a name, false), so that a daemon older or newer than the tool still shows.
+DaemonStats DaemonStatsFromJson(const nlohmann::json& stats);
 
 }  // namespace accelfs

@@ -1,6 +1,7 @@
 #include "fs/common/format.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -8,7 +9,7 @@
 
 namespace accelfs {
 
-std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, std::string* error) {
+Result<uint64_t> ParseSize(std::string_view text, uint64_t percent_of) {
   const std::string input(text);
   size_t used = 0;
   double number = 0;
@@ -18,18 +19,15 @@ std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, st
     }
     number = std::stod(input, &used);
   } catch (const std::exception&) {
-    *error = "'" + input + "' is not a size (expected e.g. 512M, 64G, 1T or 25%)";
-    return std::nullopt;
+    return Error(EINVAL, "'" + input + "' is not a size (expected e.g. 512M, 64G, 1T or 25%)");
   }
   std::string unit = input.substr(used);
   if (unit == "%") {
     if (percent_of == 0) {
-      *error = "'" + input + "': a percentage is not allowed here";
-      return std::nullopt;
+      return Error(EINVAL, "'" + input + "': a percentage is not allowed here");
     }
     if (number <= 0 || number > 100) {
-      *error = "'" + input + "': a percentage must be in (0, 100]";
-      return std::nullopt;
+      return Error(EINVAL, "'" + input + "': a percentage must be in (0, 100]");
     }
     return static_cast<uint64_t>(static_cast<double>(percent_of) * number / 100.0);
   }
@@ -43,17 +41,14 @@ std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, st
   if (unit == "G") shift = 30;
   if (unit == "T") shift = 40;
   if (shift < 0) {
-    *error = "'" + input + "': unknown unit (use K, M, G or T)";
-    return std::nullopt;
+    return Error(EINVAL, "'" + input + "': unknown unit (use K, M, G or T)");
   }
   const double bytes = number * std::ldexp(1.0, shift);
   if (bytes >= 0x1p63 || bytes < 0) {
-    *error = "'" + input + "' is too large";
-    return std::nullopt;
+    return Error(EINVAL, "'" + input + "' is too large");
   }
   if (bytes != std::floor(bytes)) {
-    *error = "'" + input + "' is not a whole number of bytes";
-    return std::nullopt;
+    return Error(EINVAL, "'" + input + "' is not a whole number of bytes");
   }
   return static_cast<uint64_t>(bytes);
 }

@@ -7,11 +7,13 @@
 #include <string>
 #include <string_view>
 
+#include "cache/result.h"
+
 namespace accelfs {
 
-// "4M", "4MiB", "4096", "1.5G"; binary units. With percent_of != 0, also "25%" of it. nullopt and
-// a message on bad input.
-std::optional<uint64_t> ParseSize(std::string_view text, uint64_t percent_of, std::string* error);
+// "4M", "4MiB", "4096", "1.5G"; binary units. With percent_of != 0, also "25%" of it. EINVAL
+// with one line on bad input.
+Result<uint64_t> ParseSize(std::string_view text, uint64_t percent_of);
 
 // "4.0 MiB", for reports.
 std::string FormatBytes(uint64_t bytes);

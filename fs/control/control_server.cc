@@ -31,25 +31,22 @@ constexpr std::chrono::milliseconds kProgressEvery{250};
 // A client that does not read its replies for this long is dropped.
 constexpr int kSendTimeoutS = 10;
 
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+// errno, and `what` with its text.
+Error Errno(const std::string& what) {
+  const int err = errno;
+  return Error(err, what + ": " + std::strerror(err));
+}
 
 // Creates `dir` (one level; its parent must exist) with `mode` when missing and checks that it is
 // a directory of ours, not a symlink someone else planted.
-bool PrepareDir(const std::string& dir, mode_t mode, uid_t owner, std::string* error) {
-  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
-    *error = Errno("cannot create " + dir);
-    return false;
-  }
+Status PrepareDir(const std::string& dir, mode_t mode, uid_t owner) {
+  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) return Errno("cannot create " + dir);
   struct stat st {};
-  if (lstat(dir.c_str(), &st) != 0) {
-    *error = Errno(dir);
-    return false;
-  }
+  if (lstat(dir.c_str(), &st) != 0) return Errno(dir);
   if (!S_ISDIR(st.st_mode) || st.st_uid != owner) {
-    *error = dir + " is not a directory owned by uid " + std::to_string(owner);
-    return false;
+    return Error(EACCES, dir + " is not a directory owned by uid " + std::to_string(owner));
   }
-  return true;
+  return Status::Ok();
 }
 
 // Removes the sockets in `dir` that daemons killed without a chance to clean up left behind
@@ -114,18 +111,17 @@ nlohmann::json WarmProgressToJson(const WarmProgress& p) {
 }
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions options,
-                                                            ControlSources sources,
-                                                            std::string* error) {
+                                                            ControlSources sources) {
   const size_t slash = options.path.rfind('/');
   if (slash == std::string::npos || slash == 0) {
-    *error = "bad control socket path '" + options.path + "'";
-    return Error(EINVAL);
+    return Error(EINVAL, "bad control socket path '" + options.path + "'");
   }
   const std::string dir = options.path.substr(0, slash);
   // /run/accelfs is shared by every root mount and must be searchable by a control group's
   // members; a user's directory is searchable only (0711): names are not listed.
-  if (!PrepareDir(dir, options.owner == 0 ? 0755 : 0711, options.owner, error)) {
-    return Error(EACCES);
+  if (Status prepared = PrepareDir(dir, options.owner == 0 ? 0755 : 0711, options.owner);
+      !prepared.ok()) {
+    return prepared.error();
   }
   SweepStaleSockets(dir, options.owner);
   // Bound under a temporary name, given its mode and group, then renamed over the final name: a
@@ -135,22 +131,17 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options.path.size() >= sizeof(addr.sun_path) || temp.size() >= sizeof(addr.sun_path)) {
-    *error = "control socket path too long: " + options.path;
-    return Error(ENAMETOOLONG);
+    return Error(ENAMETOOLONG, "control socket path too long: " + options.path);
   }
   std::memcpy(addr.sun_path, temp.c_str(), temp.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *error = Errno("socket");
-    return Error(errno);
-  }
+  if (fd < 0) return Errno("socket");
   unlink(temp.c_str());
   auto fail = [&](const std::string& what) {
-    const int err = errno;
-    *error = what + ": " + std::strerror(err);
+    const Error error = Errno(what);
     close(fd);
     unlink(temp.c_str());
-    return Error(err);
+    return error;
   };
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return fail("cannot bind the control socket " + temp);
@@ -168,8 +159,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions
     const int err = errno;
     close(fd);
     unlink(options.path.c_str());
-    *error = std::string("pipe: ") + std::strerror(err);
-    return Error(err);
+    return Error(err, std::string("pipe: ") + std::strerror(err));
   }
   return std::unique_ptr<ControlServer>(
       new ControlServer(std::move(options), std::move(sources), fd, wake, st.st_ino));
@@ -307,9 +297,8 @@ void ControlServer::Serve(Connection& connection) {
 }
 
 bool ControlServer::Handle(Connection& connection, const std::string& line) {
-  std::string error;
-  std::optional<ControlRequest> request = ParseControlRequest(line, &error);
-  if (!request) return Send(connection, ControlError(error));
+  Result<ControlRequest> request = ParseControlRequest(line);
+  if (!request.ok()) return Send(connection, ControlError(request.error().Message()));
   if (IsControlOp(request->op) && !connection.may_control) {
     return Send(connection, ControlError("permission denied: '" + request->op +
                                          "' is for the mount's owner, root and the control group"));
@@ -326,8 +315,8 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
   if (sources_.warmer == nullptr) return Send(connection, ControlError("no warmer"));
   if (request->op == "files") {
     if (request->paths.empty()) request->paths.push_back("");
-    auto files = sources_.warmer->Residency(request->paths, &error);
-    if (!files.ok()) return Send(connection, ControlError(error));
+    auto files = sources_.warmer->Residency(request->paths);
+    if (!files.ok()) return Send(connection, ControlError(files.error().Message()));
     nlohmann::json list = nlohmann::json::array();
     for (const auto& f : *files) {
       list.push_back({{"path", NameToJson(f.path)}, {"size", f.size}, {"resident", f.resident}});
@@ -337,8 +326,8 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
   }
   if (request->op == "evict") {
     uint64_t files = 0;
-    auto dropped = sources_.warmer->Evict(request->paths, &files, &error);
-    if (!dropped.ok()) return Send(connection, ControlError(error));
+    auto dropped = sources_.warmer->Evict(request->paths, &files);
+    if (!dropped.ok()) return Send(connection, ControlError(dropped.error().Message()));
     reply["files"] = files;
     reply["dropped_bytes"] = *dropped;
     spdlog::info("control: evicted {} files ({} bytes were cached)", files, *dropped);
@@ -348,10 +337,9 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
 }
 
 bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& request) {
-  std::string error;
   bool attached = false;
-  auto job = sources_.warmer->Warm(request.paths, &attached, &error);
-  if (!job.ok()) return Send(connection, ControlError(error));
+  auto job = sources_.warmer->Warm(request.paths, &attached);
+  if (!job.ok()) return Send(connection, ControlError(job.error().Message()));
   std::shared_ptr<WarmJob> warm = std::move(job.value());
   if (!attached) spdlog::info("control: warming {} paths", request.paths.size());
   nlohmann::json reply = {{"ok", true},

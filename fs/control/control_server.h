@@ -50,9 +50,9 @@ class ControlServer {
   static constexpr int kMaxConnections = 16;
 
   // Binds the socket (replacing a stale one left by a killed daemon) and starts serving.
-  // REQUIRES: the sources outlive the server. One line in `error` on failure.
+  // REQUIRES: the sources outlive the server. The error carries one line on failure.
   static Result<std::unique_ptr<ControlServer>> Start(ControlServerOptions options,
-                                                      ControlSources sources, std::string* error);
+                                                      ControlSources sources);
   ~ControlServer();  // Stop()
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;

@@ -17,6 +17,10 @@ namespace accelfs {
 
 class StatsCollectable;
 
+// What a scrape of /metrics answers for the snapshot `stats`: a family per kStatsFields row with a
+// metric (fs/common/daemon_stats.h), in Prometheus text format. For the tests; opens nothing.
+std::string MetricsText(const DaemonStats& stats);
+
 class MetricsServer {
  public:
   // Listens on `address` ("127.0.0.1:9100", "[::1]:9100", "0.0.0.0:9100"; Config validated it)

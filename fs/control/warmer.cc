@@ -42,23 +42,21 @@ std::string Join(const std::string& dir, const std::string& name) {
 
 // Appends the regular files below directory `dir_fd` (path `dir`) in sorted name order.
 Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
-               std::vector<FoundFile>* out, std::set<std::pair<dev_t, ino_t>>* seen,
-               std::string* error) {
+               std::vector<FoundFile>* out, std::set<std::pair<dev_t, ino_t>>* seen) {
   if (depth > kMaxDepth) {
-    *error = Describe(dir) + ": directories nest deeper than " + std::to_string(kMaxDepth);
-    return Error(ELOOP);
+    return Error(ELOOP,
+                 Describe(dir) + ": directories nest deeper than " + std::to_string(kMaxDepth));
   }
   const int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    *error = Describe(dir) + ": " + std::strerror(errno);
-    return Error(errno);
+    const int err = errno;
+    return Error(err, Describe(dir) + ": " + std::strerror(err));
   }
   DIR* d = fdopendir(fd);
   if (d == nullptr) {
     const int err = errno;
     close(fd);
-    *error = Describe(dir) + ": " + std::strerror(err);
-    return Error(err);
+    return Error(err, Describe(dir) + ": " + std::strerror(err));
   }
   std::vector<std::string> names;
   while (dirent* e = readdir(d)) {
@@ -74,7 +72,7 @@ Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
     if (S_ISDIR(st.st_mode)) {
       const int sub = openat(dirfd(d), name.c_str(), O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
       if (sub < 0) continue;
-      status = WalkDir(root_fd, sub, path, depth + 1, out, seen, error);
+      status = WalkDir(root_fd, sub, path, depth + 1, out, seen);
       close(sub);
       if (!status.ok()) break;
       continue;
@@ -96,23 +94,18 @@ Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
 
 // Opens the file found at `path` for the backend, checking that it is still what was measured.
 Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& path,
-                                               const FileKey& key, std::string* error) {
+                                               const FileKey& key) {
   Result<int> fd = OpenBeneath(root_fd, path);
-  if (!fd.ok()) {
-    *error = Describe(path) + ": " + fd.error().Message();
-    return fd.error();
-  }
+  if (!fd.ok()) return Error(fd.error().code(), Describe(path) + ": " + fd.error().Message());
   struct stat st {};
   Result<std::shared_ptr<BackingFile>> backing =
       OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
   close(*fd);
   if (!backing.ok()) {
-    *error = Describe(path) + ": " + backing.error().Message();
-    return backing.error();
+    return Error(backing.error().code(), Describe(path) + ": " + backing.error().Message());
   }
   if (FileKeyFromStat(st) != key) {
-    *error = Describe(path) + " changed while being warmed; run accelfs-warm again";
-    return Error(ESTALE);
+    return Error(ESTALE, Describe(path) + " changed while being warmed; run accelfs-warm again");
   }
   return backing;
 }
@@ -138,28 +131,26 @@ FoundFile::FoundFile(FoundFile&& other) noexcept
   other.fd = -1;
 }
 
-Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths,
-                                            std::string* error) {
+Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths) {
   std::vector<FoundFile> files;
   std::set<std::pair<dev_t, ino_t>> seen;
   for (const auto& path : paths) {
     Result<int> fd = OpenBeneath(root_fd, path);
     if (!fd.ok()) {
       const int err = fd.error().code();
-      *error = Describe(path) + (err == EXDEV    ? ": leaves the mount (.. or a symlink outside)"
-                                 : err == ENOENT ? ": no such file or directory"
-                                                 : ": " + fd.error().Message());
-      return fd.error();
+      return Error(err,
+                   Describe(path) + (err == EXDEV ? ": leaves the mount (.. or a symlink outside)"
+                                     : err == ENOENT ? ": no such file or directory"
+                                                     : ": " + fd.error().Message()));
     }
     struct stat st {};
     if (fstat(*fd, &st) != 0) {
       const int err = errno;
       close(*fd);
-      *error = Describe(path) + ": " + std::strerror(err);
-      return Error(err);
+      return Error(err, Describe(path) + ": " + std::strerror(err));
     }
     if (S_ISDIR(st.st_mode)) {
-      Status s = WalkDir(root_fd, *fd, path, 0, &files, &seen, error);
+      Status s = WalkDir(root_fd, *fd, path, 0, &files, &seen);
       close(*fd);
       if (!s.ok()) return s.error();
     } else if (S_ISREG(st.st_mode)) {
@@ -170,8 +161,7 @@ Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::
       }
     } else {
       close(*fd);
-      *error = Describe(path) + ": not a regular file or directory";
-      return Error(EINVAL);
+      return Error(EINVAL, Describe(path) + ": not a regular file or directory");
     }
   }
   return files;
@@ -216,8 +206,8 @@ void Warmer::Stop() {
   for (auto& job : left) Fail(*job, "the daemon is stopping");
 }
 
-Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths, bool* attached,
-                                              std::string* error) {
+Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths,
+                                              bool* attached) {
   *attached = false;
   std::vector<std::string> sorted = paths;
   std::sort(sorted.begin(), sorted.end());
@@ -236,7 +226,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
       }
     }
   }
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
   if (!found.ok()) return found.error();
   auto job = std::make_shared<WarmJob>();
   job->key_ = key;
@@ -258,16 +248,15 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   job->progress_.bytes_done = job->progress_.resident_at_start;
   const uint64_t budget = cache_.Stats().budget_bytes;
   if (need > budget) {
-    *error = "does not fit in the cache: the set needs " + FormatBytes(need) +
-             " but the cache budget is " + FormatBytes(budget) + " (" + FormatBytes(need - budget) +
-             " missing; mount with a larger --cache-size or warm fewer files)";
-    return Error(ENOSPC);
+    return Error(ENOSPC, "does not fit in the cache: the set needs " + FormatBytes(need) +
+                             " but the cache budget is " + FormatBytes(budget) + " (" +
+                             FormatBytes(need - budget) +
+                             " missing; mount with a larger --cache-size or warm fewer files)");
   }
   {
     std::lock_guard lock(mu_);
     if (stopping_) {
-      *error = "the daemon is stopping";
-      return Error(ECANCELED);
+      return Error(ECANCELED, "the daemon is stopping");
     }
     queue_.push_back(job);
   }
@@ -275,9 +264,8 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   return job;
 }
 
-Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files,
-                               std::string* error) {
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files) {
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
@@ -289,9 +277,8 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   return dropped;
 }
 
-Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths,
-                                                     std::string* error) {
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths, error);
+Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths) {
+  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
   for (const FoundFile& f : *found) {
@@ -339,10 +326,9 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
   // thousands of files must not hold thousands of descriptors.
   std::shared_ptr<BackingFile> backing;
   if (blocks > 0) {
-    std::string error;
-    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, file.path, file.key, &error);
+    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, file.path, file.key);
     if (!opened.ok()) {
-      Fail(job, error);
+      Fail(job, opened.error().Message());
       return false;
     }
     backing = std::move(opened.value());

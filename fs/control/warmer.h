@@ -46,10 +46,8 @@ struct FoundFile {
 // The regular files `paths` name, in the order loaders read them: each path in turn, a directory's
 // files in sorted name order (so shards -00001-of-N .. N go in order), its subdirectories walked in
 // place (symlinked directories are not followed; symlinked files are, when they stay below the
-// root). A file named twice counts once. On failure, the error and one line in `error` naming
-// the path.
-Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths,
-                                            std::string* error);
+// root). A file named twice counts once. On failure, the error, with one line naming the path.
+Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths);
 
 struct WarmProgress {
   std::string state = "queued";  // queued, running, done, failed
@@ -83,7 +81,7 @@ class WarmJob {
   std::vector<File> files_;  // set before the job is queued
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
-  WarmProgress progress_;                          // GUARDED_BY(mu_)
+  WarmProgress progress_;  // GUARDED_BY(mu_)
   // The first file one of whose reads the store did not answer within the backend timeout: the
   // job fails rather than ask the hung store again for ever.
   std::optional<size_t> timed_out_;                // GUARDED_BY(mu_)
@@ -113,14 +111,14 @@ class Warmer {
   Warmer& operator=(const Warmer&) = delete;
 
   // Starts warming `paths`, or returns the job already queued or running for the same paths
-  // (*attached true). Errors (one line): a bad path, or a set larger than the cache budget.
-  Result<std::shared_ptr<WarmJob>> Warm(const std::vector<std::string>& paths, bool* attached,
-                                        std::string* error);
-  // Drops the files' blocks from the cache. Returns the bytes that were resident.
-  Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files,
-                         std::string* error);
-  Result<std::vector<FileResidency>> Residency(const std::vector<std::string>& paths,
-                                               std::string* error);
+  // (*attached true). Errors (with one line): a bad path (CollectFiles), a set larger than the
+  // cache budget (ENOSPC), the daemon stopping (ECANCELED).
+  Result<std::shared_ptr<WarmJob>> Warm(const std::vector<std::string>& paths, bool* attached);
+  // Drops the files' blocks from the cache. Returns the bytes that were resident; `files` gets
+  // how many files there were. Errors as CollectFiles.
+  Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files);
+  // Errors as CollectFiles.
+  Result<std::vector<FileResidency>> Residency(const std::vector<std::string>& paths);
 
   // Fails queued and running jobs, waits for their fetches to finish and joins the thread. Call
   // after the backend stopped (its stop answers every fetch, also those of a hung store).

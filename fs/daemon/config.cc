@@ -3,10 +3,14 @@
 #include <arpa/inet.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "accelfs_version.h"
 
@@ -102,162 +106,270 @@ std::optional<std::string> ParseListenAddress(const std::string& text) {
 
 }  // namespace
 
+struct ParseContext {
+  uint64_t mem_total = 0;
+  const std::optional<CgroupMemory>* cgroup = nullptr;
+  uint64_t ram = 0;  // what "%" is of: the memory cgroup's limit when lower than MemTotal
+};
 
+namespace {
 
+std::string Quoted(const std::string& text) { return "'" + text + "'"; }
 
-ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
-                              uint64_t mem_total, const std::optional<CgroupMemory>& cgroup) {
-  Config config;
-  CLI::App app{
-      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
-      "MOUNTPOINT;\n"
-      "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
-      "accelfs"};
-  std::string cache_size, block_size, readahead, log_level = config.log_level;
-  std::string backend_depth, attr_timeout, entry_timeout, stream_threshold, cache_dir, metrics;
-  std::string backend_timeout;
-  std::vector<std::string> option_lists;
-  bool version = false;
-  // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
-  app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
-  app.add_flag("-f,--foreground", config.foreground,
-               "Stay in the foreground (otherwise detach once the mount is ready)");
-  app.add_option("--cache-size", cache_size,
-                 "Cache budget: bytes with K/M/G/T, or a % of RAM (default: half of MemAvailable)");
-  app.add_option("--cache-dir", cache_dir,
-                 "Keep cached blocks in files in this directory (created if missing), where a "
-                 "restart finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory "
-                 "(default: a private tmpfs that goes with the daemon)");
-  app.add_option("--block-size", block_size, "Cache block size, a power of two (default 4M)");
-  app.add_option("--backend-depth", backend_depth,
-                 "Most backend reads in flight; the daemon adapts the depth below it (default 64)");
-  app.add_option("--backend-timeout", backend_timeout,
-                 "Seconds a backend read may hang, while its file completes nothing else, before "
-                 "its readers get ETIMEDOUT (default 60; 0: never)");
-  app.add_option("--readahead", readahead,
-                 "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (default 8M; 0 keeps "
-                 "the kernel's)");
-  app.add_option("--stream-threshold", stream_threshold,
-                 "Stream files at least this big in whole from their first open (default 64M; 0: "
-                 "never)");
-  app.add_option("--attr-timeout", attr_timeout, "Seconds attributes are cached (default 3600)");
-  app.add_option("--entry-timeout", entry_timeout, "Seconds names are cached (default 3600)");
-  app.add_option("--log-level", log_level,
-                 "trace, debug, info, warn, error, critical or off (default info)");
-  app.add_option("--metrics", metrics,
-                 "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: "
-                 "127.0.0.1:PORT)");
-  app.add_option("-o", option_lists,
-                 "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
-                 "fsname=...) and the options above as key=value (cache_size=64G, ...)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  bool no_passthrough = false;
-  app.add_flag("--no-passthrough", no_passthrough,
-               "Serve fully cached files through the daemon too (no FUSE passthrough)");
-  app.add_option("--fill-on-open", config.fill_on_open,
-                 "Which opens of large uncached files wait until the file is cached, then read it "
-                 "in passthrough mode: all; shards (not the last shard of a set or a lone file, "
-                 "which stream in while read); off (all stream in); auto (default: all below 8 "
-                 "CPUs, else shards)");
-  bool push = false;
-  app.add_flag("--push", push,
-               "Push streamed data into the kernel's page cache ahead of the reader (off: on the "
-               "2-core machine measured it cost more CPU than it saved; see docs/BENCHMARKS.md)");
-  app.add_option("--control-group", config.control_group,
-                 "Let this group use the control socket (accelfs-stat, accelfs-warm); default: "
-                 "only the mounting user and root");
-  app.add_flag("-V,--version", version, "Print the version and exit");
+// "4M", "64K", "1G": the largest binary unit that divides `bytes`, as --help and the README write
+// defaults.
+std::string ShortSize(uint64_t bytes) {
+  static constexpr std::pair<int, char> kUnits[] = {{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
+  for (const auto& [shift, unit] : kUnits) {
+    if (bytes != 0 && bytes % (uint64_t{1} << shift) == 0) {
+      return std::to_string(bytes >> shift) + unit;
+    }
+  }
+  return std::to_string(bytes);
+}
 
-  auto usage_error = [](const std::string& what) {
-    ParseOutcome out;
-    out.exit_code = 2;
-    out.output = "accelfs: " + what + " (see accelfs --help)\n";
-    return out;
+std::string Number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", value);
+  return buf;
+}
+
+Status Bad(std::string line) { return Error(EINVAL, std::move(line)); }
+
+Status ApplySeconds(const std::string& text, const char* flag, double* field) {
+  const std::optional<double> v = ParseSeconds(text);
+  if (!v) return Bad(std::string(flag) + " '" + text + "': must be a number of seconds >= 0");
+  *field = *v;
+  return Status::Ok();
+}
+
+Status ApplyCacheSize(const std::string& text, Config& config, const ParseContext& context) {
+  Result<uint64_t> v = ParseSize(text, context.ram);
+  if (!v.ok()) return Bad("--cache-size " + v.error().Message());
+  config.cache_size = v.value();
+  config.cache_size_origin = text;
+  const std::optional<CgroupMemory>& cgroup = *context.cgroup;
+  if (cgroup && config.cache_size + kDaemonRoom > cgroup->limit) {
+    return Bad("--cache-size " + FormatBytes(config.cache_size) +
+               " does not fit in this daemon's memory cgroup (limit " + FormatBytes(cgroup->limit) +
+               ", " + cgroup->file +
+               "): the cache's pages are charged to it and the daemon would be OOM-killed; use "
+               "at most " +
+               FormatBytes(cgroup->limit > kDaemonRoom ? cgroup->limit - kDaemonRoom : 0) +
+               ", or raise the limit");
+  }
+  return Status::Ok();
+}
+
+Status ApplyBlockSize(const std::string& text, Config& config, const ParseContext&) {
+  Result<uint64_t> v = ParseSize(text, 0);
+  if (!v.ok()) return Bad("--block-size " + v.error().Message());
+  if (v.value() < kMinBlock || v.value() > kMaxBlock || (v.value() & (v.value() - 1)) != 0) {
+    return Bad("--block-size " + text + ": must be a power of two from 64K to 256M");
+  }
+  config.block_size = static_cast<uint32_t>(v.value());
+  return Status::Ok();
+}
+
+Status ApplyReadahead(const std::string& text, Config& config, const ParseContext&) {
+  const bool bare = text.find_first_not_of("0123456789") == std::string::npos;
+  Result<uint64_t> v = ParseSize(text, 0);
+  if (!v.ok()) return Bad("--readahead " + v.error().Message());
+  // read_ahead_kb is in KiB: rounding a size down would turn e.g. 512B into 0 ("keep the kernel's
+  // value").
+  if (!bare && v.value() % 1024 != 0) {
+    return Bad("--readahead " + text + ": must be a whole number of KiB");
+  }
+  const uint64_t kb = bare ? v.value() : v.value() / 1024;
+  if (kb > (1u << 20)) return Bad("--readahead " + text + ": at most 1G");
+  config.readahead_kb = static_cast<uint32_t>(kb);
+  return Status::Ok();
+}
+
+Status ApplyBackendDepth(const std::string& text, Config& config, const ParseContext&) {
+  const std::optional<uint64_t> v = ParseCount(text);
+  if (!v || *v < 1 || *v > 4096) {
+    return Bad("--backend-depth " + Quoted(text) + ": must be a whole number from 1 to 4096");
+  }
+  config.backend_depth = static_cast<uint32_t>(*v);
+  return Status::Ok();
+}
+
+Status ApplyBackendTimeout(const std::string& text, Config& config, const ParseContext&) {
+  if (Status s = ApplySeconds(text, "--backend-timeout", &config.backend_timeout); !s.ok())
+    return s;
+  if (config.backend_timeout > 7 * 86400) {
+    return Bad("--backend-timeout " + Quoted(text) + ": at most a week (604800 s)");
+  }
+  return Status::Ok();
+}
+
+Status ApplyStreamThreshold(const std::string& text, Config& config, const ParseContext&) {
+  Result<uint64_t> v = ParseSize(text, 0);
+  if (!v.ok()) return Bad("--stream-threshold " + v.error().Message());
+  config.stream_threshold = v.value();
+  return Status::Ok();
+}
+
+Status ApplyLogLevel(const std::string& text, Config& config, const ParseContext&) {
+  static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
+                                                 "error", "critical", "off"};
+  if (std::find(std::begin(kLevels), std::end(kLevels), text) == std::end(kLevels)) {
+    return Bad("--log-level " + Quoted(text) +
+               ": must be trace, debug, info, warn, error, critical or off");
+  }
+  config.log_level = text;
+  return Status::Ok();
+}
+
+Status ApplyFillOnOpen(const std::string& text, Config& config, const ParseContext&) {
+  if (text != "auto" && text != "all" && text != "shards" && text != "off") {
+    return Bad("--fill-on-open " + Quoted(text) + ": expected auto, all, shards or off");
+  }
+  config.fill_on_open = text;
+  return Status::Ok();
+}
+
+Status ApplyMetrics(const std::string& text, Config& config, const ParseContext&) {
+  const std::optional<std::string> address = ParseListenAddress(text);
+  if (!address) {
+    return Bad("--metrics " + Quoted(text) +
+               ": expected PORT or ADDR:PORT (an IP address, [::1] for IPv6; port 1-65535)");
+  }
+  config.metrics_address = *address;
+  return Status::Ok();
+}
+
+}  // namespace
+
+const std::vector<OptionSpec>& Options() {
+  using C = const Config&;
+  static const std::vector<OptionSpec> kOptions = {
+      {"foreground", "-f", "", "Stay in the foreground (otherwise detach once the mount is ready)",
+       [](C) { return std::string("detach"); },
+       [](const std::string&, Config& c, const ParseContext&) {
+         c.foreground = true;
+         return Status::Ok();
+       }},
+      {"cache-size", "", "SIZE",
+       "Cache budget: bytes with K/M/G/T, or a % of RAM (of the limit in a memory cgroup)",
+       [](C) { return std::string("half of MemAvailable"); }, ApplyCacheSize},
+      {"cache-dir", "", "DIR",
+       "Keep cached blocks in files in this directory (created if missing), where a restart "
+       "finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory",
+       [](C) { return std::string("a private tmpfs that goes with the daemon"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         c.cache_dir = v;
+         return Status::Ok();
+       }},
+      {"block-size", "", "SIZE", "Cache block size, a power of two",
+       [](C c) { return ShortSize(c.block_size); }, ApplyBlockSize},
+      {"backend-depth", "", "N",
+       "Most backend reads in flight; the daemon adapts the depth below it",
+       [](C c) { return std::to_string(c.backend_depth); }, ApplyBackendDepth},
+      {"backend-timeout", "", "S",
+       "Seconds a backend read may hang, while its file completes nothing else, before its "
+       "readers get ETIMEDOUT (0: never)",
+       [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
+      {"readahead", "", "KB",
+       "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
+       [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
+      {"stream-threshold", "", "SIZE",
+       "Stream files at least this big in whole from their first open (0: never)",
+       [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
+      {"attr-timeout", "", "S", "Seconds attributes are cached",
+       [](C c) { return Number(c.attr_timeout); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         return ApplySeconds(v, "--attr-timeout", &c.attr_timeout);
+       }},
+      {"entry-timeout", "", "S", "Seconds names are cached",
+       [](C c) { return Number(c.entry_timeout); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         return ApplySeconds(v, "--entry-timeout", &c.entry_timeout);
+       }},
+      {"log-level", "", "L", "trace, debug, info, warn, error, critical or off",
+       [](C c) { return c.log_level; }, ApplyLogLevel},
+      {"metrics", "", "[ADDR:]PORT",
+       "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: 127.0.0.1:PORT)",
+       [](C) { return std::string("off"); }, ApplyMetrics},
+      {"no-passthrough", "", "",
+       "Serve fully cached files through the daemon too (no FUSE "
+       "passthrough)",
+       [](C) { return std::string("passthrough on where possible"); },
+       [](const std::string&, Config& c, const ParseContext&) {
+         c.passthrough = false;
+         return Status::Ok();
+       }},
+      {"fill-on-open", "", "MODE",
+       "Which opens of large uncached files wait until the file is cached, then read it in "
+       "passthrough mode: all; shards (not the last shard of a set or a lone file, which stream "
+       "in while read); off (all stream in); auto (all below 8 CPUs, else shards)",
+       [](C c) { return c.fill_on_open; }, ApplyFillOnOpen},
+      {"push", "", "",
+       "Push streamed data into the kernel's page cache ahead of the reader (off: on the 2-core "
+       "machine measured it cost more CPU than it saved; see docs/BENCHMARKS-HISTORY.md)",
+       [](C) { return std::string("off"); },
+       [](const std::string&, Config& c, const ParseContext&) {
+         c.push = true;
+         return Status::Ok();
+       }},
+      {"control-group", "", "GROUP",
+       "Let this group use the control socket (accelfs-stat, accelfs-warm)",
+       [](C) { return std::string("only the mounting user and root"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         c.control_group = v;
+         return Status::Ok();
+       }},
   };
-  // --version must work without SOURCE and MOUNTPOINT.
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--version" || arg == "-V")
-      return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    return {std::nullopt, 0, app.help()};
-  } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    return usage_error(what);
-  }
+  return kOptions;
+}
 
-  // -o key=value: our own options first, then FUSE options; anything else is an error.
-  for (const auto& list : option_lists) {
-    for (const auto& opt : SplitOptions(list)) {
+std::string OptionSpec::Key() const {
+  std::string key(name);
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+namespace {
+
+ParseOutcome UsageError(const std::string& what) {
+  ParseOutcome out;
+  out.exit_code = 2;
+  out.output = "accelfs: " + what + " (see accelfs --help)\n";
+  return out;
+}
+
+// -o lists: our own options by key first, then FUSE options; anything else is an error. Sets
+// `given` (one slot per Options() row) and the FUSE options.
+Status ApplyOptionLists(const std::vector<std::string>& lists,
+                        std::vector<std::optional<std::string>>& given, Config& config) {
+  const std::vector<OptionSpec>& options = Options();
+  for (const std::string& list : lists) {
+    for (const std::string& opt : SplitOptions(list)) {
       const size_t eq = opt.find('=');
       const std::string key = opt.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
-      std::string* target = nullptr;
-      if (key == "cache_size") target = &cache_size;
-      if (key == "block_size") target = &block_size;
-      if (key == "backend_depth") target = &backend_depth;
-      if (key == "backend_timeout") target = &backend_timeout;
-      if (key == "readahead") target = &readahead;
-      if (key == "attr_timeout") target = &attr_timeout;
-      if (key == "entry_timeout") target = &entry_timeout;
-      if (key == "log_level") target = &log_level;
-      if (key == "stream_threshold") target = &stream_threshold;
-      if (key == "cache_dir") target = &cache_dir;
-      if (key == "control_group") target = &config.control_group;
-      if (key == "metrics") target = &metrics;
-      if (key == "fill_on_open") target = &config.fill_on_open;
-      if (target != nullptr) {
-        if (eq == std::string::npos || value.empty())
-          return usage_error("option -o " + key + " needs a value");
-        *target = value;
-      } else if (key == "foreground") {
-        config.foreground = true;
-      } else if (key == "no_passthrough") {
-        no_passthrough = true;
-      } else if (key == "push") {
-        push = true;
+      const auto spec = std::find_if(options.begin(), options.end(),
+                                     [&](const OptionSpec& o) { return o.Key() == key; });
+      if (spec != options.end()) {
+        if (!spec->flag() && value.empty()) return Bad("option -o " + key + " needs a value");
+        given[spec - options.begin()] = spec->flag() ? "" : value;
       } else if (IsFuseOption(opt)) {
         config.fuse_options.push_back(opt);
       } else if (!IsIgnoredMountOption(opt)) {
-        return usage_error("unknown mount option '" + opt + "'");
+        return Bad("unknown mount option '" + opt + "'");
       }
     }
   }
+  return Status::Ok();
+}
 
-  std::string error;
-  if (!block_size.empty()) {
-    auto v = ParseSize(block_size, 0, &error);
-    if (!v) return usage_error("--block-size " + error);
-    if (*v < kMinBlock || *v > kMaxBlock || (*v & (*v - 1)) != 0) {
-      return usage_error("--block-size " + block_size +
-                         ": must be a power of two from 64K to 256M");
-    }
-    config.block_size = static_cast<uint32_t>(*v);
-  }
-  // Under a memory limit "RAM" is the limit.
-  const uint64_t ram =
-      cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit : mem_total;
-  if (!cache_size.empty()) {
-    auto v = ParseSize(cache_size, ram, &error);
-    if (!v) return usage_error("--cache-size " + error);
-    config.cache_size = *v;
-    config.cache_size_origin = cache_size;
-    if (cgroup && config.cache_size + kDaemonRoom > cgroup->limit) {
-      return usage_error(
-          "--cache-size " + FormatBytes(config.cache_size) +
-          " does not fit in this daemon's memory cgroup (limit " + FormatBytes(cgroup->limit) +
-          ", " + cgroup->file +
-          "): the cache's pages are charged to it and the daemon would be "
-          "OOM-killed; use at most " +
-          FormatBytes(cgroup->limit > kDaemonRoom ? cgroup->limit - kDaemonRoom : 0) +
-          ", or raise the limit");
-    }
-  } else {
+// The cache budget: given, or half of MemAvailable, or half of what the memory cgroup has left;
+// then whether it holds enough blocks and fits the machine.
+Status FinishCacheSize(bool given, Config& config, uint64_t mem_available,
+                       const ParseContext& context) {
+  const std::optional<CgroupMemory>& cgroup = *context.cgroup;
+  if (!given) {
     config.cache_size = mem_available / 2;
     config.cache_size_origin = "half of MemAvailable";
     const uint64_t headroom = cgroup && cgroup->limit > cgroup->usage + kDaemonRoom
@@ -271,79 +383,101 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     }
   }
   if (config.cache_size < kMinCacheBlocks * config.block_size) {
-    return usage_error("--cache-size " + FormatBytes(config.cache_size) +
-                       (cache_size.empty() ? " (" + config.cache_size_origin + ")" : "") +
-                       " is too small: it must hold at least " + std::to_string(kMinCacheBlocks) +
-                       " blocks of " + FormatBytes(config.block_size) + " (" +
-                       FormatBytes(kMinCacheBlocks * config.block_size) + ")");
+    return Bad("--cache-size " + FormatBytes(config.cache_size) +
+               (given ? "" : " (" + config.cache_size_origin + ")") +
+               " is too small: it must hold at least " + std::to_string(kMinCacheBlocks) +
+               " blocks of " + FormatBytes(config.block_size) + " (" +
+               FormatBytes(kMinCacheBlocks * config.block_size) + ")");
   }
-  if (mem_total != 0 && config.cache_size > mem_total) {
-    return usage_error("--cache-size " + FormatBytes(config.cache_size) +
-                       " is more than this machine's RAM (" + FormatBytes(mem_total) + ")");
+  if (context.mem_total != 0 && config.cache_size > context.mem_total) {
+    return Bad("--cache-size " + FormatBytes(config.cache_size) +
+               " is more than this machine's RAM (" + FormatBytes(context.mem_total) + ")");
   }
-  if (!stream_threshold.empty()) {
-    auto v = ParseSize(stream_threshold, 0, &error);
-    if (!v) return usage_error("--stream-threshold " + error);
-    config.stream_threshold = *v;
+  return Status::Ok();
+}
+
+}  // namespace
+
+ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
+                              uint64_t mem_total, const std::optional<CgroupMemory>& cgroup) {
+  // --version must work without SOURCE and MOUNTPOINT.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--version" || arg == "-V")
+      return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
   }
-  if (!backend_depth.empty()) {
-    auto v = ParseCount(backend_depth);
-    if (!v || *v < 1 || *v > 4096) {
-      return usage_error("--backend-depth '" + backend_depth +
-                         "': must be a whole number from 1 to 4096");
+  Config config;
+  const Config defaults;
+  CLI::App app{
+      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
+      "MOUNTPOINT;\n"
+      "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
+      "accelfs"};
+  // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
+  app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
+  const std::vector<OptionSpec>& options = Options();
+  std::vector<std::string> values(options.size());
+  std::unique_ptr<bool[]> flags(new bool[options.size()]());
+  for (size_t i = 0; i < options.size(); ++i) {
+    const OptionSpec& o = options[i];
+    const std::string names =
+        (o.short_name.empty() ? "" : std::string(o.short_name) + ",") + "--" + std::string(o.name);
+    const std::string help = std::string(o.help) + " (default: " + o.shown_default(defaults) + ")";
+    if (o.flag()) {
+      app.add_flag(names, flags[i], help);
+    } else {
+      app.add_option(names, values[i], help)->type_name(std::string(o.value_name));
     }
-    config.backend_depth = static_cast<uint32_t>(*v);
   }
-  if (!readahead.empty()) {
-    const bool bare = readahead.find_first_not_of("0123456789") == std::string::npos;
-    auto v = ParseSize(readahead, 0, &error);
-    if (!v) return usage_error("--readahead " + error);
-    // read_ahead_kb is in KiB: rounding a size down would turn e.g. 512B into 0 ("keep the
-    // kernel's value").
-    if (!bare && *v % 1024 != 0) {
-      return usage_error("--readahead " + readahead + ": must be a whole number of KiB");
+  std::vector<std::string> option_lists;
+  app.add_option("-o", option_lists,
+                 "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
+                 "fsname=...) and the options above as key=value (cache_size=64G, ...)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  bool version = false;
+  app.add_flag("-V,--version", version, "Print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return {std::nullopt, 0, app.help()};
+  } catch (const CLI::ParseError& e) {
+    return UsageError(e.what());
+  }
+
+  std::vector<std::optional<std::string>> given(options.size());
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (options[i].flag() ? flags[i] : app.count("--" + std::string(options[i].name)) > 0) {
+      given[i] = values[i];
     }
-    const uint64_t kb = bare ? *v : *v / 1024;
-    if (kb > (1u << 20)) return usage_error("--readahead " + readahead + ": at most 1G");
-    config.readahead_kb = static_cast<uint32_t>(kb);
   }
-  for (auto [text, field, name] :
-       {std::tuple{&attr_timeout, &config.attr_timeout, "--attr-timeout"},
-        std::tuple{&entry_timeout, &config.entry_timeout, "--entry-timeout"},
-        std::tuple{&backend_timeout, &config.backend_timeout, "--backend-timeout"}}) {
-    if (text->empty()) continue;
-    auto v = ParseSeconds(*text);
-    if (!v)
-      return usage_error(std::string(name) + " '" + *text + "': must be a number of seconds >= 0");
-    *field = *v;
+  if (Status s = ApplyOptionLists(option_lists, given, config); !s.ok()) {
+    return UsageError(s.error().Message());
   }
-  if (config.backend_timeout > 7 * 86400) {
-    return usage_error("--backend-timeout '" + backend_timeout + "': at most a week (604800 s)");
-  }
-  static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
-                                                 "error", "critical", "off"};
-  if (std::find(std::begin(kLevels), std::end(kLevels), log_level) == std::end(kLevels)) {
-    return usage_error("--log-level '" + log_level +
-                       "': must be trace, debug, info, warn, error, critical or off");
-  }
-  config.log_level = log_level;
-  if (config.fill_on_open != "auto" && config.fill_on_open != "all" &&
-      config.fill_on_open != "shards" && config.fill_on_open != "off") {
-    return usage_error("--fill-on-open '" + config.fill_on_open +
-                       "': expected auto, all, shards or off");
-  }
-  config.cache_dir = cache_dir;
-  if (!metrics.empty()) {
-    auto address = ParseListenAddress(metrics);
-    if (!address) {
-      return usage_error("--metrics '" + metrics +
-                         "': expected PORT or ADDR:PORT (an IP address, [::1] for IPv6; port "
-                         "1-65535)");
+  ParseContext context;
+  context.mem_total = mem_total;
+  context.cgroup = &cgroup;
+  // Under a memory limit "RAM" is the limit.
+  context.ram = cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit : mem_total;
+  // The block size first: the budget is checked in blocks.
+  std::vector<size_t> order(options.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return options[i].name == "block-size"; });
+  for (const size_t i : order) {
+    if (!given[i]) continue;
+    if (Status s = options[i].apply(*given[i], config, context); !s.ok()) {
+      return UsageError(s.error().Message());
     }
-    config.metrics_address = *address;
   }
-  config.passthrough = !no_passthrough;
-  config.push = push;
+  const auto cache_size = std::find_if(options.begin(), options.end(),
+                                       [](const OptionSpec& o) { return o.name == "cache-size"; });
+  if (Status s = FinishCacheSize(given[cache_size - options.begin()].has_value(), config,
+                                 mem_available, context);
+      !s.ok()) {
+    return UsageError(s.error().Message());
+  }
   ParseOutcome out;
   out.config = std::move(config);
   return out;

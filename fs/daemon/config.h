@@ -9,6 +9,7 @@
 #include <vector>
 #include "cache/block.h"
 #include "cache/prefetch/stream_policy.h"
+#include "cache/result.h"
 #include "fs/common/format.h"
 #include "fs/daemon/memory_limit.h"
 
@@ -34,7 +35,7 @@ struct Config {
   uint32_t block_size = kDefaultBlockSize;
 
   // Most backend reads in flight. 64: a local disk saturates at 4-32; a network store needs many
-  // large requests in flight (DESIGN.md section 3).
+  // large requests in flight (docs/DESIGN.md section 3).
   uint32_t backend_depth = 64;
 
   // Seconds a backend read may be in flight while its file completes nothing else before the
@@ -45,7 +46,7 @@ struct Config {
   double backend_timeout = 60;
 
   // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
-  // 128 KiB to 3.1 GB/s at 4 MiB (DESIGN.md section 2). 0 leaves the kernel's value.
+  // 128 KiB to 3.1 GB/s at 4 MiB (docs/DESIGN.md section 2). 0 leaves the kernel's value.
   uint32_t readahead_kb = 8192;
 
   // Daemon read-ahead of a sequential handle, in blocks (16 MiB with 4 MiB blocks): keeps the next
@@ -82,14 +83,36 @@ struct Config {
   // --control-group: members of this group (name or number) may use the control socket (mode 0660
   // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.
   std::string control_group;
-  // --metrics: where to serve Prometheus text format (fs/control/metrics.h), "ADDR:PORT" with ADDR an IP
-  // literal ("[::1]" for IPv6); empty serves none. A bare PORT means 127.0.0.1:PORT: counters
+  // --metrics: where to serve Prometheus text format (fs/control/metrics.h), "ADDR:PORT" with ADDR
+  // an IP literal ("[::1]" for IPv6); empty serves none. A bare PORT means 127.0.0.1:PORT: counters
   // stay on the machine unless an address is given.
   std::string metrics_address;
 
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };
+
+struct ParseContext;  // what option values are checked against (config.cc)
+
+// One option of the command line. The table of them (Options()) is the one definition each option
+// has: it drives the flags (--NAME), the -o keys (NAME with '_' for '-'), validation, --help with
+// each default (shown from a default Config, where the default is defined), and README's option
+// table (a test keeps the two equal).
+struct OptionSpec {
+  std::string_view name;        // the long name, without "--"
+  std::string_view short_name;  // "-f", or empty
+  std::string_view value_name;  // "SIZE"; empty for a flag
+  std::string_view help;
+  std::string (*shown_default)(const Config& defaults);  // as --help and the README show it
+  // Checks `value` (empty for a flag) and sets it in `config`; one line when it is bad.
+  Status (*apply)(const std::string& value, Config& config, const ParseContext& context);
+
+  bool flag() const { return value_name.empty(); }
+  std::string Key() const;  // the -o key
+};
+
+// Every option but SOURCE, MOUNTPOINT, -o, --version and --help, in --help's order.
+const std::vector<OptionSpec>& Options();
 
 struct ParseOutcome {
   std::optional<Config> config;  // set when the daemon should run
@@ -98,9 +121,9 @@ struct ParseOutcome {
 };
 
 // mem_available and mem_total are in bytes (from /proc/meminfo), for the size defaults and "%".
-// `cgroup` is the daemon's memory cgroup's limit (fs/daemon/memory_limit.h), when it has one: the cache's
-// tmpfs pages are charged to it. Then the default budget is half of what the cgroup has left
-// (when that is less than half of MemAvailable), "%" is of the limit, and a --cache-size that
+// `cgroup` is the daemon's memory cgroup's limit (fs/daemon/memory_limit.h), when it has one: the
+// cache's tmpfs pages are charged to it. Then the default budget is half of what the cgroup has
+// left (when that is less than half of MemAvailable), "%" is of the limit, and a --cache-size that
 // does not fit under the limit with kDaemonRoom beside it is refused: the daemon would be
 // OOM-killed once the cache filled, taking the mount with it.
 ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
@@ -109,10 +132,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
 
 // What the daemon needs beside its cache under a memory limit: its threads' stacks, libfuse's
 // request buffers (1 MiB each), the io_uring rings, the allocator's slack. Measured RSS beyond
-// the cache stays under 64 MiB (docs/BENCHMARKS.md, daemon memory); twice that for margin.
+// the cache stays under 64 MiB (docs/BENCHMARKS-HISTORY.md, "Daemon memory against its budget");
+// twice that for margin.
 inline constexpr uint64_t kDaemonRoom = 128ull << 20;
-
-
-
 
 }  // namespace accelfs

@@ -59,7 +59,7 @@ constexpr uint64_t kPrivateTmpfsSlack = 64u << 20;
 unsigned UsableCpus() {
   cpu_set_t cpus;
   return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? static_cast<unsigned>(CPU_COUNT(&cpus))
-                                                       : std::thread::hardware_concurrency();
+                                                        : std::thread::hardware_concurrency();
 }
 
 int Fail(const std::string& line) {
@@ -135,9 +135,8 @@ class Daemon {
 
   // The daemon's exit code. Prints one line to stderr when it cannot start.
   int Run() {
-    for (Status (Daemon::*phase)() : {&Daemon::Check, &Daemon::BuildCache,
-                                      &Daemon::BuildFilesystem, &Daemon::StartControlPlane,
-                                      &Daemon::Mount}) {
+    for (Status (Daemon::*phase)() : {&Daemon::Check, &Daemon::BuildCache, &Daemon::BuildFilesystem,
+                                      &Daemon::StartControlPlane, &Daemon::Mount}) {
       if (Status s = (this->*phase)(); !s.ok()) return Fail(s.error().Message());
     }
     return ShutDown(session_->Loop());
@@ -149,7 +148,7 @@ class Daemon {
   Status BuildFilesystem();    // the FUSE-free core, the FUSE session, the page pusher
   Status StartControlPlane();  // stats, --metrics, the warmer and the control socket
   Status Mount();              // the mount, then the starter that tunes it and reports ready
-  int ShutDown(int loop_rc);   // after the session loop ends: stop, drain, unmount
+  int ShutDown(const Status& loop);  // after the session loop ends: stop, drain, unmount
   Status OpenStore();
   void MakeBackend();
   DaemonStats Snapshot() const;
@@ -183,23 +182,24 @@ class Daemon {
 };
 
 Status Daemon::Check() {
-  std::string error;
   MountProbe probe = MountProbe::kAlive;
-  paths_ = CheckPaths(config_.source, config_.mountpoint, &error, &probe);
-  if (!paths_) {
+  Result<CheckedPaths> paths = CheckPaths(config_.source, config_.mountpoint, &probe);
+  if (!paths.ok()) {
     // A thread waits in the kernel for a daemon that does not answer: a normal exit would wait
     // for it too (mount_checks.h).
     if (probe == MountProbe::kNotAnswering) {
-      Fail(error);
+      Fail(paths.error().Message());
       _exit(1);
     }
-    return Failure(error);
+    return paths.error();
   }
+  paths_ = std::move(paths.value());
   if (!config_.control_group.empty()) {
     control_group_ = ResolveGroup(config_.control_group);
-    if (!control_group_) return Failure("--control-group '" + config_.control_group + "': no such group");
+    if (!control_group_)
+      return Failure("--control-group '" + config_.control_group + "': no such group");
   }
-  if (!CheckFuseDevice(kFuseDevice, &error)) return Failure(error);
+  if (Status s = CheckFuseDevice(kFuseDevice); !s.ok()) return s;
   return Status::Ok();
 }
 
@@ -208,13 +208,12 @@ Status Daemon::Check() {
 // cache dir is opened (and locked) before detaching, so that its errors reach the caller; the lock
 // is inherited by the daemon.
 Status Daemon::OpenStore() {
-  std::string error;
   if (!config_.cache_dir.empty()) {
-    if (!CheckCacheDir(config_.cache_dir, *paths_, &error)) return Failure(error);
-    auto dir = FileBlockStore::OpenDir(config_.cache_dir, config_.block_size, &error);
-    if (dir == nullptr) return Failure(error);
-    cache_dir_store_ = dir.get();
-    store_ = std::move(dir);
+    if (Status s = CheckCacheDir(config_.cache_dir, *paths_); !s.ok()) return s;
+    auto dir = FileBlockStore::OpenDir(config_.cache_dir, config_.block_size);
+    if (!dir.ok()) return dir.error();
+    cache_dir_store_ = dir->get();
+    store_ = std::move(dir.value());
     store_name_ = "cache dir " + config_.cache_dir;
   } else if (auto shm = FileBlockStore::Create(config_.block_size,
                                                config_.cache_size + kPrivateTmpfsSlack);
@@ -264,8 +263,8 @@ Status Daemon::BuildCache() {
   }
   if (cache_dir_store_ != nullptr) cache_dir_store_->NoteOwner();  // the daemon's pid
   MakeBackend();
-  cache_ = std::make_unique<BlockCache>(*store_, *reader_,
-                                        BlockCache::Options{config_.cache_size, config_.block_size});
+  cache_ = std::make_unique<BlockCache>(
+      *store_, *reader_, BlockCache::Options{config_.cache_size, config_.block_size});
   if (const BlockCache::Adopted kept = cache_->AdoptStored(); kept.blocks + kept.discarded_blocks) {
     spdlog::info("cache dir {}: {} cached by an earlier run, served without refetching{}",
                  config_.cache_dir, FormatBytes(kept.bytes),
@@ -369,11 +368,10 @@ Status Daemon::StartControlPlane() {
                  ControlSocketName(paths_->mountpoint);
   options.owner = geteuid();
   options.group = control_group_;
-  std::string error;
-  auto control = ControlServer::Start(options, sources, &error);
+  auto control = ControlServer::Start(options, sources);
   if (!control.ok()) {
     spdlog::warn("no control channel ({}): accelfs-stat and accelfs-warm cannot reach this mount",
-                 error);
+                 control.error().Message());
   } else {
     control_ = std::move(control.value());
     spdlog::debug("control socket {}", control_->path());
@@ -415,10 +413,11 @@ Status Daemon::Mount() {
 }
 
 void Daemon::ReportStarted(const std::string& readahead) const {
-  spdlog::info("mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, read_ahead {}",
-               paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
-               config_.cache_size_origin, store_name_, FormatBytes(config_.block_size),
-               backend_kind_, config_.backend_depth, readahead);
+  spdlog::info(
+      "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, read_ahead {}",
+      paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
+      config_.cache_size_origin, store_name_, FormatBytes(config_.block_size), backend_kind_,
+      config_.backend_depth, readahead);
   if (session_->passthrough()) {
     spdlog::info(
         "passthrough on: fully cached files are read by the kernel from the cache, without the "
@@ -444,7 +443,7 @@ void Daemon::ReportStarted(const std::string& readahead) const {
       config_.attr_timeout, config_.entry_timeout, session_options_.max_background);
 }
 
-int Daemon::ShutDown(int loop_rc) {
+int Daemon::ShutDown(const Status& loop) {
   NotifySystemd("STOPPING=1");
   metrics_.reset();  // no scrape from here on
   spdlog::info("unmounting {}", paths_->mountpoint);
@@ -472,10 +471,10 @@ int Daemon::ShutDown(int loop_rc) {
     spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
     spdlog::default_logger()->flush();
     std::fflush(nullptr);
-    _exit(loop_rc == 0 ? 0 : 1);
+    _exit(loop.ok() ? 0 : 1);
   }
   session_.reset();
-  return loop_rc == 0 ? 0 : 1;
+  return loop.ok() ? 0 : 1;
 }
 
 // Logs to stderr, and also to syslog once detached (stderr then goes to /dev/null). Under systemd

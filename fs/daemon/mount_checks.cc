@@ -36,9 +36,8 @@ bool IsSameOrInside(const std::string& inner, const std::string& outer) {
 
 }  // namespace
 
-
-
-bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::string* error) {
+Status CheckCacheDir(const std::string& dir, const CheckedPaths& paths) {
+  std::string error;
   // A directory not made yet is judged by its nearest existing ancestor's canonical path.
   std::string probe = dir;
   std::string rest;
@@ -54,15 +53,15 @@ bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::strin
     probe.erase(slash == 0 ? 1 : slash);  // "/a" leaves "/"
   }
   const std::string resolved = *canonical + (rest.empty() || rest[0] == '/' ? "" : "/") + rest;
-  for (const auto& [what, path] : {std::pair{"mountpoint", &paths.mountpoint},
-                                   std::pair{"source", &paths.source}}) {
+  for (const auto& [what, path] :
+       {std::pair{"mountpoint", &paths.mountpoint}, std::pair{"source", &paths.source}}) {
     if (IsSameOrInside(resolved, *path)) {
-      *error = std::string("cache dir ") + Quote(dir) + " is inside the " + what + " " +
-               Quote(*path) + ": put it elsewhere (e.g. /dev/shm/accelfs or a local disk)";
-      return false;
+      error = std::string("cache dir ") + Quote(dir) + " is inside the " + what + " " +
+              Quote(*path) + ": put it elsewhere (e.g. /dev/shm/accelfs or a local disk)";
+      return Error(EINVAL, error);
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout) {
@@ -92,52 +91,53 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
                                                                 : MountProbe::kAlive;
 }
 
-std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
-                                       std::string* error, MountProbe* probe_out) {
+Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
+                                MountProbe* probe_out) {
+  std::string error;
   struct stat st {};
   if (stat(source.c_str(), &st) != 0) {
-    *error = "source " + Quote(source) +
-             (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
-    return std::nullopt;
+    error = "source " + Quote(source) +
+            (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
+    return Error(EINVAL, error);
   }
   if (!S_ISDIR(st.st_mode)) {
-    *error = "source " + Quote(source) + " is not a directory";
-    return std::nullopt;
+    error = "source " + Quote(source) + " is not a directory";
+    return Error(EINVAL, error);
   }
   if (access(source.c_str(), R_OK | X_OK) != 0) {
-    *error = "source " + Quote(source) + " cannot be read: " + std::strerror(errno);
-    return std::nullopt;
+    error = "source " + Quote(source) + " cannot be read: " + std::strerror(errno);
+    return Error(EINVAL, error);
   }
   if (stat(mountpoint.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOTCONN) {
-      *error = "mountpoint " + Quote(mountpoint) +
-               " is a stale FUSE mount (Transport endpoint is not connected): its daemon died "
-               "without unmounting; clear it with 'fusermount3 -u " +
-               mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
+      error = "mountpoint " + Quote(mountpoint) +
+              " is a stale FUSE mount (Transport endpoint is not connected): its daemon died "
+              "without unmounting; clear it with 'fusermount3 -u " +
+              mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
     } else if (err == ENOENT) {
-      *error = "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)";
+      error = "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)";
     } else {
-      *error = "mountpoint " + Quote(mountpoint) + ": " + std::strerror(err);
+      error = "mountpoint " + Quote(mountpoint) + ": " + std::strerror(err);
     }
-    return std::nullopt;
+    return Error(EINVAL, error);
   }
   if (!S_ISDIR(st.st_mode)) {
-    *error = "mountpoint " + Quote(mountpoint) + " is not a directory";
-    return std::nullopt;
+    error = "mountpoint " + Quote(mountpoint) + " is not a directory";
+    return Error(EINVAL, error);
   }
   CheckedPaths paths;
   paths.source = Canonical(source).value_or(source);
   paths.mountpoint = Canonical(mountpoint).value_or(mountpoint);
   if (paths.mountpoint == paths.source) {
-    *error = "mountpoint " + Quote(mountpoint) +
-             " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
-    return std::nullopt;
+    error = "mountpoint " + Quote(mountpoint) +
+            " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
+    return Error(EINVAL, error);
   }
   if (IsSameOrInside(paths.mountpoint, paths.source)) {
-    *error = "mountpoint " + Quote(mountpoint) + " is inside the source " + Quote(source) +
-             ": the mount would hide part of what it serves";
-    return std::nullopt;
+    error = "mountpoint " + Quote(mountpoint) + " is inside the source " + Quote(source) +
+            ": the mount would hide part of what it serves";
+    return Error(EINVAL, error);
   }
   for (const MountInfo& m : ReadMountInfo()) {
     if (m.mountpoint != paths.mountpoint) continue;
@@ -148,46 +148,46 @@ std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::str
         fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
     if (probe_out != nullptr) *probe_out = probe;
     if (probe == MountProbe::kDead) {
-      *error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
-               ", Transport endpoint is not connected): its daemon died without unmounting; "
-               "clear it with 'fusermount3 -u " +
-               mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
+      error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
+              ", Transport endpoint is not connected): its daemon died without unmounting; "
+              "clear it with 'fusermount3 -u " +
+              mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
     } else if (probe == MountProbe::kNotAnswering) {
-      *error = "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
-               ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +
-               "' (or 'umount -l " + mountpoint + "') and retry";
+      error = "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
+              ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +
+              "' (or 'umount -l " + mountpoint + "') and retry";
     } else {
-      *error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype +
-               " from " + m.source + "); unmount it first or choose another directory";
+      error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype +
+              " from " + m.source + "); unmount it first or choose another directory";
     }
-    return std::nullopt;
+    return Error(EINVAL, error);
   }
   if (geteuid() != 0 && access(paths.mountpoint.c_str(), W_OK) != 0) {
-    *error = "no permission to mount on " + Quote(mountpoint) + ": it is not writable by uid " +
-             std::to_string(geteuid()) + " (run as root, or use a directory you own)";
-    return std::nullopt;
+    error = "no permission to mount on " + Quote(mountpoint) + ": it is not writable by uid " +
+            std::to_string(geteuid()) + " (run as root, or use a directory you own)";
+    return Error(EINVAL, error);
   }
   return paths;
 }
 
-bool CheckFuseDevice(const std::string& device, std::string* error) {
+Status CheckFuseDevice(const std::string& device) {
+  std::string error;
   struct stat st {};
   if (stat(device.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) {
-    *error = device +
-             " is missing: load the fuse module (modprobe fuse), or in a container pass "
-             "the device in (e.g. --device /dev/fuse)";
-    return false;
+    error = device +
+            " is missing: load the fuse module (modprobe fuse), or in a container pass "
+            "the device in (e.g. --device /dev/fuse)";
+    return Error(EINVAL, error);
   }
   const int fd = open(device.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
-    *error = "no permission to open " + device + " (" + std::strerror(errno) +
-             "): run as root or grant access to the device";
-    return false;
+    error = "no permission to open " + device + " (" + std::strerror(errno) +
+            "): run as root or grant access to the device";
+    return Error(EINVAL, error);
   }
   close(fd);
-  return true;
+  return Status::Ok();
 }
-
 
 Status SetReadAheadKb(const MountInfo& mount, unsigned kb) {
   const std::string path = "/sys/class/bdi/" + std::to_string(mount.major) + ":" +

@@ -1,5 +1,6 @@
-// Start-up checks with one clear line each and the mount's read_ahead_kb. Nothing here talks to FUSE: stat() of our own mountpoint would wait for our own
-// daemon, so the mount's device is taken from mountinfo instead.
+// Start-up checks with one clear line each and the mount's read_ahead_kb. Nothing here talks to
+// FUSE: stat() of our own mountpoint would wait for our own daemon, so the mount's device is taken
+// from mountinfo instead.
 #pragma once
 
 #include <chrono>
@@ -11,8 +12,6 @@
 #include "fs/common/mountinfo.h"
 
 namespace accelfs {
-
-
 
 struct CheckedPaths {
   std::string source;      // canonical
@@ -29,18 +28,17 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
 // How long CheckPaths waits for a FUSE mount on MOUNTPOINT to answer.
 inline constexpr std::chrono::milliseconds kProbeTimeout{2000};
 
-// Validates SOURCE and MOUNTPOINT. On failure returns nullopt and sets `error` to one line;
+// Validates SOURCE and MOUNTPOINT. On failure the error's message is one line;
 // `probe` (if given) says what a FUSE mount found on MOUNTPOINT answered (ProbeMount).
-std::optional<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
-                                       std::string* error, MountProbe* probe = nullptr);
+Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
+                                MountProbe* probe = nullptr);
 
 // A --cache-dir (existing or not) must not lie inside the mountpoint (the daemon would read its
-// own mount) or the source (the mount would show the cache). One line in `error` when it does.
-bool CheckCacheDir(const std::string& dir, const CheckedPaths& paths, std::string* error);
+// own mount) or the source (the mount would show the cache). One line in the error when it does.
+Status CheckCacheDir(const std::string& dir, const CheckedPaths& paths);
 
-// /dev/fuse present, a character device, openable. One line in `error` when not.
-bool CheckFuseDevice(const std::string& device, std::string* error);
-
+// /dev/fuse present, a character device, openable. One line in the error when not.
+Status CheckFuseDevice(const std::string& device);
 
 // Writes /sys/class/bdi/<major>:<minor>/read_ahead_kb.
 Status SetReadAheadKb(const MountInfo& mount, unsigned kb);

@@ -1,5 +1,5 @@
 // accelfs_ceiling: what a backend delivers to many parallel readers, the yardstick for cold loads
-// (DESIGN.md §5: 64 threads of 4 MiB preads, each chunk read once).
+// (docs/DESIGN.md §5: 64 threads of 4 MiB preads, each chunk read once).
 //
 //   accelfs_ceiling [--threads 64] [--chunk-mib 4] DIR|FILE...
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DISK backend for the benchmarks (DESIGN.md §5): a bandwidth-capped block device. Root only.
+# DISK backend for the benchmarks (docs/DESIGN.md §5): a bandwidth-capped block device. Root only.
 #
 #   tests/bench/disk_backend.sh up DIR SIZE_MB MBPS   ext4 image of SIZE_MB MiB on a loop device,
 #                                                     mounted at DIR, reads capped at MBPS MB/s
@@ -28,7 +28,7 @@
 # On the project's CI VM (Linux 6.18, Debian 12, hybrid cgroups, checked 2026-11-29): the cgroup2
 # hierarchy at /sys/fs/cgroup/unified offers only hugetlb (`io` is bound to the v1 hierarchy), so
 # the v1 blkio throttle at /sys/fs/cgroup/blkio is what works there; a 200 MB/s cap reads at
-# 0.20 GB/s with read() and mmap (docs/BENCHMARKS.md, "DISK backend and server-like loaders").
+# 0.20 GB/s with read() and mmap (docs/BENCHMARKS-HISTORY.md, "DISK backend and server-like loaders").
 set -euo pipefail
 
 kName=accelfs-bench

@@ -61,7 +61,7 @@ declare -A results
 for mode in read mmap; do
   for ((r = 0; r < reps; r++)); do
     # tmpfs first: on a VM, page faults on /dev/shm's 4 KiB pages get several times slower once a
-    # few GiB of other files went through the page cache (see docs/BENCHMARKS.md).
+    # few GiB of other files went through the page cache (see docs/BENCHMARKS-HISTORY.md, "Foundation").
     results[$mode,tmpfs]+=" $(gbps "$mode" "$shm")"
     drop
     results[$mode,backing]+=" $(gbps "$mode" "$model")"

@@ -1,5 +1,5 @@
 // accelfs_loader: the model loaders the benchmarks time, shaped like real model servers
-// (DESIGN.md §1), and a generator of synthetic sharded safetensors models.
+// (docs/DESIGN.md §1), and a generator of synthetic sharded safetensors models.
 //
 //   accelfs_loader gen DIR --shards N --shard-size BYTES [--seed S] [--tensor-mix
 //   small|mixed|large] accelfs_loader read [--threads N] DIR|FILE...
@@ -29,7 +29,7 @@
 //       so that every case, peer or accelfs, is handed recently used memory. On a VM whose balloon
 //       takes freed memory back (free page reporting), memory the guest has not used for a few
 //       seconds costs seconds per GB to touch again, and otherwise whichever case ran after a
-//       large free would be the fast one (docs/BENCHMARKS.md, "Memory priming").
+//       large free would be the fast one (docs/BENCHMARKS-HISTORY.md, "Memory priming").
 // Prints one line: "<mode> <bytes> <seconds> <GB/s>" (GB = 1e9 bytes). For dp and tp, bytes are
 // those all processes copied and seconds the wall time from the first start to the last finish.
 #include <algorithm>

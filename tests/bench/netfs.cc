@@ -1,5 +1,5 @@
 // accelfs_netfs (NET): a read-only passthrough FUSE filesystem that behaves like slow network
-// storage, the backend the cold-load benchmarks measure accelfs against (DESIGN.md §5).
+// storage, the backend the cold-load benchmarks measure accelfs against (docs/DESIGN.md §5).
 //
 //   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
 //                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]

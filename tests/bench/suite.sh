@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-3 benchmark suite (DESIGN.md §5) in one invocation, one results table. Run as root on
+# The issue-3 benchmark suite (docs/DESIGN.md §5) in one invocation, one results table. Run as root on
 # an otherwise idle machine, from anywhere in the checkout:
 #
 #   tests/bench/suite.sh [--model-size-mib 4096] [--shards 4] [--tensor-mix mixed]
@@ -51,7 +51,7 @@
 # and once for all backends, tmpfs: each loader on the /dev/shm copy (the memory ceiling).
 #
 # Repeats: one run on this VM swings by a quarter to a third with nothing else running
-# (docs/BENCHMARKS.md, "Medians"), so the rows the goals hold against each other are medians, and
+# (docs/BENCHMARKS-HISTORY.md, "Medians"), so the rows the goals hold against each other are medians, and
 # the note lists every run. Memory-speed rows (tmpfs, accelfs warm, accelfs repeat): --repeats runs
 # (warm: page cache dropped before each). Ceiling and accelfs cold: --cold-repeats runs, page cache
 # dropped and memory primed before each, each cold accelfs run on a new daemon (warm and repeat
@@ -64,7 +64,7 @@
 # that every such case, peer or accelfs, starts with recently used free memory, as on a machine
 # without a balloon. On a VM whose balloon takes freed memory back (free page reporting), memory
 # not used for a few seconds costs about 2 s per GB to touch again, and without priming a case is
-# fast or slow by what freed memory just before it (docs/BENCHMARKS.md, "Memory priming").
+# fast or slow by what freed memory just before it (docs/BENCHMARKS-HISTORY.md, "Memory priming").
 # Elsewhere priming takes a fraction of a second.
 #
 # Everything the suite mounts, the loop device and the cgroup are undone on exit, error or Ctrl-C.
@@ -695,10 +695,10 @@ format_results() {
   echo
   echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, Linux $(uname -r); load average at the start $load_start, at the end $(cut -d' ' -f1-3 /proc/loadavg)"
   # A VM whose balloon takes freed memory back makes every first touch of memory slow, and so
-  # whichever row allocates most (docs/BENCHMARKS.md, "Fill on open"): say so beside the numbers.
+  # whichever row allocates most (docs/BENCHMARKS-HISTORY.md, "Fill on open"): say so beside the numbers.
   local pr=/sys/module/page_reporting/parameters
   if [[ -r $pr/reported_kib ]]; then
-    echo "- free page reporting (VM balloon) on: $(( ($(cat "$pr/reported_kib") - reported_start) / 1048576 )) GiB of freed memory went back to the host during this run, to be faulted in again when next touched (see docs/BENCHMARKS.md, \"Fill on open\")"
+    echo "- free page reporting (VM balloon) on: $(( ($(cat "$pr/reported_kib") - reported_start) / 1048576 )) GiB of freed memory went back to the host during this run, to be faulted in again when next touched (see docs/BENCHMARKS-HISTORY.md, \"Fill on open\")"
   fi
   if ((prime_mib > 0)); then
     echo "- memory primed before each cold case (ceiling, direct, accelfs cold, accelfs-warm, cache ½ model): $prime_mib MiB touched and freed, ${#PRIME_RATES[@]} times, at $(printf '%s\n' "${PRIME_RATES[@]:-}" | sort -n | sed -n '1p;$p' | paste -sd '-' | sed 's/-/–/') GB/s (the price of memory not used just before)"
@@ -716,7 +716,7 @@ format_results() {
   echo
   format_table
   echo
-  echo "## Goals (DESIGN.md §5, issue 3)"
+  echo "## Goals (docs/DESIGN.md §5, issue 3)"
   echo
   format_goals
 }
@@ -735,7 +735,7 @@ cache_bytes=$((model_bytes * 3 / 2 + (256 << 20)))
 # loader thread's or process's destination buffer) and 2 GiB for the rest, within what the machine
 # has free (2 GiB spare). Memory a case touches beyond what was primed is the balloon's: with the
 # model + 1 GiB, the 4-thread load's last 0.4 GB was fetched at 0.3-0.6 GB/s, the cache's pages
-# for it faulting in from the host (docs/BENCHMARKS.md).
+# for it faulting in from the host (docs/BENCHMARKS-HISTORY.md).
 if [[ -z $prime_mib ]]; then
   prime_mib=$(((model_bytes >> 20) + (threads > procs ? threads : procs) * dest_mib + 2048))
   avail_mib=$(($(awk '/^MemAvailable/ {print $2}' /proc/meminfo) >> 10))

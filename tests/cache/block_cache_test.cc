@@ -22,6 +22,7 @@
 #include "tests/support/awaited.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
+#include "tests/support/seed.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -124,6 +125,10 @@ class BlockCacheTest : public ::testing::Test {
     EXPECT_LE(s.used_bytes, s.budget_bytes);
   }
 
+  // The body of StressConcurrentReadersSeeRightBytesWithinBudget; reader t draws from seed + t,
+  // the dropper from seed + kThreads (threads make the interleaving vary even for one seed).
+  void StressConcurrentReaders(uint64_t seed);
+
   testing::TempDir dir_{"accelfs-cache-test"};
   std::vector<std::unique_ptr<TestFile>> files_;
   RamBlockStore store_;
@@ -158,7 +163,7 @@ TEST_F(BlockCacheTest, CountersForTheToolsAddUp) {
   const TestFile& f = AddFile("counted", 3 * kBlock + 100, 3);
   EXPECT_EQ(cache_->ResidentBytes(f.key), 0u);
   backend_.Hold();
-  Got first = Get(f, 3);  // the 100-byte tail block
+  Got first = Get(f, 3);   // the 100-byte tail block
   Got second = Get(f, 3);  // joins the same fetch
   CacheStats s = cache_->Stats();
   EXPECT_EQ(s.fetching_blocks, 1u);
@@ -582,9 +587,8 @@ TEST_F(BlockCacheTest, StopReaderThenShutdownAnswersEveryWaiterOnce) {
 // Several threads read random blocks of a few files through a small budget, on a real thread pool
 // backend; one thread keeps dropping files. Every byte is checked; the budget may be exceeded only
 // by the documented anti-deadlock admission (one block beyond what the readers pin).
-TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+void BlockCacheTest::StressConcurrentReaders(uint64_t seed) {
+  testing::SeedTrace trace(seed);
   std::vector<const TestFile*> files;
   const uint64_t sizes[] = {7 * kBlock + 1, 5 * kBlock, 3 * kBlock - 1, 9 * kBlock + 4000};
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -612,6 +616,7 @@ TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
     std::atomic<int> failures{0};
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
+        testing::SeedTrace thread_trace(seed);  // gtest traces are per thread
         std::mt19937_64 rng(seed + t);
         for (int iter = 0; iter < 400 && failures == 0; ++iter) {
           const TestFile& f = *files[rng() % files.size()];
@@ -645,7 +650,7 @@ TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
       });
     }
     std::thread dropper([&] {
-      std::mt19937_64 rng(seed ^ 0xd0);
+      std::mt19937_64 rng(seed + kThreads);
       while (!stop_dropper) {
         cache.DropFile(files[rng() % files.size()]->key);
         note_used();
@@ -673,6 +678,16 @@ TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
     reader.Stop();
     cache.Shutdown();
   }
+}
+
+// A fresh seed each run (ACCELFS_SEED=<n> replays one; see tests/support/seed.h).
+TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
+  StressConcurrentReaders(testing::TestSeed());
+}
+
+// Pinned seeds: a seed that once failed is kept here, one TEST_F per seed, named <test>Seed<N>.
+TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudgetSeed1) {
+  StressConcurrentReaders(1);
 }
 
 }  // namespace

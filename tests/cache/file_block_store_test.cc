@@ -210,10 +210,9 @@ class DirStoreTest : public ::testing::TestWithParam<const char*> {
     if (dir_->path().empty()) GTEST_SKIP() << "cannot make a directory under " << GetParam();
   }
   std::unique_ptr<FileBlockStore> Open(uint32_t block_size = kBlock) {
-    std::string error;
-    auto store = FileBlockStore::OpenDir(dir_->path(), block_size, &error);
-    EXPECT_NE(store, nullptr) << error;
-    return store;
+    auto store = FileBlockStore::OpenDir(dir_->path(), block_size);
+    EXPECT_TRUE(store.ok()) << store.error().Message();
+    return store.ok() ? std::move(store.value()) : nullptr;
   }
   // Allocates block `index` of `file`, fills it with seed 5's bytes at its offset, and commits it
   // unless `commit` is false. Returns the buffer.
@@ -265,9 +264,9 @@ TEST_P(DirStoreTest, KilledBeforeTheRecordLeavesTheBlockAbsent) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    std::string error;
-    auto store = FileBlockStore::OpenDir(dir_->path(), kBlock, &error);
-    if (store == nullptr) _exit(3);
+    auto opened = FileBlockStore::OpenDir(dir_->path(), kBlock);
+    if (!opened.ok()) _exit(3);
+    std::unique_ptr<FileBlockStore> store = std::move(opened.value());
     Put(*store, kFile, 0);                    // complete and recorded
     Put(*store, kFile, 1, /*commit=*/false);  // data written, record not yet
     auto half = store->Allocate({kFile, 2}, 777);
@@ -367,8 +366,9 @@ TEST_P(DirStoreTest, BlocksOfAnotherBlockSizeOrBrokenRecordsAreRemoved) {
 TEST_P(DirStoreTest, ASecondStoreOnTheDirectoryIsRefusedWithTheHoldersPid) {
   auto first = Open();
   ASSERT_TRUE(first);
-  std::string error;
-  EXPECT_EQ(FileBlockStore::OpenDir(dir_->path(), kBlock, &error), nullptr);
+  auto second = FileBlockStore::OpenDir(dir_->path(), kBlock);
+  ASSERT_FALSE(second.ok());
+  const std::string error = second.error().Message();
   EXPECT_NE(error.find("in use by another accelfs (pid " + std::to_string(getpid()) + ")"),
             std::string::npos)
       << error;
@@ -380,14 +380,15 @@ TEST(FileBlockStoreTest, AMissingCacheDirIsCreatedPrivate) {
   CacheDir parent("/var/tmp");
   ASSERT_FALSE(parent.path().empty());
   const std::string dir = parent.path() + "/cache";
-  std::string error;
-  auto store = FileBlockStore::OpenDir(dir, kBlock, &error);
-  ASSERT_NE(store, nullptr) << error;
+  auto store = FileBlockStore::OpenDir(dir, kBlock);
+  ASSERT_TRUE(store.ok()) << store.error().Message();
   struct stat st {};
   ASSERT_EQ(stat(dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  EXPECT_EQ(FileBlockStore::OpenDir(parent.path() + "/missing/deeper", kBlock, &error), nullptr);
-  EXPECT_NE(error.find("cannot create it"), std::string::npos) << error;
+  auto missing = FileBlockStore::OpenDir(parent.path() + "/missing/deeper", kBlock);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().Message().find("cannot create it"), std::string::npos)
+      << missing.error().Message();
 }
 
 // The cache over a cache directory: what one cache fetched, the next (a restarted daemon) serves

@@ -79,9 +79,9 @@ class FillOnOpenTest : public ::testing::Test {
 
   // Budget in blocks; files from 4 blocks are streamed (and so filled).
   void Make(uint64_t budget_blocks, FsOptions::Fill fill = FsOptions::Fill::kAll) {
-    std::string error;
-    store_ = FileBlockStore::OpenDir(cache_dir_ / "cache", kBlock, &error);
-    ASSERT_NE(store_, nullptr) << error;
+    auto store = FileBlockStore::OpenDir(cache_dir_ / "cache", kBlock);
+    ASSERT_TRUE(store.ok()) << store.error().Message();
+    store_ = std::move(store.value());
     cache_ = std::make_unique<BlockCache>(
         *store_, backend_,
         BlockCache::Options{budget_blocks * store_->CapacityFor(kBlock), kBlock});

@@ -32,12 +32,13 @@ constexpr uint64_t kIno = 7;
 // Records every Store; can fail them.
 class RecordingKernel final : public KernelCache {
  public:
-  int Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
+  Status Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
     std::lock_guard lock(mu_);
-    if (fail_) return ENOENT;
-    stores_[{ino, offset}].emplace_back(reinterpret_cast<const uint8_t*>(data.data()),
-                                        reinterpret_cast<const uint8_t*>(data.data()) + data.size());
-    return 0;
+    if (fail_) return Error(ENOENT);
+    stores_[{ino, offset}].emplace_back(
+        reinterpret_cast<const uint8_t*>(data.data()),
+        reinterpret_cast<const uint8_t*>(data.data()) + data.size());
+    return Status::Ok();
   }
   void Fail() {
     std::lock_guard lock(mu_);

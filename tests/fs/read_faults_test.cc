@@ -15,8 +15,9 @@
 #include "cache/ram_block_store.h"
 #include "fs/read_through_fs.h"
 #include "tests/support/awaited.h"
-#include "tests/support/open_sync.h"
 #include "tests/support/fake_backend.h"
+#include "tests/support/open_sync.h"
+#include "tests/support/seed.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -91,6 +92,9 @@ class ReadFaultsTest : public ::testing::Test {
   }
 
   static std::string Errno(int err) { return "errno " + std::to_string(err); }
+
+  // The body of RandomFaults (tests/support/seed.h): everything random comes from `seed`.
+  void RandomFaults(uint64_t seed);
 
   testing::TempDir dir_{"accelfs-faults"};
   RamBlockStore store_;
@@ -184,9 +188,8 @@ TEST_F(ReadFaultsWithReadaheadTest, FailedReadaheadDoesNotPoisonLaterReads) {
 
 // Seeded: random READs while random requests fail or come back short. Each READ is answered once,
 // with the file's bytes or with the injected errno (EIO for a short read).
-TEST_F(ReadFaultsTest, RandomFaults) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+void ReadFaultsTest::RandomFaults(uint64_t seed) {
+  testing::SeedTrace trace(seed);
   std::mt19937_64 rng(seed);
   const int errnos[] = {EIO, ENOENT, EACCES, ESTALE};
   int failures = 0;
@@ -223,6 +226,12 @@ TEST_F(ReadFaultsTest, RandomFaults) {
   }
   EXPECT_GT(failures, 0);
 }
+
+// A fresh seed each run (ACCELFS_SEED=<n> replays one; see tests/support/seed.h).
+TEST_F(ReadFaultsTest, RandomFaults) { RandomFaults(testing::TestSeed()); }
+
+// Pinned seeds: a seed that once failed is kept here, one TEST_F per seed, named <test>Seed<N>.
+TEST_F(ReadFaultsTest, RandomFaultsSeed1) { RandomFaults(1); }
 
 }  // namespace
 }  // namespace accelfs

@@ -24,9 +24,10 @@
 #include "cache/block_cache.h"
 #include "cache/ram_block_store.h"
 #include "tests/support/awaited.h"
-#include "tests/support/open_sync.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
+#include "tests/support/open_sync.h"
+#include "tests/support/seed.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -170,6 +171,10 @@ class ReadThroughFsTest : public ::testing::Test {
     }
     return all;
   }
+
+  // Bodies of the random tests below (tests/support/seed.h): everything random comes from `seed`.
+  void RandomReads(uint64_t seed);
+  void ConcurrentReads(uint64_t seed);  // thread t draws from seed + t
 
   // The backing directory's names (with . and ..).
   std::set<std::string> BackingNames(const std::string& path) {
@@ -476,9 +481,8 @@ TEST_F(ReadThroughFsTest, ReadsEqualTheBackingBytes) {
   fs_->Release(fh);
 }
 
-TEST_F(ReadThroughFsTest, RandomReadsEqualTheBackingBytes) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+void ReadThroughFsTest::RandomReads(uint64_t seed) {
+  testing::SeedTrace trace(seed);
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> handles;
   for (const auto& [name, size] : Files()) handles.push_back(OpenOk(LookupOk(name)));
@@ -493,8 +497,15 @@ TEST_F(ReadThroughFsTest, RandomReadsEqualTheBackingBytes) {
   for (uint64_t fh : handles) fs_->Release(fh);
 }
 
+// A fresh seed each run (ACCELFS_SEED=<n> replays one; see tests/support/seed.h).
+TEST_F(ReadThroughFsTest, RandomReadsEqualTheBackingBytes) { RandomReads(testing::TestSeed()); }
+
+// Pinned seeds: a seed that once failed is kept here, one TEST_F per seed, named <test>Seed<N>.
+TEST_F(ReadThroughFsTest, RandomReadsEqualTheBackingBytesSeed1) { RandomReads(1); }
+
 // Several threads read one handle through a cache of 8 blocks: eviction and read-ahead underneath.
-TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCache) {
+void ReadThroughFsTest::ConcurrentReads(uint64_t seed) {
+  testing::SeedTrace trace(seed);
   backend_.Stop();
   fs_.reset();
   cache_.reset();
@@ -506,13 +517,12 @@ TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCache) {
   ASSERT_TRUE(big.ok());
   Result<OpenOut> open = testing::OpenSync(**fs, big->ino, O_RDONLY);
   ASSERT_TRUE(open.ok());
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
   const uint64_t size = 5 * kBlock + 12345;
   const std::vector<uint8_t> whole = testing::PreadBytes(dir_ / "big", 0, size);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
+      testing::SeedTrace thread_trace(seed);  // gtest traces are per thread
       std::mt19937_64 rng(seed + t);
       for (int i = 0; i < 150; ++i) {
         const uint64_t offset = rng() % size;
@@ -542,6 +552,14 @@ TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCache) {
   backend.Stop();
   cache.Shutdown();
 }
+
+// A fresh seed each run, as above.
+TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCache) {
+  ConcurrentReads(testing::TestSeed());
+}
+
+// Pinned seeds, as above.
+TEST_F(ReadThroughFsTest, ConcurrentReadsThroughASmallCacheSeed1) { ConcurrentReads(1); }
 
 // The file is rewritten in place (same inode, new size and mtime) between two opens.
 TEST_F(ReadThroughFsTest, FileChangedBetweenOpensIsReadAnew) {

@@ -77,9 +77,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   for (const std::string& arg : args) {
     for (const uint64_t percent_of : {uint64_t{0}, kMemTotal}) {
-      std::string error;
-      const std::optional<uint64_t> bytes = ParseSize(arg, percent_of, &error);
-      Check(bytes ? *bytes < (uint64_t{1} << 63) : !error.empty());
+      const Result<uint64_t> bytes = ParseSize(arg, percent_of);
+      Check(bytes.ok() ? bytes.value() < (uint64_t{1} << 63) : !bytes.error().Message().empty());
     }
   }
   return 0;

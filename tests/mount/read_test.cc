@@ -2,8 +2,9 @@
 // files of odd sizes (empty, one byte, around a page, around a block, sparse files of 1 and 5 GiB
 // with data across the 4 GiB boundary), and 8 threads reading one file at once.
 //
-// Random ranges come from a seeded std::mt19937_64; the seed is printed with every failure and
-// ACCELFS_TEST_SEED=<n> replays it.
+// Random ranges come from a seeded std::mt19937_64 (tests/support/seed.h): each random test
+// prints its seed, every failure shows it, ACCELFS_SEED=<n> replays it, and a seed that once
+// failed is kept as a <test>Seed<N> test calling the same body.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "tests/mount/mount_fixture.h"
+#include "tests/support/seed.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs::testing {
@@ -52,12 +54,6 @@ std::vector<OddFile> OddFiles() {
        5 * kGiB,
        {{0, kMiB}, {4 * kGiB - 300 * kKiB, kMiB}, {5 * kGiB - 777777, 777777}}},
   };
-}
-
-uint64_t SeedFor(const char* name) {
-  if (const char* env = std::getenv("ACCELFS_TEST_SEED")) return std::strtoull(env, nullptr, 0);
-  return std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-         std::hash<std::string>{}(name);
 }
 
 void CreateOddFile(const std::string& path, const OddFile& f, uint64_t seed) {
@@ -127,7 +123,6 @@ class ReadTest : public MountTest {
   void SetUp() override {
     MountTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    seed_ = SeedFor(::testing::UnitTest::GetInstance()->current_test_info()->name());
     uint64_t file_seed = 1;
     for (const OddFile& f : OddFiles()) {
       ASSERT_NO_FATAL_FAILURE(CreateOddFile(Src(f.name), f, file_seed++));
@@ -135,7 +130,10 @@ class ReadTest : public MountTest {
     ASSERT_NO_FATAL_FAILURE(StartMount());
   }
 
-  uint64_t seed_ = 0;
+  // Bodies of the random tests below: every range comes from `seed`.
+  void RandomPreadRanges(uint64_t seed);
+  void MmapRanges(uint64_t seed);
+  void ReopenedFullyCachedReads(uint64_t seed);
 };
 
 // Opens both sides of one file.
@@ -164,10 +162,9 @@ struct Mapping {
   void* data;
 };
 
-TEST_F(ReadTest, RandomPreadRangesEqualBackingBytes) {
-  SCOPED_TRACE("seed " + std::to_string(seed_) +
-               " (replay: ACCELFS_TEST_SEED=" + std::to_string(seed_) + ")");
-  std::mt19937_64 rng(seed_);
+void ReadTest::RandomPreadRanges(uint64_t seed) {
+  SeedTrace trace(seed);
+  std::mt19937_64 rng(seed);
   std::vector<uint8_t> got(9 * kMiB + 1);
   std::vector<uint8_t> want(9 * kMiB + 1);
   for (const OddFile& f : OddFiles()) {
@@ -188,6 +185,13 @@ TEST_F(ReadTest, RandomPreadRangesEqualBackingBytes) {
   }
 }
 
+// A fresh seed each run (ACCELFS_SEED=<n> replays one; see tests/support/seed.h).
+TEST_F(ReadTest, RandomPreadRangesEqualBackingBytes) { RandomPreadRanges(TestSeed()); }
+
+// Pinned seeds: a seed that once failed is kept here, one TEST_F per seed, named <test>Seed<N>.
+// Each is a mount of its own, as long as the test it pins.
+TEST_F(ReadTest, RandomPreadRangesEqualBackingBytesSeed1) { RandomPreadRanges(1); }
+
 TEST_F(ReadTest, SequentialReadOfSmallFilesEqualsBackingFile) {
   for (const OddFile& f : OddFiles()) {
     if (f.size > kBlock + 1) continue;
@@ -204,10 +208,9 @@ TEST_F(ReadTest, SequentialReadOfSmallFilesEqualsBackingFile) {
 }
 
 // A fresh mount per test, so these pages come from the mmap path, not from earlier preads.
-TEST_F(ReadTest, MmapRangesEqualBackingBytes) {
-  SCOPED_TRACE("seed " + std::to_string(seed_) +
-               " (replay: ACCELFS_TEST_SEED=" + std::to_string(seed_) + ")");
-  std::mt19937_64 rng(seed_);
+void ReadTest::MmapRanges(uint64_t seed) {
+  SeedTrace trace(seed);
+  std::mt19937_64 rng(seed);
   std::vector<uint8_t> want(9 * kMiB + 1);
   for (const OddFile& f : OddFiles()) {
     if (f.size == 0) continue;  // nothing to map
@@ -242,12 +245,14 @@ TEST_F(ReadTest, MmapRangesEqualBackingBytes) {
   }
 }
 
+// A fresh seed each run, as above; pinned seeds as <test>Seed<N>.
+TEST_F(ReadTest, MmapRangesEqualBackingBytes) { MmapRanges(TestSeed()); }
+
 // A second open of a file whose every block is cached: as root on Linux 6.9+ it is served by FUSE
 // passthrough from the cache's own files, otherwise by the daemon again; the bytes must not tell.
-TEST_F(ReadTest, ReopenedFullyCachedFilesReadTheSame) {
-  SCOPED_TRACE("seed " + std::to_string(seed_) +
-               " (replay: ACCELFS_TEST_SEED=" + std::to_string(seed_) + ")");
-  std::mt19937_64 rng(seed_);
+void ReadTest::ReopenedFullyCachedReads(uint64_t seed) {
+  SeedTrace trace(seed);
+  std::mt19937_64 rng(seed);
   std::vector<uint8_t> got(9 * kMiB + 1);
   for (const OddFile& f : OddFiles()) {
     if (f.size == 0 || f.size > kBlock + 1) continue;
@@ -279,18 +284,23 @@ TEST_F(ReadTest, ReopenedFullyCachedFilesReadTheSame) {
   }
 }
 
-class ConcurrentReadTest : public MountTest {};
+// A fresh seed each run, as above; pinned seeds as <test>Seed<N>.
+TEST_F(ReadTest, ReopenedFullyCachedFilesReadTheSame) { ReopenedFullyCachedReads(TestSeed()); }
 
-TEST_F(ConcurrentReadTest, EightThreadsReadRandomRangesOfOneFile) {
+class ConcurrentReadTest : public MountTest {
+ protected:
+  // Thread t draws from seed + t.
+  void EightThreadsReadRandomRanges(uint64_t seed);
+};
+
+void ConcurrentReadTest::EightThreadsReadRandomRanges(uint64_t seed) {
+  SeedTrace trace(seed);
   constexpr uint64_t kSize = 64 * kMiB;
   constexpr uint64_t kFileSeed = 77;
   constexpr int kThreads = 8;
   constexpr int kReadsPerThread = 64;
   WriteTestFile(Src("shared.bin"), kSize, kFileSeed);
   ASSERT_NO_FATAL_FAILURE(StartMount());
-  const uint64_t seed = SeedFor("EightThreadsReadRandomRangesOfOneFile");
-  SCOPED_TRACE("seed " + std::to_string(seed) +
-               " (replay: ACCELFS_TEST_SEED=" + std::to_string(seed) + ")");
 
   // Even threads share one descriptor, odd threads open their own.
   const int shared_fd = open(Mnt("shared.bin").c_str(), O_RDONLY | O_CLOEXEC);
@@ -333,6 +343,11 @@ TEST_F(ConcurrentReadTest, EightThreadsReadRandomRangesOfOneFile) {
   for (auto& th : threads) th.join();
   close(shared_fd);
   EXPECT_EQ(failures.load(), 0) << first_failure;
+}
+
+// A fresh seed each run, as above; pinned seeds as <test>Seed<N>.
+TEST_F(ConcurrentReadTest, EightThreadsReadRandomRangesOfOneFile) {
+  EightThreadsReadRandomRanges(TestSeed());
 }
 
 }  // namespace

@@ -91,8 +91,7 @@ TEST_F(RestartTest, AFileChangedWhileUnmountedIsReadFreshAfterARestart) {
   // Same size, new bytes, and an mtime that surely differs.
   WriteTestFile(Src("model-00001-of-00001.safetensors.bin"), kShard, 99);
   struct timespec times[2] = {{0, UTIME_OMIT}, {1'800'000'000, 0}};
-  ASSERT_EQ(utimensat(AT_FDCWD, Src("model-00001-of-00001.safetensors.bin").c_str(), times, 0),
-            0);
+  ASSERT_EQ(utimensat(AT_FDCWD, Src("model-00001-of-00001.safetensors.bin").c_str(), times, 0), 0);
 
   ASSERT_TRUE(daemon_.Start(source_, mountpoint_, dir_ / "second.log", Options()));
   ExpectContent("model-00001-of-00001.safetensors.bin", 99, kShard);

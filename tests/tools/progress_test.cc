@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 
 #include "tests/support/test_data.h"
@@ -120,11 +121,14 @@ TEST(ListAccelfsMountsTest, OnlyAccelfsWithTheirUser) {
 }
 
 TEST(FindPathInMountTest, ClearErrors) {
-  std::string error;
-  EXPECT_FALSE(FindPathInMount({}, "/definitely/not/here", &error));
-  EXPECT_EQ(error, "'/definitely/not/here': no such file or directory");
-  EXPECT_FALSE(FindPathInMount({}, "/", &error));
-  EXPECT_EQ(error, "'/' is not inside an accelfs mount (no accelfs mount on this machine)");
+  auto missing = FindPathInMount({}, "/definitely/not/here");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code(), ENOENT);
+  EXPECT_EQ(missing.error().Message(), "'/definitely/not/here': no such file or directory");
+  auto outside = FindPathInMount({}, "/");
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.error().Message(),
+            "'/' is not inside an accelfs mount (no accelfs mount on this machine)");
 }
 
 }  // namespace
@@ -135,17 +139,17 @@ namespace {
 
 TEST(GroupByMountTest, MountsInFirstSeenOrderPathsAsGiven) {
   const std::vector<AccelfsMount> mounts = {{"/a", "/sa", 0}, {"/b", "/sb", 0}};
-  std::vector<MountPaths> groups;
-  std::string error;
-  ASSERT_TRUE(GroupByMount(mounts, {"/b/x", "/a/2", "/b", "/a/1"}, &groups, &error)) << error;
+  auto grouped = GroupByMount(mounts, {"/b/x", "/a/2", "/b", "/a/1"});
+  ASSERT_TRUE(grouped.ok()) << grouped.error().Message();
+  const std::vector<MountPaths>& groups = grouped.value();
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].mount.mountpoint, "/b");
   EXPECT_EQ(groups[0].relative, (std::vector<std::string>{"x", ""}));
   EXPECT_EQ(groups[1].mount.mountpoint, "/a");
   EXPECT_EQ(groups[1].relative, (std::vector<std::string>{"2", "1"}));
-  groups.clear();
-  EXPECT_FALSE(GroupByMount(mounts, {"/a/1", "/"}, &groups, &error));
-  EXPECT_EQ(error, "'/' is not inside an accelfs mount");
+  auto refused = GroupByMount(mounts, {"/a/1", "/"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().Message(), "'/' is not inside an accelfs mount");
 }
 
 }  // namespace

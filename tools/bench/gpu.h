@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/result.h"
+
 namespace accelfs::bench {
 
 struct GpuOptions {
@@ -29,9 +31,9 @@ bool CudaBuilt();
 // Copies every tensor of `files` (checked with CheckShards) to cuda:`options.device`: each
 // shard mmapped, each tensor in loader order memcpy'd into one of the thread's two pinned staging
 // buffers while the other one's cudaMemcpyAsync runs on its own stream (double buffering).
-// nullopt and one line in `error` ("no CUDA device: ...") when the device is missing or CUDA
-// fails; dies (one line) on I/O errors, as the CPU loaders do.
-std::optional<GpuFigures> LoadToGpu(const std::vector<std::string>& files,
-                                    const GpuOptions& options, std::string* error);
+// Errors, with one line: ENODEV ("no CUDA device: ...") when the device is missing or CUDA
+// fails to find one, ENOMEM when it has too little free memory, ENOTSUP in a build without
+// CUDA; dies (one line) on I/O errors and later CUDA failures, as the CPU loaders do.
+Result<GpuFigures> LoadToGpu(const std::vector<std::string>& files, const GpuOptions& options);
 
 }  // namespace accelfs::bench

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -88,19 +89,17 @@ uint64_t CopyShard(const std::string& file, Staging& staging, DeviceArena& arena
 
 bool CudaBuilt() { return true; }
 
-std::optional<GpuFigures> LoadToGpu(const std::vector<std::string>& files,
-                                    const GpuOptions& options, std::string* error) {
+Result<GpuFigures> LoadToGpu(const std::vector<std::string>& files, const GpuOptions& options) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    *error = std::string("no CUDA device: ") +
-             (status != cudaSuccess ? cudaGetErrorString(status) : "none found");
-    return std::nullopt;
+    return Error(ENODEV, std::string("no CUDA device: ") +
+                             (status != cudaSuccess ? cudaGetErrorString(status) : "none found"));
   }
   if (options.device >= count) {
-    *error = "no CUDA device: cuda:" + std::to_string(options.device) + " does not exist (" +
-             std::to_string(count) + " device" + (count == 1 ? "" : "s") + ")";
-    return std::nullopt;
+    return Error(ENODEV, "no CUDA device: cuda:" + std::to_string(options.device) +
+                             " does not exist (" + std::to_string(count) + " device" +
+                             (count == 1 ? "" : "s") + ")");
   }
   Check(cudaSetDevice(options.device), "cudaSetDevice");
   cudaDeviceProp prop{};
@@ -112,8 +111,8 @@ std::optional<GpuFigures> LoadToGpu(const std::vector<std::string>& files,
   uint64_t arena_bytes = std::max<uint64_t>(options.tensor_bytes, kStagingBytes);
   if (arena_bytes + kDeviceReserve > free_bytes) {
     if (free_bytes < kDeviceReserve + kStagingBytes) {
-      *error = "cuda:" + std::to_string(options.device) + " has too little free memory";
-      return std::nullopt;
+      return Error(ENOMEM,
+                   "cuda:" + std::to_string(options.device) + " has too little free memory");
     }
     arena_bytes = free_bytes - kDeviceReserve;
     figures.device_buffer_reused = true;

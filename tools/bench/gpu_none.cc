@@ -1,14 +1,14 @@
 // accelfs-bench built without the CUDA Toolkit: no GPU path.
 #include "tools/bench/gpu.h"
 
+#include <cerrno>
+
 namespace accelfs::bench {
 
 bool CudaBuilt() { return false; }
 
-std::optional<GpuFigures> LoadToGpu(const std::vector<std::string>&, const GpuOptions&,
-                                    std::string* error) {
-  *error = "accelfs-bench was built without CUDA";
-  return std::nullopt;
+Result<GpuFigures> LoadToGpu(const std::vector<std::string>&, const GpuOptions&) {
+  return Error(ENOTSUP, "accelfs-bench was built without CUDA");
 }
 
 }  // namespace accelfs::bench

@@ -140,23 +140,22 @@ void MapShard(const std::string& f, MappedShard& shard) {
   shard.layout = std::move(layout.value());
 }
 
-std::optional<ShardsSummary> CheckShards(const std::vector<std::string>& files,
-                                         std::string* error) {
+Result<ShardsSummary> CheckShards(const std::vector<std::string>& files) {
   ShardsSummary summary;
   for (const auto& f : files) {
     const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st {};
     if (fd < 0 || fstat(fd, &st) != 0) {
-      *error = f + ": " + std::strerror(errno);
+      const int err = errno;
       if (fd >= 0) close(fd);
-      return std::nullopt;
+      return Error(err, f + ": " + std::strerror(err));
     }
     const Result<SafetensorsLayout> layout =
         S_ISREG(st.st_mode) ? ReadLayout(fd, static_cast<uint64_t>(st.st_size)) : Error(EINVAL);
     close(fd);
     if (!layout.ok()) {
-      *error = f + ": not a valid safetensors file (header: " + layout.error().Message() + ")";
-      return std::nullopt;
+      return Error(layout.error().code(),
+                   f + ": not a valid safetensors file (header: " + layout.error().Message() + ")");
     }
     for (const TensorExtent& t : layout.value().tensors) {
       summary.tensor_bytes += t.end - t.begin;

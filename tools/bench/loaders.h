@@ -1,5 +1,5 @@
 // The loaders accelfs-bench and the benchmark suite's accelfs_loader time, shaped like real model
-// servers (DESIGN.md §1), and the synthetic model generator. Every loader returns the bytes it
+// servers (docs/DESIGN.md §1), and the synthetic model generator. Every loader returns the bytes it
 // read; a failure prints one line and exits the process (these are benchmark tools, not library
 // code). Check the shards with CheckShards before timing them, so that bad input is reported
 // before any thread or process starts.
@@ -30,9 +30,10 @@ struct ShardsSummary {
 };
 
 // Reads and validates every shard's safetensors header (cache/prefetch/safetensors.h: malformed,
-// hostile or truncated headers are refused). nullopt and one line in `error` naming the file when
-// one is missing, unreadable or not a valid safetensors file.
-std::optional<ShardsSummary> CheckShards(const std::vector<std::string>& files, std::string* error);
+// hostile or truncated headers are refused). On failure, an error with one line naming the file:
+// open's or fstat's errno when it is missing or unreadable, the header's error when it is not a
+// valid safetensors file (EINVAL when it is not a regular file).
+Result<ShardsSummary> CheckShards(const std::vector<std::string>& files);
 
 // Runs `load_shard(thread, file)` over `files` on `threads` threads, each taking the next shard
 // from a shared counter, and returns the sum of what it returned.
@@ -68,9 +69,9 @@ constexpr size_t kDestBytes = 256 << 20;
 
 // A loader's buffer: aligned to 2 MiB (huge pages where the kernel gives them) and touched. Model
 // servers copy into tensor storage, which torch's CPU allocator aligns to 64 bytes; a buffer from
-// plain malloc starts 16 bytes into a page, and on the AMD EPYC of docs/BENCHMARKS.md a read() or
-// memcpy into such a destination runs at a quarter of the aligned speed (1.65 against 6.9 GB/s),
-// which would make a loader measure its own copy rather than the read path.
+// plain malloc starts 16 bytes into a page, and on the AMD EPYC of docs/BENCHMARKS-HISTORY.md a
+// read() or memcpy into such a destination runs at a quarter of the aligned speed (1.65 against 6.9
+// GB/s), which would make a loader measure its own copy rather than the read path.
 class Buffer {
  public:
   explicit Buffer(size_t bytes);

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -58,26 +59,20 @@ std::optional<int> ParseDevice(const std::string& text) {
   return std::stoi(text.substr(5));
 }
 
-// The directory's *.safetensors files, sorted; an error line when there are none.
-std::optional<std::vector<std::string>> ModelShards(const std::string& dir, std::string* error) {
+// The directory's *.safetensors files, sorted; an error with one line when there are none.
+Result<std::vector<std::string>> ModelShards(const std::string& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
-    *error = "MODEL_DIR '" + dir + "' " +
-             (std::filesystem::exists(dir, ec) ? "is not a directory" : "does not exist");
-    return std::nullopt;
+    const bool exists = std::filesystem::exists(dir, ec);
+    return Error(exists ? ENOTDIR : ENOENT,
+                 "MODEL_DIR '" + dir + "' " + (exists ? "is not a directory" : "does not exist"));
   }
   std::vector<std::string> files;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->path().extension() == ".safetensors") files.push_back(it->path().string());
   }
-  if (ec) {
-    *error = "cannot list '" + dir + "': " + ec.message();
-    return std::nullopt;
-  }
-  if (files.empty()) {
-    *error = "no *.safetensors files in '" + dir + "'";
-    return std::nullopt;
-  }
+  if (ec) return Error(ec.value(), "cannot list '" + dir + "': " + ec.message());
+  if (files.empty()) return Error(ENOENT, "no *.safetensors files in '" + dir + "'");
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -153,15 +148,14 @@ int Run(const Options& o) {
   if (o.tp > 0 && o.mode == "read")
     return Fail(2, "--tp needs --mode mmap: read() loads whole files");
   Report r;
-  std::string error;
-  auto files = ModelShards(o.model_dir, &error);
-  if (!files) return Fail(1, error);
-  r.files = std::move(*files);
+  auto files = ModelShards(o.model_dir);
+  if (!files.ok()) return Fail(1, files.error().Message());
+  r.files = std::move(files.value());
   // The clock starts at the first open: on an accelfs mount with fill on open, opening a cold
   // shard waits until it is cached, so reading the headers up front fetches the whole model.
   const auto first_open = std::chrono::steady_clock::now();
-  auto summary = CheckShards(r.files, &error);
-  if (!summary) return Fail(1, error);
+  auto summary = CheckShards(r.files);
+  if (!summary.ok()) return Fail(1, summary.error().Message());
   r.header_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - first_open).count();
   r.summary = *summary;
@@ -171,8 +165,8 @@ int Run(const Options& o) {
       static_cast<size_t>(std::clamp<uint64_t>(r.summary.largest_tensor, 4096, kDestBytes));
   if (r.cuda_device >= 0) {
     GpuOptions gpu{r.cuda_device, o.threads, r.summary.tensor_bytes};
-    auto figures = LoadToGpu(r.files, gpu, &error);
-    if (!figures) return Fail(1, error);
+    auto figures = LoadToGpu(r.files, gpu);
+    if (!figures.ok()) return Fail(1, figures.error().Message());
     r.gpu = *figures;
     r.bytes = figures->bytes;
     r.seconds = figures->seconds;

@@ -25,6 +25,17 @@ struct ByNameCase {
   Names want;
 };
 
+TEST(FollowingShardsByNameMostTest, TakesTheFirstOnes) {
+  EXPECT_EQ(FollowingShardsByName("m-000001-of-100000.safetensors", 1),
+            std::vector<std::string>{"m-000002-of-100000.safetensors"});
+  EXPECT_EQ(FollowingShardsByName("m-00003-of-00005.safetensors", 1),
+            std::vector<std::string>{"m-00004-of-00005.safetensors"});
+  EXPECT_EQ(FollowingShardsByName("m-00003-of-00005.safetensors", 10),
+            FollowingShardsByName("m-00003-of-00005.safetensors"));
+  EXPECT_TRUE(FollowingShardsByName("m-00005-of-00005.safetensors", 1).empty());
+  EXPECT_TRUE(FollowingShardsByName("m-00003-of-00005.safetensors", 0).empty());
+}
+
 class FollowingShardsByNameTest : public ::testing::TestWithParam<ByNameCase> {};
 
 TEST_P(FollowingShardsByNameTest, NamesTheShardsAfterIt) {

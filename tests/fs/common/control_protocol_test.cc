@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sys/un.h>
 
+#include <cerrno>
+
 #include "fs/control/control_server.h"
 
 namespace accelfs {
@@ -56,22 +58,21 @@ TEST(ControlSocketCandidatesTest, WhereClientsLook) {
 }
 
 TEST(ParseControlRequestTest, GoodRequests) {
-  std::string error;
-  auto r = ParseControlRequest(R"({"op":"stats"})", &error);
-  ASSERT_TRUE(r) << error;
+  auto r = ParseControlRequest(R"({"op":"stats"})");
+  ASSERT_TRUE(r.ok()) << r.error().Message();
   EXPECT_EQ(r->op, "stats");
   EXPECT_TRUE(r->paths.empty());
-  r = ParseControlRequest(R"({"op":"warm","paths":["a/b","c"],"wait":false})", &error);
-  ASSERT_TRUE(r) << error;
+  r = ParseControlRequest(R"({"op":"warm","paths":["a/b","c"],"wait":false})");
+  ASSERT_TRUE(r.ok()) << r.error().Message();
   EXPECT_EQ(r->paths, (std::vector<std::string>{"a/b", "c"}));
   EXPECT_FALSE(r->wait);
-  r = ParseControlRequest(R"({"op":"files"})", &error);
-  ASSERT_TRUE(r) << error;
+  r = ParseControlRequest(R"({"op":"files"})");
+  ASSERT_TRUE(r.ok()) << r.error().Message();
   EXPECT_TRUE(r->wait);
   // Round trip.
   ControlRequest request{"evict", {"x", "y/z"}, true};
-  r = ParseControlRequest(ControlRequestToJson(request).dump(), &error);
-  ASSERT_TRUE(r) << error;
+  r = ParseControlRequest(ControlRequestToJson(request).dump());
+  ASSERT_TRUE(r.ok()) << r.error().Message();
   EXPECT_EQ(r->op, "evict");
   EXPECT_EQ(r->paths, request.paths);
 }
@@ -83,9 +84,8 @@ TEST(ParseControlRequestTest, NamesThatAreNotUtf8TravelAsHexAndComeBackExactly) 
   const std::string line = ControlRequestToJson(request).dump();  // would throw on raw bytes
   EXPECT_NE(line.find("bytes_hex"), std::string::npos) << line;
   EXPECT_NE(line.find("\"m/plain.json\""), std::string::npos) << line;
-  std::string error;
-  auto back = ParseControlRequest(line, &error);
-  ASSERT_TRUE(back) << error;
+  auto back = ParseControlRequest(line);
+  ASSERT_TRUE(back.ok()) << back.error().Message();
   EXPECT_EQ(back->paths, request.paths);
   // A name in the daemon's stats (the mount's own paths) is carried the same way.
   DaemonStats stats;
@@ -123,9 +123,10 @@ TEST(ParseControlRequestTest, BadRequestsGetOneLine) {
       {R"({"op":"warm","paths":["a"],"wait":"yes"})", "\"wait\" must be true or false"},
   };
   for (const auto& c : kCases) {
-    std::string error;
-    EXPECT_FALSE(ParseControlRequest(c.line, &error)) << c.line;
-    EXPECT_EQ(error, c.error) << c.line;
+    auto r = ParseControlRequest(c.line);
+    ASSERT_FALSE(r.ok()) << c.line;
+    EXPECT_EQ(r.error().code(), EINVAL) << c.line;
+    EXPECT_EQ(r.error().Message(), c.error) << c.line;
   }
 }
 

@@ -1,5 +1,6 @@
-// The warmer (fs/control/warmer.h): path resolution that never leaves SOURCE, loader order, and jobs that
-// bring files into a real BlockCache (RamBlockStore, PreadReader) until they are resident.
+// The warmer (fs/control/warmer.h): path resolution that never leaves SOURCE, loader order, and
+// jobs that bring files into a real BlockCache (RamBlockStore, PreadReader) until they are
+// resident.
 #include "fs/control/warmer.h"
 
 #include <fcntl.h>
@@ -33,11 +34,14 @@ class WarmerTest : public ::testing::Test {
     std::filesystem::create_directories(path.parent_path());
     testing::WriteTestFile(path, size, seed);
   }
-  std::vector<std::string> Collect(const std::vector<std::string>& paths, std::string* error) {
-    auto files = CollectFiles(root_fd_, paths, error);
+  // The paths CollectFiles finds; none (and a failure naming the error) when it fails.
+  std::vector<std::string> Collect(const std::vector<std::string>& paths) {
+    auto files = CollectFiles(root_fd_, paths);
     std::vector<std::string> names;
     if (files.ok()) {
       for (const auto& f : *files) names.push_back(f.path);
+    } else {
+      ADD_FAILURE() << files.error().Message();
     }
     return names;
   }
@@ -82,18 +86,15 @@ TEST_F(WarmerTest, CollectsInLoaderOrder) {
   ASSERT_EQ(symlink("../other", (root_ + "/m/link").c_str()), 0);
   ASSERT_EQ(symlink("/etc/passwd", (root_ + "/m/out").c_str()), 0);  // leaves: skipped
   ASSERT_EQ(symlink("sub", (root_ + "/m/subdir-link").c_str()), 0);  // a directory: not walked
-  std::string error;
-  EXPECT_EQ(
-      Collect({"m"}, &error),
-      (std::vector<std::string>{"m/config.json", "m/link", "m/model-00001-of-00003.safetensors",
+  EXPECT_EQ(Collect({"m"}), (std::vector<std::string>{
+                                "m/config.json", "m/link", "m/model-00001-of-00003.safetensors",
                                 "m/model-00002-of-00003.safetensors",
-                                "m/model-00003-of-00003.safetensors", "m/sub/a", "m/sub/z"}))
-      << error;
+                                "m/model-00003-of-00003.safetensors", "m/sub/a", "m/sub/z"}));
   // Each path in turn; a file named twice (or through a link) counts once.
-  EXPECT_EQ(Collect({"other", "m/sub", "m/link", "m/sub/a"}, &error),
+  EXPECT_EQ(Collect({"other", "m/sub", "m/link", "m/sub/a"}),
             (std::vector<std::string>{"other", "m/sub/a", "m/sub/z"}));
   // The root: m/link is found before "other", which it names (once).
-  EXPECT_EQ(Collect({""}, &error).size(), 7u);
+  EXPECT_EQ(Collect({""}).size(), 7u);
 }
 
 TEST_F(WarmerTest, CollectErrorsNameThePath) {
@@ -109,9 +110,9 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
       {"f/x", "'f/x': Not a directory"},
   };
   for (const auto& c : kCases) {
-    std::string error;
-    EXPECT_FALSE(CollectFiles(root_fd_, {"f", c.path}, &error).ok()) << c.path;
-    EXPECT_EQ(error, c.error);
+    auto files = CollectFiles(root_fd_, {"f", c.path});
+    ASSERT_FALSE(files.ok()) << c.path;
+    EXPECT_EQ(files.error().Message(), c.error);
   }
 }
 
@@ -124,9 +125,8 @@ class WarmerCacheTest : public WarmerTest {
                                        WarmerOptions{kBlock, 4, std::chrono::seconds(2)});
   }
   uint64_t Resident(const std::string& relative) {
-    std::string error;
-    auto r = warmer_->Residency({relative}, &error);
-    EXPECT_TRUE(r.ok()) << error;
+    auto r = warmer_->Residency({relative});
+    EXPECT_TRUE(r.ok()) << r.error().Message();
     uint64_t resident = 0;
     if (r.ok()) {
       for (const auto& f : *r) resident += f.resident;
@@ -151,10 +151,9 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
   Write("m/b", 3 * kBlock, 2);
   Write("m/empty", 0, 3);
   MakeWarmer(64);
-  std::string error;
   bool attached = true;
-  auto job = warmer_->Warm({"m"}, &attached, &error);
-  ASSERT_TRUE(job.ok()) << error;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
   EXPECT_FALSE(attached);
   ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
   const WarmProgress p = (*job)->Progress();
@@ -169,16 +168,16 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
   EXPECT_EQ(cache_->Stats().fetched_bytes, 8 * kBlock + 123);
 
   // Again: everything is resident already, nothing is fetched.
-  auto again = warmer_->Warm({"m/a", "m/b"}, &attached, &error);
-  ASSERT_TRUE(again.ok()) << error;
+  auto again = warmer_->Warm({"m/a", "m/b"}, &attached);
+  ASSERT_TRUE(again.ok()) << again.error().Message();
   ASSERT_TRUE((*again)->WaitFinished(std::chrono::seconds(30)));
   EXPECT_EQ((*again)->Progress().state, "done");
   EXPECT_EQ((*again)->Progress().resident_at_start, 8 * kBlock + 123);
   EXPECT_EQ(cache_->Stats().fetched_bytes, 8 * kBlock + 123);
 
   uint64_t files = 0;
-  auto dropped = warmer_->Evict({"m/a"}, &files, &error);
-  ASSERT_TRUE(dropped.ok()) << error;
+  auto dropped = warmer_->Evict({"m/a"}, &files);
+  ASSERT_TRUE(dropped.ok()) << dropped.error().Message();
   EXPECT_EQ(*dropped, 5 * kBlock + 123);
   EXPECT_EQ(files, 1u);
   EXPECT_EQ(Resident("m/a"), 0u);
@@ -188,12 +187,11 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
 TEST_F(WarmerCacheTest, ASetLargerThanTheBudgetIsRefusedWithWhatIsMissing) {
   Write("big", 20 * kBlock);
   MakeWarmer(16);
-  std::string error;
   bool attached = false;
-  auto job = warmer_->Warm({"big"}, &attached, &error);
+  auto job = warmer_->Warm({"big"}, &attached);
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.error().code(), ENOSPC);
-  EXPECT_EQ(error,
+  EXPECT_EQ(job.error().Message(),
             "does not fit in the cache: the set needs 1.2 MiB but the cache budget is 1.0 MiB "
             "(256.0 KiB missing; mount with a larger --cache-size or warm fewer files)");
   EXPECT_EQ(cache_->Stats().fetched_bytes, 0u);
@@ -204,14 +202,13 @@ TEST_F(WarmerCacheTest, NoRoomIsReportedThenFailsInsteadOfHanging) {
   Write("first", 16 * kBlock, 1);
   Write("second", 4 * kBlock, 2);
   MakeWarmer(16);
-  std::string error;
   bool attached = false;
-  auto first = warmer_->Warm({"first"}, &attached, &error);
-  ASSERT_TRUE(first.ok()) << error;
+  auto first = warmer_->Warm({"first"}, &attached);
+  ASSERT_TRUE(first.ok()) << first.error().Message();
   ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
   ASSERT_EQ((*first)->Progress().state, "done");
-  auto second = warmer_->Warm({"second"}, &attached, &error);
-  ASSERT_TRUE(second.ok()) << error;
+  auto second = warmer_->Warm({"second"}, &attached);
+  ASSERT_TRUE(second.ok()) << second.error().Message();
   bool saw_waiting = false;
   while (!(*second)->WaitFinished(std::chrono::milliseconds(20))) {
     saw_waiting = saw_waiting || (*second)->Progress().waiting_for_room;
@@ -225,12 +222,11 @@ TEST_F(WarmerCacheTest, NoRoomIsReportedThenFailsInsteadOfHanging) {
 TEST_F(WarmerCacheTest, TheSamePathsAttachToTheRunningJob) {
   Write("m/a", 40 * kBlock, 1);
   MakeWarmer(64);
-  std::string error;
   bool attached = false;
-  auto first = warmer_->Warm({"m"}, &attached, &error);
-  ASSERT_TRUE(first.ok()) << error;
-  auto second = warmer_->Warm({"m"}, &attached, &error);
-  ASSERT_TRUE(second.ok()) << error;
+  auto first = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(first.ok()) << first.error().Message();
+  auto second = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(second.ok()) << second.error().Message();
   // Attached while the first is queued or running; a new job once it has finished.
   if (attached) {
     EXPECT_EQ(first->get(), second->get());
@@ -245,15 +241,14 @@ TEST_F(WarmerCacheTest, StopFailsQueuedAndRunningJobs) {
   Write("a", 40 * kBlock, 1);
   Write("b", 4 * kBlock, 2);
   MakeWarmer(64);
-  std::string error;
   bool attached = false;
-  auto a = warmer_->Warm({"a"}, &attached, &error);
-  auto b = warmer_->Warm({"b"}, &attached, &error);
-  ASSERT_TRUE(a.ok() && b.ok()) << error;
+  auto a = warmer_->Warm({"a"}, &attached);
+  auto b = warmer_->Warm({"b"}, &attached);
+  ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b : a).error().Message();
   warmer_->Stop();
   EXPECT_TRUE((*a)->Progress().finished());
   EXPECT_TRUE((*b)->Progress().finished());
-  EXPECT_EQ(warmer_->Warm({"b"}, &attached, &error).error().code(), ECANCELED);
+  EXPECT_EQ(warmer_->Warm({"b"}, &attached).error().code(), ECANCELED);
 }
 
 }  // namespace

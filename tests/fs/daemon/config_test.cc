@@ -1,5 +1,5 @@
-// argv -> Config (fs/daemon/config.h): sizes and their units, every option's range, -o lists, and the
-// one-line usage errors.
+// argv -> Config (fs/daemon/config.h): sizes and their units, every option's range, -o lists, and
+// the one-line usage errors.
 #include "fs/daemon/config.h"
 
 #include <gtest/gtest.h>
@@ -188,10 +188,12 @@ class ParseSizeTest : public ::testing::TestWithParam<ParseSizeCase> {};
 
 TEST_P(ParseSizeTest, Parses) {
   const ParseSizeCase& c = GetParam();
-  std::string error;
-  const std::optional<uint64_t> got = ParseSize(c.text, c.percent_of, &error);
+  const Result<uint64_t> parsed = ParseSize(c.text, c.percent_of);
+  const std::optional<uint64_t> got =
+      parsed.ok() ? std::optional<uint64_t>(parsed.value()) : std::nullopt;
   EXPECT_EQ(got, c.want) << "'" << c.text << "'";
   if (!c.want) {
+    const std::string error = parsed.error().Message();
     EXPECT_NE(error.find("'" + c.text + "'"), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }

@@ -1,6 +1,6 @@
-// The daemon's memory cgroup (fs/daemon/memory_limit.h) and the cache budget it bounds (fs/daemon/config.h):
-// which directories apply (v1 and v2, containers that see only their own subtree, ancestors),
-// what their files say, and the budget and refusals that follow.
+// The daemon's memory cgroup (fs/daemon/memory_limit.h) and the cache budget it bounds
+// (fs/daemon/config.h): which directories apply (v1 and v2, containers that see only their own
+// subtree, ancestors), what their files say, and the budget and refusals that follow.
 #include "fs/daemon/memory_limit.h"
 
 #include <gtest/gtest.h>

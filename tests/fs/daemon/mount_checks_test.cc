@@ -32,8 +32,9 @@ class CheckPathsTest : public ::testing::Test {
   void ExpectError(const std::string& source, const std::string& mountpoint,
                    const std::string& path, const std::string& what) {
     SCOPED_TRACE("CheckPaths('" + source + "', '" + mountpoint + "')");
-    std::string error;
-    EXPECT_FALSE(CheckPaths(source, mountpoint, &error).has_value());
+    const Result<CheckedPaths> checked = CheckPaths(source, mountpoint);
+    ASSERT_FALSE(checked.ok());
+    const std::string error = checked.error().Message();
     EXPECT_NE(error.find("'" + path + "'"), std::string::npos) << error;
     EXPECT_NE(error.find(what), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
@@ -46,9 +47,8 @@ class CheckPathsTest : public ::testing::Test {
 
 TEST_F(CheckPathsTest, ValidPathsAreCanonical) {
   ASSERT_EQ(symlink(mountpoint_.c_str(), (dir_ / "link").c_str()), 0);
-  std::string error;
-  auto paths = CheckPaths(source_ + "/.", dir_ / "link", &error);
-  ASSERT_TRUE(paths.has_value()) << error;
+  auto paths = CheckPaths(source_ + "/.", dir_ / "link");
+  ASSERT_TRUE(paths.ok()) << paths.error().Message();
   char buf[PATH_MAX];
   ASSERT_NE(realpath(source_.c_str(), buf), nullptr);
   EXPECT_EQ(paths->source, buf);
@@ -87,26 +87,28 @@ TEST_F(CheckPathsTest, MountpointInsideSource) {
   // A sibling whose name merely starts like the source's is not inside it.
   const std::string sibling = source_ + "-sibling";
   ASSERT_EQ(mkdir(sibling.c_str(), 0755), 0);
-  std::string error;
-  EXPECT_TRUE(CheckPaths(source_, sibling, &error).has_value()) << error;
+  const Result<CheckedPaths> checked = CheckPaths(source_, sibling);
+  EXPECT_TRUE(checked.ok()) << checked.error().Message();
 }
 
 TEST_F(CheckPathsTest, CacheDirMayNotLieInsideTheMountpointOrTheSource) {
-  std::string error;
-  auto paths = CheckPaths(source_, mountpoint_, &error);
-  ASSERT_TRUE(paths.has_value()) << error;
+  auto paths = CheckPaths(source_, mountpoint_);
+  ASSERT_TRUE(paths.ok()) << paths.error().Message();
   ASSERT_EQ(symlink(mountpoint_.c_str(), (dir_ / "to-mnt").c_str()), 0);
-  for (const std::string& dir :
-       {mountpoint_, mountpoint_ + "/cache", mountpoint_ + "/not/made/yet", dir_ / "to-mnt/cache",
-        source_ + "/cache"}) {
+  for (const std::string& dir : {mountpoint_, mountpoint_ + "/cache", mountpoint_ + "/not/made/yet",
+                                 dir_ / "to-mnt/cache", source_ + "/cache"}) {
     SCOPED_TRACE(dir);
-    EXPECT_FALSE(CheckCacheDir(dir, *paths, &error));
+    const Status checked = CheckCacheDir(dir, *paths);
+    ASSERT_FALSE(checked.ok());
+    const std::string error = checked.error().Message();
     EXPECT_NE(error.find("is inside the"), std::string::npos) << error;
     EXPECT_NE(error.find("'" + dir + "'"), std::string::npos) << error;
   }
-  for (const std::string& dir : {dir_ / "cache", dir_ / "mnt-cache/deeper", std::string("/dev/shm/x")}) {
+  for (const std::string& dir :
+       {dir_ / "cache", dir_ / "mnt-cache/deeper", std::string("/dev/shm/x")}) {
     SCOPED_TRACE(dir);
-    EXPECT_TRUE(CheckCacheDir(dir, *paths, &error)) << error;
+    const Status checked = CheckCacheDir(dir, *paths);
+    EXPECT_TRUE(checked.ok()) << checked.error().Message();
   }
 }
 
@@ -119,8 +121,9 @@ TEST(CheckFuseDeviceTest, NotACharacterDevice) {
   TempDir dir("accelfs-fusedev");
   testing::WriteTestFile(dir / "fuse", 0, 0);
   for (const std::string& path : {dir / "fuse", dir / "missing", dir.path()}) {
-    std::string error;
-    EXPECT_FALSE(CheckFuseDevice(path, &error)) << path;
+    const Status checked = CheckFuseDevice(path);
+    ASSERT_FALSE(checked.ok()) << path;
+    const std::string error = checked.error().Message();
     EXPECT_NE(error.find(path), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }

@@ -26,8 +26,8 @@ namespace accelfs {
 struct DaemonStats {
   std::string source;      // SOURCE, as resolved at start
   std::string mountpoint;  // MOUNTPOINT, as resolved at start
-  std::string
-      store;  // where cached blocks live: "private tmpfs", a --cache-dir, "anonymous memory"
+  // Where cached blocks live: "private tmpfs", "cache dir DIR" or "anonymous memory".
+  std::string store;
   bool passthrough = false;  // whether fully cached files are passed through to the store
   double uptime_s = 0;
 

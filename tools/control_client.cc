@@ -189,8 +189,10 @@ Result<nlohmann::json> ControlClient::Receive() {
 Result<nlohmann::json> ControlClient::Call(const nlohmann::json& request) {
   if (Status sent = Send(request); !sent.ok()) return sent.error();
   Result<nlohmann::json> reply = Receive();
-  if (reply.ok() && !reply->value("ok", false)) {
-    return Error(EREMOTEIO, reply->value("error", std::string("the daemon refused the request")));
+  if (!reply.ok()) return reply;
+  if (const ReplyStatus status = ReplyStatus::FromJson(*reply); !status.ok) {
+    return Error(EREMOTEIO, status.error.empty() ? std::string("the daemon refused the request")
+                                                 : status.error);
   }
   return reply;
 }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/result.h"
+#include "fs/common/control_protocol.h"
 
 namespace accelfs {
 
@@ -68,8 +69,12 @@ class ControlClient {
   // The next message. Errors, with one line: EPROTO when the daemon sent garbage, ETIMEDOUT when
   // it did not answer in time, ECONNRESET (or recv's errno) when it closed.
   Result<nlohmann::json> Receive();
-  // Send, then Receive; a reply with "ok": false becomes EREMOTEIO with its "error".
+  // Send, then Receive; a refusal ({"ok": false}, ReplyStatus) becomes EREMOTEIO with its error.
+  // The reply is read with its type's FromJson (fs/common/control_protocol.h).
   Result<nlohmann::json> Call(const nlohmann::json& request);
+  Result<nlohmann::json> Call(const ControlRequest& request) {
+    return Call(ControlRequestToJson(request));
+  }
 
  private:
   explicit ControlClient(int fd) : fd_(fd) {}

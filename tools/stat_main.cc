@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "fs/common/control_protocol.h"
 #include "fs/common/daemon_stats.h"
 #include "fs/common/format.h"
 #include "fs/common/names.h"
@@ -29,8 +30,6 @@ int Fail(const std::string& line) {
   return 1;
 }
 
-uint64_t U(const nlohmann::json& j, const char* key) { return j.value(key, uint64_t{0}); }
-
 std::string HitRatio(uint64_t hits, uint64_t misses) {
   return hits + misses == 0 ? "-" : FormatPercent(hits, hits + misses);
 }
@@ -48,45 +47,43 @@ Result<std::vector<AccelfsMount>> SelectMounts(const std::string& mount) {
   return std::vector<AccelfsMount>{where->mount};
 }
 
+// The daemon's replies, read by their types (fs/common/control_protocol.h), so that no key is
+// spelt here.
 struct Sample {
-  nlohmann::json stats;
-  nlohmann::json open;
+  DaemonStats stats;
+  std::vector<OpenFileEntry> open;
   std::chrono::steady_clock::time_point at;
 };
 
 Result<Sample> Take(const AccelfsMount& mount, bool with_open) {
   auto client = ControlClient::Connect(mount);
   if (!client.ok()) return client.error();
-  auto stats = client->Call({{"op", "stats"}});
+  auto stats = client->Call(ControlRequest{"stats", {}});
   if (!stats.ok()) return stats.error();
-  Sample s{(*stats)["stats"], nlohmann::json::array(), std::chrono::steady_clock::now()};
+  Sample s{StatsReply::FromJson(*stats).stats, {}, std::chrono::steady_clock::now()};
   if (with_open) {
-    auto open = client->Call({{"op", "open"}});
+    auto open = client->Call(ControlRequest{"open", {}});
     if (!open.ok()) return open.error();
-    s.open = (*open)["open"];
+    s.open = OpenReply::FromJson(*open).open;
   }
   return s;
 }
 
-// A sample's stats as the daemon filled them (read by kStatsFields' keys, so that no key is spelt
-// here).
-DaemonStats StatsOf(const Sample& s) { return DaemonStatsFromJson(s.stats); }
-
 // Backend bytes per second since `previous`, or since the daemon started.
 double BackendRate(const Sample& now, const Sample* previous) {
-  const DaemonStats st = StatsOf(now);
+  const DaemonStats& st = now.stats;
   const uint64_t fetched = st.cache.fetched_bytes;
   if (previous == nullptr) {
     const double up = st.uptime_s;
     return up > 0 ? static_cast<double>(fetched) / up : 0;
   }
   const double dt = std::chrono::duration<double>(now.at - previous->at).count();
-  const uint64_t before = StatsOf(*previous).cache.fetched_bytes;
+  const uint64_t before = previous->stats.cache.fetched_bytes;
   return dt > 0 && fetched >= before ? static_cast<double>(fetched - before) / dt : 0;
 }
 
 void PrintSummary(const Sample& s) {
-  const DaemonStats st = StatsOf(s);
+  const DaemonStats& st = s.stats;
   const CacheStats& c = st.cache;
   std::printf("%s <- %s\n", EscapeName(st.mountpoint).c_str(), EscapeName(st.source).c_str());
   std::printf("  cache      %s / %s (%s), in %s; passthrough %s\n",
@@ -124,9 +121,9 @@ void PrintSummary(const Sample& s) {
                 static_cast<unsigned long long>(filling), filling == 1 ? "" : "s");
   }
   std::printf("\n");
-  for (const auto& f : s.open) {
-    std::printf("    %-11s %10s  %s\n", f.value("mode", "").c_str(),
-                FormatBytes(U(f, "size")).c_str(), EscapeName(NameField(f, "name")).c_str());
+  for (const OpenFileEntry& f : s.open) {
+    std::printf("    %-11s %10s  %s\n", f.mode.c_str(), FormatBytes(f.size).c_str(),
+                EscapeName(f.name).c_str());
   }
 }
 
@@ -136,12 +133,12 @@ void PrintWatchHeader() {
 }
 
 void PrintWatchLine(const Sample& s, const Sample* previous) {
-  const DaemonStats st = StatsOf(s);
+  const DaemonStats& st = s.stats;
   const CacheStats& c = st.cache;
   uint64_t hits = c.hits;
   uint64_t misses = c.misses;
   if (previous != nullptr) {
-    const CacheStats before = StatsOf(*previous).cache;
+    const CacheStats& before = previous->stats.cache;
     hits -= std::min(hits, before.hits);
     misses -= std::min(misses, before.misses);
   }
@@ -159,8 +156,8 @@ void PrintWatchLine(const Sample& s, const Sample* previous) {
 }
 
 nlohmann::json SampleJson(const Sample& s, const Sample* previous) {
-  nlohmann::json j = s.stats;
-  j["open"] = s.open;
+  nlohmann::json j = DaemonStatsToJson(s.stats);
+  j["open"] = OpenReply::ListToJson(s.open);
   j["backend_bytes_per_s"] = BackendRate(s, previous);
   return j;
 }
@@ -225,21 +222,23 @@ int Files(const std::vector<std::string>& args, bool json) {
       rc = 1;
       continue;
     }
-    auto reply = client->Call({{"op", "files"}, {"paths", NamesToJson(relative)}});
+    auto reply = client->Call(ControlRequest{"files", relative});
     if (!reply.ok()) {
       Fail(mount.mountpoint + ": " + reply.error().Message());
       rc = 1;
       continue;
     }
-    for (auto& f : (*reply)["files"]) {
-      const std::string path = mount.mountpoint + "/" + NameField(f, "path");
-      const uint64_t size = U(f, "size");
-      const uint64_t r = U(f, "resident");
+    FilesReply files = FilesReply::FromJson(*reply);
+    for (FileResidencyEntry& f : files.files) {
+      f.path = mount.mountpoint + "/" + f.path;  // what --json prints: the path on this machine
+      const std::string& path = f.path;
+      const uint64_t size = f.size;
+      const uint64_t r = f.resident;
       total += size;
       resident += r;
       ++count;
       if (json) {
-        all.push_back({{"path", NameToJson(path)}, {"size", size}, {"resident", r}});
+        all.push_back(f.ToJson());
         continue;
       }
       std::printf("%7s %s %10s  %s\n", FormatPercent(r, size).c_str(),

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 
+#include "fs/common/control_protocol.h"
 #include "fs/common/format.h"
 #include "fs/common/names.h"
 #include "tools/cli.h"
@@ -61,16 +62,14 @@ struct Options {
 // Whether all of it is, or the error of the call.
 Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& paths,
                          uint64_t* resident, uint64_t* total) {
-  auto reply = client.Call({{"op", "files"}, {"paths", NamesToJson(paths)}});
+  auto reply = client.Call(ControlRequest{"files", paths});
   if (!reply.ok()) return reply.error();
   *resident = *total = 0;
   bool all = true;
-  for (const auto& f : (*reply)["files"]) {
-    const uint64_t size = f.value("size", uint64_t{0});
-    const uint64_t r = f.value("resident", uint64_t{0});
-    *resident += r;
-    *total += size;
-    all = all && r == size;
+  for (const FileResidencyEntry& f : FilesReply::FromJson(*reply).files) {
+    *resident += f.resident;
+    *total += f.size;
+    all = all && f.resident == f.size;
   }
   return all;
 }
@@ -78,27 +77,25 @@ Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& 
 int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
   auto client = ControlClient::Connect(mount);
   if (!client.ok()) return Fail(client.error().Message());
-  auto first =
-      client->Call({{"op", "warm"}, {"paths", NamesToJson(paths)}, {"wait", !options.no_wait}});
+  auto first = client->Call(ControlRequest{"warm", paths, !options.no_wait});
   if (!first.ok()) return Fail(mount.mountpoint + ": " + first.error().Message());
-  const nlohmann::json& start = (*first)["progress"];
+  const WarmReply start = WarmReply::FromJson(*first);
   if (options.json) std::printf("%s\n", DumpJson(*first).c_str());
   if (options.no_wait) {
     if (!options.json) {
-      std::printf("%s %d files (%s) into the cache of %s in the background\n",
-                  first->value("attached", false) ? "already warming" : "warming",
-                  start.value("files_total", 0),
-                  FormatBytes(start.value("bytes_total", uint64_t{0})).c_str(),
-                  mount.mountpoint.c_str());
+      std::printf("%s %llu files (%s) into the cache of %s in the background\n",
+                  start.attached ? "already warming" : "warming",
+                  static_cast<unsigned long long>(start.progress.files_total),
+                  FormatBytes(start.progress.bytes_total).c_str(), mount.mountpoint.c_str());
     }
     return 0;
   }
   const bool tty = !options.json && isatty(STDOUT_FILENO);
-  if (!options.json && first->value("attached", false)) {
+  if (!options.json && start.attached) {
     std::printf("attached to the warm already running on %s\n", mount.mountpoint.c_str());
   }
   auto last_plain = std::chrono::steady_clock::now() - kPlainEvery;
-  nlohmann::json last = start;
+  WarmProgressMessage last = start.progress;
   for (;;) {
     auto message = client->Receive();
     if (!message.ok()) {
@@ -109,21 +106,25 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
       std::printf("%s\n", DumpJson(*message).c_str());
       std::fflush(stdout);
     }
-    if (message->contains("progress")) last = (*message)["progress"];
-    const bool done = message->value("done", false);
+    const WarmUpdate update = WarmUpdate::FromJson(*message);
+    last = update.progress;
+    // The progress line is formatted from the JSON form (tools/progress.h).
+    const std::string line = WarmProgressLine(last.ToJson(), kBarWidth);
     if (tty) {
-      std::printf("\r%s\033[K", WarmProgressLine(last, kBarWidth).c_str());
+      std::printf("\r%s\033[K", line.c_str());
       std::fflush(stdout);
     } else if (!options.json &&
-               (done || std::chrono::steady_clock::now() - last_plain >= kPlainEvery)) {
-      std::printf("%s\n", WarmProgressLine(last, kBarWidth).c_str());
+               (update.done || std::chrono::steady_clock::now() - last_plain >= kPlainEvery)) {
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
       last_plain = std::chrono::steady_clock::now();
     }
-    if (!done) continue;
+    if (!update.done) continue;
     if (tty) std::printf("\n");
-    if (!message->value("ok", false)) {
-      return Fail(last.value("error", message->value("error", std::string("the warm failed"))));
+    if (!update.ok) {
+      return Fail(!last.error.empty()     ? last.error
+                  : !update.error.empty() ? update.error
+                                          : std::string("the warm failed"));
     }
     break;
   }
@@ -136,11 +137,9 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
                 " is resident (evicted meanwhile?)");
   }
   if (!options.json) {
-    const double elapsed = last.value("elapsed_s", 0.0);
-    const uint64_t fetched = last.value("bytes_done", uint64_t{0}) -
-                             std::min(last.value("bytes_done", uint64_t{0}),
-                                      last.value("resident_at_start", uint64_t{0}));
-    const uint64_t files = last.value("files_total", uint64_t{0});
+    const double elapsed = last.elapsed_s;
+    const uint64_t fetched = last.bytes_done - std::min(last.bytes_done, last.resident_at_start);
+    const uint64_t files = last.files_total;
     std::printf("warmed %llu file%s (%s; %s fetched in %.1f s, %s): 100%% resident in %s\n",
                 static_cast<unsigned long long>(files), files == 1 ? "" : "s",
                 FormatBytes(total).c_str(), FormatBytes(fetched).c_str(), elapsed,
@@ -154,16 +153,15 @@ int Evict(const AccelfsMount& mount, const std::vector<std::string>& paths,
           const Options& options) {
   auto client = ControlClient::Connect(mount);
   if (!client.ok()) return Fail(client.error().Message());
-  auto reply = client->Call({{"op", "evict"}, {"paths", NamesToJson(paths)}});
+  auto reply = client->Call(ControlRequest{"evict", paths});
   if (!reply.ok()) return Fail(mount.mountpoint + ": " + reply.error().Message());
   if (options.json) {
     std::printf("%s\n", DumpJson(*reply).c_str());
   } else {
-    const uint64_t files = reply->value("files", uint64_t{0});
+    const EvictReply evicted = EvictReply::FromJson(*reply);
     std::printf("evicted %llu file%s from the cache of %s (%s were cached)\n",
-                static_cast<unsigned long long>(files), files == 1 ? "" : "s",
-                mount.mountpoint.c_str(),
-                FormatBytes(reply->value("dropped_bytes", uint64_t{0})).c_str());
+                static_cast<unsigned long long>(evicted.files), evicted.files == 1 ? "" : "s",
+                mount.mountpoint.c_str(), FormatBytes(evicted.dropped_bytes).c_str());
   }
   return 0;
 }

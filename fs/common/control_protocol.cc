@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 
 #include "fs/common/names.h"
@@ -138,8 +139,227 @@ nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
   return j;
 }
 
+// The replies. Every key is spelt once, here.
+namespace {
+
+constexpr const char* kOk = "ok";
+constexpr const char* kVersion = "version";
+constexpr const char* kError = "error";
+constexpr const char* kStats = "stats";
+constexpr const char* kOpen = "open";
+constexpr const char* kName = "name";
+constexpr const char* kSize = "size";
+constexpr const char* kMode = "mode";
+constexpr const char* kFiles = "files";
+constexpr const char* kPath = "path";
+constexpr const char* kResident = "resident";
+constexpr const char* kDroppedBytes = "dropped_bytes";
+constexpr const char* kState = "state";
+constexpr const char* kFilesTotal = "files_total";
+constexpr const char* kFilesDone = "files_done";
+constexpr const char* kBytesTotal = "bytes_total";
+constexpr const char* kBytesDone = "bytes_done";
+constexpr const char* kResidentAtStart = "resident_at_start";
+constexpr const char* kElapsedS = "elapsed_s";
+constexpr const char* kWaitingForRoom = "waiting_for_room";
+constexpr const char* kAttached = "attached";
+constexpr const char* kProgress = "progress";
+constexpr const char* kDone = "done";
+
+// The value at `key` of the object `j`, or nullptr (also when `j` is not an object).
+const nlohmann::json* Find(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  const auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+// Readers that take only their own type: anything else is zero, false or empty. A count is a
+// non-negative integer (a negative or fractional number is not one).
+uint64_t CountField(const nlohmann::json& j, const char* key) {
+  const nlohmann::json* v = Find(j, key);
+  return v != nullptr && v->is_number_unsigned() ? v->get<uint64_t>() : 0;
+}
+
+double DoubleField(const nlohmann::json& j, const char* key) {
+  const nlohmann::json* v = Find(j, key);
+  return v != nullptr && v->is_number() ? v->get<double>() : 0;
+}
+
+bool BoolField(const nlohmann::json& j, const char* key) {
+  const nlohmann::json* v = Find(j, key);
+  return v != nullptr && v->is_boolean() && v->get<bool>();
+}
+
+std::string StringField(const nlohmann::json& j, const char* key) {
+  const nlohmann::json* v = Find(j, key);
+  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
+}
+
+// The object at `key`, or null (every reader above then reads zero).
+const nlohmann::json& ObjectField(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json kNull;
+  const nlohmann::json* v = Find(j, key);
+  return v != nullptr && v->is_object() ? *v : kNull;
+}
+
+// Each entry of the array at `key`, read with T::FromJson; empty when it is not an array.
+template <typename T>
+std::vector<T> ListField(const nlohmann::json& j, const char* key) {
+  std::vector<T> out;
+  const nlohmann::json* v = Find(j, key);
+  if (v == nullptr || !v->is_array()) return out;
+  out.reserve(v->size());
+  for (const nlohmann::json& entry : *v) out.push_back(T::FromJson(entry));
+  return out;
+}
+
+template <typename T>
+nlohmann::json ListToJson(const std::vector<T>& entries) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const T& entry : entries) list.push_back(entry.ToJson());
+  return list;
+}
+
+// {"ok": true, "version": kControlProtocolVersion}: the start of every reply that is not a
+// refusal.
+nlohmann::json OkReply() { return ReplyStatus{true, kControlProtocolVersion, ""}.ToJson(); }
+
+}  // namespace
+
+nlohmann::json ReplyStatus::ToJson() const {
+  if (ok) return {{kOk, true}, {kVersion, version}};
+  return {{kOk, false}, {kError, error}};
+}
+
+ReplyStatus ReplyStatus::FromJson(const nlohmann::json& j) {
+  ReplyStatus s;
+  s.ok = BoolField(j, kOk);
+  if (const nlohmann::json* v = Find(j, kVersion); v != nullptr && v->is_number_integer()) {
+    // A version beyond int reads as 0 (unknown) rather than wrapping.
+    const int64_t version = v->get<int64_t>();
+    s.version = version >= 0 && version <= INT32_MAX ? static_cast<int>(version) : 0;
+  }
+  s.error = StringField(j, kError);
+  return s;
+}
+
 nlohmann::json ControlError(const std::string& message) {
-  return {{"ok", false}, {"error", message}};
+  return ReplyStatus{false, 0, message}.ToJson();
+}
+
+nlohmann::json StatsReply::ToJson() const {
+  nlohmann::json j = OkReply();
+  j[kStats] = DaemonStatsToJson(stats);
+  return j;
+}
+
+StatsReply StatsReply::FromJson(const nlohmann::json& j) {
+  return {DaemonStatsFromJson(ObjectField(j, kStats))};
+}
+
+nlohmann::json OpenFileEntry::ToJson() const {
+  return {{kName, NameToJson(name)}, {kSize, size}, {kMode, mode}};
+}
+
+OpenFileEntry OpenFileEntry::FromJson(const nlohmann::json& j) {
+  return {NameField(j, kName), CountField(j, kSize), StringField(j, kMode)};
+}
+
+nlohmann::json OpenReply::ToJson() const {
+  nlohmann::json j = OkReply();
+  j[kOpen] = ListToJson(open);
+  return j;
+}
+
+OpenReply OpenReply::FromJson(const nlohmann::json& j) {
+  return {ListField<OpenFileEntry>(j, kOpen)};
+}
+
+nlohmann::json OpenReply::ListToJson(const std::vector<OpenFileEntry>& open) {
+  return accelfs::ListToJson(open);
+}
+
+nlohmann::json FileResidencyEntry::ToJson() const {
+  return {{kPath, NameToJson(path)}, {kSize, size}, {kResident, resident}};
+}
+
+FileResidencyEntry FileResidencyEntry::FromJson(const nlohmann::json& j) {
+  return {NameField(j, kPath), CountField(j, kSize), CountField(j, kResident)};
+}
+
+nlohmann::json FilesReply::ToJson() const {
+  nlohmann::json j = OkReply();
+  j[kFiles] = ListToJson(files);
+  return j;
+}
+
+FilesReply FilesReply::FromJson(const nlohmann::json& j) {
+  return {ListField<FileResidencyEntry>(j, kFiles)};
+}
+
+nlohmann::json EvictReply::ToJson() const {
+  nlohmann::json j = OkReply();
+  j[kFiles] = files;
+  j[kDroppedBytes] = dropped_bytes;
+  return j;
+}
+
+EvictReply EvictReply::FromJson(const nlohmann::json& j) {
+  return {CountField(j, kFiles), CountField(j, kDroppedBytes)};
+}
+
+nlohmann::json WarmProgressMessage::ToJson() const {
+  nlohmann::json j = {{kState, state},          {kFilesTotal, files_total},
+                      {kFilesDone, files_done}, {kBytesTotal, bytes_total},
+                      {kBytesDone, bytes_done}, {kResidentAtStart, resident_at_start},
+                      {kElapsedS, elapsed_s},   {kWaitingForRoom, waiting_for_room}};
+  if (!error.empty()) j[kError] = error;
+  return j;
+}
+
+WarmProgressMessage WarmProgressMessage::FromJson(const nlohmann::json& j) {
+  WarmProgressMessage p;
+  p.state = StringField(j, kState);
+  p.files_total = CountField(j, kFilesTotal);
+  p.files_done = CountField(j, kFilesDone);
+  p.bytes_total = CountField(j, kBytesTotal);
+  p.bytes_done = CountField(j, kBytesDone);
+  p.resident_at_start = CountField(j, kResidentAtStart);
+  p.elapsed_s = DoubleField(j, kElapsedS);
+  p.waiting_for_room = BoolField(j, kWaitingForRoom);
+  p.error = StringField(j, kError);
+  return p;
+}
+
+nlohmann::json WarmReply::ToJson() const {
+  nlohmann::json j = OkReply();
+  j[kAttached] = attached;
+  j[kProgress] = progress.ToJson();
+  return j;
+}
+
+WarmReply WarmReply::FromJson(const nlohmann::json& j) {
+  return {BoolField(j, kAttached), WarmProgressMessage::FromJson(ObjectField(j, kProgress))};
+}
+
+nlohmann::json WarmUpdate::ToJson() const {
+  nlohmann::json j = {{kProgress, progress.ToJson()}};
+  if (!done) return j;
+  j[kDone] = true;
+  j[kOk] = ok;
+  if (!error.empty()) j[kError] = error;
+  return j;
+}
+
+WarmUpdate WarmUpdate::FromJson(const nlohmann::json& j) {
+  WarmUpdate u;
+  u.done = BoolField(j, kDone);
+  u.progress = WarmProgressMessage::FromJson(ObjectField(j, kProgress));
+  if (u.done) {
+    u.ok = BoolField(j, kOk);
+    u.error = StringField(j, kError);
+  }
+  return u;
 }
 
 }  // namespace accelfs

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,7 +54,120 @@ nlohmann::json ControlRequestToJson(const ControlRequest& request);
 // (fs/common/daemon_stats.h; DaemonStatsFromJson reads it back).
 nlohmann::json DaemonStatsToJson(const DaemonStats& stats);
 
-// {"ok": false, "error": message}
+// The replies. Each type's ToJson writes the whole line the daemon sends (fs/control/
+// control_server.cc) and its FromJson reads it back in the tools (tools/*_main.cc); no key is
+// spelt anywhere else. FromJson is tolerant, as DaemonStatsFromJson: a key that is missing or of
+// another type reads as zero, false or empty (a name that NameFromJson refuses, as ""), an entry of
+// a list that is not an object as a zeroed entry; it never throws. Names go through NameToJson and
+// NameFromJson (fs/common/names.h). docs/CONTROL.md shows the JSON.
+
+// What every reply has: {"ok": true, "version": V}, or for a refusal {"ok": false, "error": E}
+// (one line). The streamed warm messages below are not replies and have none of it.
+struct ReplyStatus {
+  bool ok = false;
+  int version = 0;    // written when ok
+  std::string error;  // written when not ok
+  nlohmann::json ToJson() const;
+  static ReplyStatus FromJson(const nlohmann::json& j);
+  bool operator==(const ReplyStatus&) const = default;
+};
+
+// {"ok": false, "error": message}: ReplyStatus{false, 0, message}.ToJson().
 nlohmann::json ControlError(const std::string& message);
+
+// op "stats": {"ok", "version", "stats": DaemonStatsToJson}.
+struct StatsReply {
+  DaemonStats stats;
+  nlohmann::json ToJson() const;
+  static StatsReply FromJson(const nlohmann::json& j);
+};
+
+// One open file handle, an entry of the "open" reply.
+inline constexpr std::string_view kOpenModeCached = "cached";
+inline constexpr std::string_view kOpenModePassthrough = "passthrough";
+struct OpenFileEntry {
+  std::string name;  // bytes; relative to the mount's root
+  uint64_t size = 0;
+  std::string mode;  // kOpenModeCached or kOpenModePassthrough
+  nlohmann::json ToJson() const;
+  static OpenFileEntry FromJson(const nlohmann::json& j);
+  bool operator==(const OpenFileEntry&) const = default;
+};
+
+// op "open": {"ok", "version", "open": [OpenFileEntry]}, one per open handle.
+struct OpenReply {
+  std::vector<OpenFileEntry> open;
+  nlohmann::json ToJson() const;
+  static OpenReply FromJson(const nlohmann::json& j);
+  // The "open" list alone (accelfs-stat --json prints it).
+  static nlohmann::json ListToJson(const std::vector<OpenFileEntry>& open);
+  bool operator==(const OpenReply&) const = default;
+};
+
+// One file's residency, an entry of the "files" reply.
+struct FileResidencyEntry {
+  std::string path;  // bytes; relative to the mount's root
+  uint64_t size = 0;
+  uint64_t resident = 0;  // bytes of it in the cache
+  nlohmann::json ToJson() const;
+  static FileResidencyEntry FromJson(const nlohmann::json& j);
+  bool operator==(const FileResidencyEntry&) const = default;
+};
+
+// op "files": {"ok", "version", "files": [FileResidencyEntry]}.
+struct FilesReply {
+  std::vector<FileResidencyEntry> files;
+  nlohmann::json ToJson() const;
+  static FilesReply FromJson(const nlohmann::json& j);
+  bool operator==(const FilesReply&) const = default;
+};
+
+// op "evict": {"ok", "version", "files": N, "dropped_bytes": B}.
+struct EvictReply {
+  uint64_t files = 0;          // files named
+  uint64_t dropped_bytes = 0;  // of them, bytes that were cached
+  nlohmann::json ToJson() const;
+  static EvictReply FromJson(const nlohmann::json& j);
+  bool operator==(const EvictReply&) const = default;
+};
+
+// A warm job's progress as it travels (P in docs/CONTROL.md; the daemon's own WarmProgress is in
+// fs/control/warmer.h). "error" is written only when not empty.
+struct WarmProgressMessage {
+  std::string state;  // queued, running, done, failed
+  uint64_t files_total = 0;
+  uint64_t files_done = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_done = 0;
+  uint64_t resident_at_start = 0;
+  double elapsed_s = 0;
+  bool waiting_for_room = false;
+  std::string error;
+  nlohmann::json ToJson() const;
+  static WarmProgressMessage FromJson(const nlohmann::json& j);
+  bool operator==(const WarmProgressMessage&) const = default;
+};
+
+// op "warm", the first reply: {"ok", "version", "attached": A, "progress": P}.
+struct WarmReply {
+  bool attached = false;  // joined a warm of the same paths already queued or running
+  WarmProgressMessage progress;
+  nlohmann::json ToJson() const;
+  static WarmReply FromJson(const nlohmann::json& j);
+  bool operator==(const WarmReply&) const = default;
+};
+
+// What follows a waiting warm's first reply: {"progress": P} every 250 ms, then once
+// {"done": true, "ok": O, "progress": P}, with "error" when the job was cut short (the daemon
+// stopping); the job's own failure is P's error.
+struct WarmUpdate {
+  bool done = false;
+  bool ok = false;  // written when done
+  WarmProgressMessage progress;
+  std::string error;  // written when done and not empty
+  nlohmann::json ToJson() const;
+  static WarmUpdate FromJson(const nlohmann::json& j);
+  bool operator==(const WarmUpdate&) const = default;
+};
 
 }  // namespace accelfs

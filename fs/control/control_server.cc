@@ -101,13 +101,10 @@ bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
   return std::find(groups.begin(), groups.end(), *group) != groups.end();
 }
 
-nlohmann::json WarmProgressToJson(const WarmProgress& p) {
-  nlohmann::json j = {{"state", p.state},           {"files_total", p.files_total},
-                      {"files_done", p.files_done}, {"bytes_total", p.bytes_total},
-                      {"bytes_done", p.bytes_done}, {"resident_at_start", p.resident_at_start},
-                      {"elapsed_s", p.elapsed_s},   {"waiting_for_room", p.waiting_for_room}};
-  if (!p.error.empty()) j["error"] = p.error;
-  return j;
+WarmProgressMessage WarmProgressToMessage(const WarmProgress& p) {
+  return {p.state,       p.files_total,      p.files_done,
+          p.bytes_total, p.bytes_done,       p.resident_at_start,
+          p.elapsed_s,   p.waiting_for_room, p.error};
 }
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions options,
@@ -303,35 +300,28 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
     return Send(connection, ControlError("permission denied: '" + request->op +
                                          "' is for the mount's owner, root and the control group"));
   }
-  nlohmann::json reply = {{"ok", true}, {"version", kControlProtocolVersion}};
-  if (request->op == "stats") {
-    reply["stats"] = DaemonStatsToJson(sources_.stats());
-    return Send(connection, reply);
-  }
+  if (request->op == "stats") return Send(connection, StatsReply{sources_.stats()}.ToJson());
   if (request->op == "open") {
-    reply["open"] = sources_.open_files ? sources_.open_files() : nlohmann::json::array();
-    return Send(connection, reply);
+    OpenReply reply;
+    if (sources_.open_files) reply.open = sources_.open_files();
+    return Send(connection, reply.ToJson());
   }
   if (sources_.warmer == nullptr) return Send(connection, ControlError("no warmer"));
   if (request->op == "files") {
     if (request->paths.empty()) request->paths.push_back("");
     auto files = sources_.warmer->Residency(request->paths);
     if (!files.ok()) return Send(connection, ControlError(files.error().Message()));
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& f : *files) {
-      list.push_back({{"path", NameToJson(f.path)}, {"size", f.size}, {"resident", f.resident}});
-    }
-    reply["files"] = std::move(list);
-    return Send(connection, reply);
+    FilesReply reply;
+    reply.files.reserve(files->size());
+    for (const FileResidency& f : *files) reply.files.push_back({f.path, f.size, f.resident});
+    return Send(connection, reply.ToJson());
   }
   if (request->op == "evict") {
     uint64_t files = 0;
     auto dropped = sources_.warmer->Evict(request->paths, &files);
     if (!dropped.ok()) return Send(connection, ControlError(dropped.error().Message()));
-    reply["files"] = files;
-    reply["dropped_bytes"] = *dropped;
     spdlog::info("control: evicted {} files ({} bytes were cached)", files, *dropped);
-    return Send(connection, reply);
+    return Send(connection, EvictReply{files, *dropped}.ToJson());
   }
   return HandleWarm(connection, *request);
 }
@@ -342,28 +332,28 @@ bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& req
   if (!job.ok()) return Send(connection, ControlError(job.error().Message()));
   std::shared_ptr<WarmJob> warm = std::move(job.value());
   if (!attached) spdlog::info("control: warming {} paths", request.paths.size());
-  nlohmann::json reply = {{"ok", true},
-                          {"version", kControlProtocolVersion},
-                          {"attached", attached},
-                          {"progress", WarmProgressToJson(warm->Progress())}};
-  if (!Send(connection, reply)) return false;
+  if (!Send(connection, WarmReply{attached, WarmProgressToMessage(warm->Progress())}.ToJson())) {
+    return false;
+  }
   if (!request.wait) return true;
   for (;;) {
     const bool finished = warm->WaitFinished(kProgressEvery);
     const WarmProgress p = warm->Progress();
+    WarmUpdate update;
+    update.progress = WarmProgressToMessage(p);
     if (finished) {
-      return Send(connection,
-                  {{"done", true}, {"ok", p.state == "done"}, {"progress", WarmProgressToJson(p)}});
+      update.done = true;
+      update.ok = p.state == "done";
+      return Send(connection, update.ToJson());
     }
     if (stopping_.load()) {
-      Send(connection, {{"done", true},
-                        {"ok", false},
-                        {"progress", WarmProgressToJson(p)},
-                        {"error", "the daemon is stopping"}});
+      update.done = true;
+      update.error = "the daemon is stopping";
+      Send(connection, update.ToJson());
       return false;
     }
     // A client that went away stops getting progress; the job goes on.
-    if (!Send(connection, {{"progress", WarmProgressToJson(p)}})) return false;
+    if (!Send(connection, update.ToJson())) return false;
   }
 }
 

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,14 +37,15 @@ struct ControlServerOptions {
 
 struct ControlSources {
   StatsSource stats;
-  std::function<nlohmann::json()> open_files;  // [{"name", "size", "mode"}]
+  std::function<std::vector<OpenFileEntry>()> open_files;  // the "open" reply
   Warmer* warmer = nullptr;
 };
 
 // Whether the peer `uid` (primary group `gid`) may send warm and evict.
 bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group);
 
-nlohmann::json WarmProgressToJson(const WarmProgress& progress);
+// A job's progress as the control channel carries it.
+WarmProgressMessage WarmProgressToMessage(const WarmProgress& progress);
 
 class ControlServer {
  public:

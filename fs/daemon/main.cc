@@ -354,11 +354,10 @@ Status Daemon::StartControlPlane() {
   ControlSources sources;
   sources.stats = stats;
   sources.open_files = [this] {
-    nlohmann::json open = nlohmann::json::array();
+    std::vector<OpenFileEntry> open;
     for (const OpenFileInfo& f : fs_->OpenFiles()) {
-      open.push_back({{"name", NameToJson(f.name)},
-                      {"size", f.size},
-                      {"mode", f.passthrough ? "passthrough" : "cached"}});
+      open.push_back(
+          {f.name, f.size, std::string(f.passthrough ? kOpenModePassthrough : kOpenModeCached)});
     }
     return open;
   };

@@ -27,7 +27,8 @@ class LifecycleTest : public MountTest {
     ASSERT_EQ(ReadWholeFile(Mnt("weights.bin"), &error), Bytes(9, 0, 1 << 20));
     ASSERT_EQ(kill(daemon_.pid(), signal), 0);
     int status = 0;
-    ASSERT_TRUE(daemon_.Wait(kExitWait, &status)) << "still running after the signal";
+    ASSERT_TRUE(daemon_.Wait(kExitWait, &status)) << "still running after the signal; log:\n"
+                                                  << daemon_.Log();
     EXPECT_TRUE(WIFEXITED(status)) << "status " << status << "; log:\n" << daemon_.Log();
     EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_.Log();
     EXPECT_FALSE(IsMounted(mountpoint_)) << "the mount outlived its daemon";

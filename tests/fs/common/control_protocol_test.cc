@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include "fs/common/names.h"
 #include "fs/control/control_server.h"
 
 namespace accelfs {
@@ -163,6 +164,172 @@ TEST(DaemonStatsToJsonTest, CarriesTheCounters) {
   EXPECT_EQ(j["open_files"], 3);
   EXPECT_EQ(j["passthrough_files"], 2);
   EXPECT_EQ(ControlError("x").dump(), R"({"error":"x","ok":false})");
+}
+
+// The replies: the bytes the daemon sends (docs/CONTROL.md), and FromJson giving back what ToJson
+// was given.
+template <typename T>
+T RoundTrip(const T& value) {
+  // Through the text, as on the wire.
+  return T::FromJson(nlohmann::json::parse(DumpJson(value.ToJson())));
+}
+
+WarmProgressMessage SomeProgress() {
+  WarmProgressMessage p;
+  p.state = "running";
+  p.files_total = 3;
+  p.files_done = 1;
+  p.bytes_total = 1ull << 40;
+  p.bytes_done = 12345;
+  p.resident_at_start = 100;
+  p.elapsed_s = 2.5;
+  p.waiting_for_room = true;
+  return p;
+}
+
+TEST(ControlRepliesTest, WireFormat) {
+  EXPECT_EQ((ReplyStatus{true, kControlProtocolVersion, ""}.ToJson().dump()),
+            R"({"ok":true,"version":1})");
+  EXPECT_EQ(ControlError("no").dump(), R"({"error":"no","ok":false})");
+  EXPECT_EQ((OpenReply{{{"a.bin", 7, std::string(kOpenModePassthrough)},
+                        {"bad\xff", 0, std::string(kOpenModeCached)}}}
+                 .ToJson()
+                 .dump()),
+            R"({"ok":true,"open":[{"mode":"passthrough","name":"a.bin","size":7},)"
+            R"({"mode":"cached","name":{"bytes_hex":"626164ff"},"size":0}],"version":1})");
+  EXPECT_EQ((OpenReply{}.ToJson().dump()), R"({"ok":true,"open":[],"version":1})");
+  EXPECT_EQ((FilesReply{{{"m/x", 10, 4}}}.ToJson().dump()),
+            R"({"files":[{"path":"m/x","resident":4,"size":10}],"ok":true,"version":1})");
+  EXPECT_EQ((EvictReply{2, 4096}.ToJson().dump()),
+            R"({"dropped_bytes":4096,"files":2,"ok":true,"version":1})");
+  const std::string p =
+      R"({"bytes_done":12345,"bytes_total":1099511627776,"elapsed_s":2.5,"files_done":1,)"
+      R"("files_total":3,"resident_at_start":100,"state":"running","waiting_for_room":true})";
+  EXPECT_EQ(SomeProgress().ToJson().dump(), p);
+  EXPECT_EQ((WarmReply{true, SomeProgress()}.ToJson().dump()),
+            R"({"attached":true,"ok":true,"progress":)" + p + R"(,"version":1})");
+  EXPECT_EQ((WarmUpdate{false, false, SomeProgress(), ""}.ToJson().dump()),
+            R"({"progress":)" + p + "}");
+  EXPECT_EQ((WarmUpdate{true, true, SomeProgress(), ""}.ToJson().dump()),
+            R"({"done":true,"ok":true,"progress":)" + p + "}");
+  EXPECT_EQ((WarmUpdate{true, false, SomeProgress(), "the daemon is stopping"}.ToJson().dump()),
+            R"({"done":true,"error":"the daemon is stopping","ok":false,"progress":)" + p + "}");
+  WarmProgressMessage failed = SomeProgress();
+  failed.state = "failed";
+  failed.elapsed_s = 0;
+  failed.error = "no room";
+  const nlohmann::json f = failed.ToJson();
+  EXPECT_EQ(f["error"], "no room");
+  EXPECT_TRUE(f["elapsed_s"].is_number_float());  // 0.0, as before: a double stays a double
+  EXPECT_FALSE(WarmProgressMessage{}.ToJson().contains("error"));
+  const nlohmann::json stats = StatsReply{}.ToJson();
+  EXPECT_EQ(stats["ok"], true);
+  EXPECT_EQ(stats["version"], 1);
+  EXPECT_EQ(stats["stats"], DaemonStatsToJson(DaemonStats{}));
+}
+
+TEST(ControlRepliesTest, RoundTrip) {
+  const std::string bad =
+      "m/bad\xff"
+      "name";
+  const std::string with_nul("x\0y", 3);
+  for (const ReplyStatus& s :
+       {ReplyStatus{true, kControlProtocolVersion, ""}, ReplyStatus{false, 0, "why"}}) {
+    EXPECT_EQ(RoundTrip(s), s);
+  }
+  const OpenReply open{{{"a", 1, std::string(kOpenModeCached)},
+                        {bad, 1ull << 63, std::string(kOpenModePassthrough)},
+                        {with_nul, 0, ""},
+                        {"\xc3\xa9t\xc3\xa9", UINT64_MAX, "cached"}}};
+  EXPECT_EQ(RoundTrip(open), open);
+  EXPECT_EQ((OpenReply::FromJson(nlohmann::json{{"open", OpenReply::ListToJson(open.open)}})),
+            open);
+  const FilesReply files{{{"", 0, 0}, {bad, 10, 3}, {with_nul, UINT64_MAX, UINT64_MAX}}};
+  EXPECT_EQ(RoundTrip(files), files);
+  EXPECT_EQ((RoundTrip(FileResidencyEntry{bad, 5, 4})), (FileResidencyEntry{bad, 5, 4}));
+  EXPECT_EQ((RoundTrip(EvictReply{7, UINT64_MAX})), (EvictReply{7, UINT64_MAX}));
+  WarmProgressMessage p = SomeProgress();
+  EXPECT_EQ(RoundTrip(p), p);
+  p.elapsed_s = 0.1 + 0.2;  // not exactly representable in few digits
+  p.error = "failed: 'x'";
+  EXPECT_EQ(RoundTrip(p), p);
+  EXPECT_EQ((RoundTrip(WarmReply{true, p})), (WarmReply{true, p}));
+  EXPECT_EQ((RoundTrip(WarmReply{false, {}})), (WarmReply{false, {}}));
+  for (const WarmUpdate& u : {WarmUpdate{false, false, p, ""}, WarmUpdate{true, true, p, ""},
+                              WarmUpdate{true, false, p, "the daemon is stopping"}}) {
+    EXPECT_EQ(RoundTrip(u), u);
+  }
+  DaemonStats st;
+  st.source = "/models/bad\xff";
+  st.mountpoint = "/mnt";
+  st.uptime_s = 12.75;
+  st.cache.hits = 9;
+  st.pushed_bytes = 1;
+  EXPECT_EQ((RoundTrip(StatsReply{st}).ToJson()), StatsReply{st}.ToJson());
+  EXPECT_EQ((RoundTrip(StatsReply{st}).stats.source), st.source);
+}
+
+TEST(ControlRepliesTest, FromJsonOfGarbageReadsZeroAndNeverThrows) {
+  const char* kGarbage[] = {
+      "null",
+      "5",
+      "\"text\"",
+      "[]",
+      "[1,{\"files\":2}]",
+      "{}",
+      R"({"ok":"yes","version":"1","error":5})",
+      R"({"ok":true,"version":-3})",
+      R"({"ok":true,"version":1e300})",
+      R"({"ok":true,"version":99999999999})",
+      R"({"open":5,"files":"many","dropped_bytes":-1})",
+      R"({"open":[5,null,"x",{"name":7,"size":-4,"mode":false}]})",
+      R"({"open":[{"name":{"bytes_hex":"zz"},"size":1.5,"mode":"cached"}]})",
+      R"({"files":[[],{"path":{"bytes_hex":"6"},"size":"1","resident":1e300}]})",
+      R"({"files":1e300,"dropped_bytes":-1e300})",
+      R"({"attached":1,"progress":[1,2]})",
+      R"({"progress":{"state":5,"files_total":-1,"bytes_done":1e300,"elapsed_s":"2",)"
+      R"("waiting_for_room":"yes","error":{}}})",
+      R"({"done":"true","ok":1,"progress":null,"error":[]})",
+      R"({"done":true,"ok":true,"progress":"p","error":7})",
+      R"({"stats":[],"cache":5})",
+      R"({"stats":{"source":5,"cache":[],"uptime_s":"x","open_files":-2}})",
+  };
+  for (const char* text : kGarbage) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    EXPECT_NO_THROW({
+      (void)ReplyStatus::FromJson(j);
+      (void)StatsReply::FromJson(j);
+      (void)OpenReply::FromJson(j);
+      (void)OpenFileEntry::FromJson(j);
+      (void)FilesReply::FromJson(j);
+      (void)FileResidencyEntry::FromJson(j);
+      (void)EvictReply::FromJson(j);
+      (void)WarmProgressMessage::FromJson(j);
+      (void)WarmReply::FromJson(j);
+      (void)WarmUpdate::FromJson(j);
+    }) << text;
+    if (j.is_object() && j.contains("progress")) {
+      // Nothing of the wrong type is taken.
+      EXPECT_EQ(WarmReply::FromJson(j).progress, WarmProgressMessage{}) << text;
+    }
+  }
+  EXPECT_EQ((ReplyStatus::FromJson(nlohmann::json::parse(R"({"ok":true,"version":-3})"))),
+            (ReplyStatus{true, 0, ""}));
+  EXPECT_EQ((EvictReply::FromJson(nlohmann::json::parse(R"({"files":1.5,"dropped_bytes":-1})"))),
+            EvictReply{});
+  const OpenReply open = OpenReply::FromJson(
+      nlohmann::json::parse(R"({"open":[5,{"name":7,"size":-4,"mode":false}]})"));
+  EXPECT_EQ(open, (OpenReply{{OpenFileEntry{}, OpenFileEntry{}}}));
+  const FilesReply files = FilesReply::FromJson(
+      nlohmann::json::parse(R"({"files":[{"path":{"bytes_hex":"6"},"size":"1","resident":2}]})"));
+  EXPECT_EQ(files, (FilesReply{{FileResidencyEntry{"", 0, 2}}}));
+  // A progress line does not say done, whatever else it holds.
+  const WarmUpdate u = WarmUpdate::FromJson(
+      nlohmann::json::parse(R"({"ok":true,"error":"x","progress":{"state":"running"}})"));
+  EXPECT_FALSE(u.done);
+  EXPECT_FALSE(u.ok);
+  EXPECT_EQ(u.error, "");
+  EXPECT_EQ(u.progress.state, "running");
 }
 
 }  // namespace

@@ -67,11 +67,11 @@ std::string FormatPercent(uint64_t part, uint64_t whole) {
   return buf;
 }
 
-std::string WarmProgressLine(const nlohmann::json& p, int bar_width) {
-  const uint64_t total = p.value("bytes_total", uint64_t{0});
-  const uint64_t done = p.value("bytes_done", uint64_t{0});
-  const uint64_t before = p.value("resident_at_start", uint64_t{0});
-  const double elapsed = p.value("elapsed_s", 0.0);
+std::string WarmProgressLine(const WarmProgressMessage& p, int bar_width) {
+  const uint64_t total = p.bytes_total;
+  const uint64_t done = p.bytes_done;
+  const uint64_t before = p.resident_at_start;
+  const double elapsed = p.elapsed_s;
   const double fetched = done > before ? static_cast<double>(done - before) : 0.0;
   const double rate = elapsed > 0 ? fetched / elapsed : 0.0;
   const double eta = done >= total ? 0.0 : rate > 0 ? static_cast<double>(total - done) / rate : -1;
@@ -81,10 +81,9 @@ std::string WarmProgressLine(const nlohmann::json& p, int bar_width) {
       ProgressBar(total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total),
                   bar_width) +
       " " + pct + "  " + FormatBytes(done) + " / " + FormatBytes(total) + "  " + FormatRate(rate) +
-      "  ETA " + FormatDuration(eta) + "  files " +
-      std::to_string(p.value("files_done", uint64_t{0})) + "/" +
-      std::to_string(p.value("files_total", uint64_t{0}));
-  if (p.value("waiting_for_room", false)) line += "  waiting for room in the cache";
+      "  ETA " + FormatDuration(eta) + "  files " + std::to_string(p.files_done) + "/" +
+      std::to_string(p.files_total);
+  if (p.waiting_for_room) line += "  waiting for room in the cache";
   return line;
 }
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "fs/common/control_protocol.h"
 
 namespace accelfs {
 
@@ -24,6 +24,6 @@ std::string FormatPercent(uint64_t part, uint64_t whole);
 // One warm progress message ({"state", "bytes_done", ...}: fs/control/control_server.cc) as a line:
 //   [====>     ]  42.0%  1.1 GiB / 2.7 GiB  1.23 GB/s  ETA 0:02  files 3/7
 // The rate counts what the job fetched (not what was resident before) over its running time.
-std::string WarmProgressLine(const nlohmann::json& progress, int bar_width);
+std::string WarmProgressLine(const WarmProgressMessage& progress, int bar_width);
 
 }  // namespace accelfs

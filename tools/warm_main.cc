@@ -109,7 +109,7 @@ int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const
     const WarmUpdate update = WarmUpdate::FromJson(*message);
     last = update.progress;
     // The progress line is formatted from the JSON form (tools/progress.h).
-    const std::string line = WarmProgressLine(last.ToJson(), kBarWidth);
+    const std::string line = WarmProgressLine(last, kBarWidth);
     if (tty) {
       std::printf("\r%s\033[K", line.c_str());
       std::fflush(stdout);

@@ -55,20 +55,24 @@ TEST(FormatPercentTest, NeverRoundsUpToAll) {
 }
 
 TEST(WarmProgressLineTest, RateFromWhatTheJobFetched) {
-  const nlohmann::json p = {
-      {"bytes_total", 4ull << 30}, {"bytes_done", 3ull << 30}, {"resident_at_start", 1ull << 30},
-      {"elapsed_s", 2.0},          {"files_done", 3},          {"files_total", 4},
-      {"waiting_for_room", false}};
+  WarmProgressMessage p;
+  p.bytes_total = 4ull << 30;
+  p.bytes_done = 3ull << 30;
+  p.resident_at_start = 1ull << 30;
+  p.elapsed_s = 2.0;
+  p.files_done = 3;
+  p.files_total = 4;
+  p.waiting_for_room = false;
   // 2 GiB fetched in 2 s: 1.07 GB/s; 1 GiB left: 1 s.
   EXPECT_EQ(WarmProgressLine(p, 8),
             "[======> ]  75.0%  3.0 GiB / 4.0 GiB  1.07 GB/s  ETA 0:01  files 3/4");
-  nlohmann::json waiting = p;
-  waiting["waiting_for_room"] = true;
-  waiting["elapsed_s"] = 0.0;
+  WarmProgressMessage waiting = p;
+  waiting.waiting_for_room = true;
+  waiting.elapsed_s = 0.0;
   EXPECT_EQ(WarmProgressLine(waiting, 8),
             "[======> ]  75.0%  3.0 GiB / 4.0 GiB  0 B/s  ETA --:--  files 3/4  waiting for room "
             "in the cache");
-  EXPECT_EQ(WarmProgressLine(nlohmann::json::object(), 4),
+  EXPECT_EQ(WarmProgressLine(WarmProgressMessage{}, 4),
             "[====] 100.0%  0 B / 0 B  0 B/s  ETA 0:00  files 0/0");
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "fs/common/json_fields.h"
 #include "fs/common/names.h"
 
 namespace accelfs {
@@ -166,47 +167,11 @@ constexpr const char* kAttached = "attached";
 constexpr const char* kProgress = "progress";
 constexpr const char* kDone = "done";
 
-// The value at `key` of the object `j`, or nullptr (also when `j` is not an object).
-const nlohmann::json* Find(const nlohmann::json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  const auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-
-// Readers that take only their own type: anything else is zero, false or empty. A count is a
-// non-negative integer (a negative or fractional number is not one).
-uint64_t CountField(const nlohmann::json& j, const char* key) {
-  const nlohmann::json* v = Find(j, key);
-  return v != nullptr && v->is_number_unsigned() ? v->get<uint64_t>() : 0;
-}
-
-double DoubleField(const nlohmann::json& j, const char* key) {
-  const nlohmann::json* v = Find(j, key);
-  return v != nullptr && v->is_number() ? v->get<double>() : 0;
-}
-
-bool BoolField(const nlohmann::json& j, const char* key) {
-  const nlohmann::json* v = Find(j, key);
-  return v != nullptr && v->is_boolean() && v->get<bool>();
-}
-
-std::string StringField(const nlohmann::json& j, const char* key) {
-  const nlohmann::json* v = Find(j, key);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
-}
-
-// The object at `key`, or null (every reader above then reads zero).
-const nlohmann::json& ObjectField(const nlohmann::json& j, const char* key) {
-  static const nlohmann::json kNull;
-  const nlohmann::json* v = Find(j, key);
-  return v != nullptr && v->is_object() ? *v : kNull;
-}
-
 // Each entry of the array at `key`, read with T::FromJson; empty when it is not an array.
 template <typename T>
 std::vector<T> ListField(const nlohmann::json& j, const char* key) {
   std::vector<T> out;
-  const nlohmann::json* v = Find(j, key);
+  const nlohmann::json* v = FindField(j, key);
   if (v == nullptr || !v->is_array()) return out;
   out.reserve(v->size());
   for (const nlohmann::json& entry : *v) out.push_back(T::FromJson(entry));
@@ -234,7 +199,7 @@ nlohmann::json ReplyStatus::ToJson() const {
 ReplyStatus ReplyStatus::FromJson(const nlohmann::json& j) {
   ReplyStatus s;
   s.ok = BoolField(j, kOk);
-  if (const nlohmann::json* v = Find(j, kVersion); v != nullptr && v->is_number_integer()) {
+  if (const nlohmann::json* v = FindField(j, kVersion); v != nullptr && v->is_number_integer()) {
     // A version beyond int reads as 0 (unknown) rather than wrapping.
     const int64_t version = v->get<int64_t>();
     s.version = version >= 0 && version <= INT32_MAX ? static_cast<int>(version) : 0;

@@ -392,23 +392,27 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
         register_fd = cache_.store().FileDescriptor(handle->identity);
         node.passthrough_identity = handle->identity;
       } else {
+        // Counted under the lock that read the id: the RELEASE of the inode's last other handle
+        // must not see the count reach 0 and close the id this reply is about to name (the kernel
+        // answers an open naming a closed backing id with EIO).
         handle->backing_id = node.backing_id;
+        CountPassthroughOpen(node);
       }
     }
   }
-  if (!handle->pinned.empty() && handle->backing_id == 0) {
+  const bool counted = handle->backing_id > 0;
+  if (!handle->pinned.empty() && !counted) {
     // The first passthrough open of the inode: register its cache file with the kernel, with no
     // lock but open_mu held (no other open runs, and no handle of the inode is in passthrough
     // mode for a Release to close).
     Result<int> id = register_fd >= 0 ? registry_->Open(register_fd) : Result<int>(Error(ENOTSUP));
     handle->backing_id = id.ok() ? id.value() : 0;
   }
-  {
+  if (!counted) {
     std::lock_guard lock(node.mu);
     if (handle->backing_id > 0) {
       node.backing_id = handle->backing_id;
-      ++node.passthrough_opens;
-      passthrough_files_.fetch_add(1, std::memory_order_relaxed);
+      CountPassthroughOpen(node);
     } else {
       ++node.cached_opens;
       if (pusher_ != nullptr) pusher_->Watch(handle->identity, ino);
@@ -497,6 +501,11 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     // Skipped when cached, in flight, or without room: read-ahead never waits.
     cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
   }
+}
+
+void ReadThroughFs::CountPassthroughOpen(Inode& node) {
+  ++node.passthrough_opens;
+  passthrough_files_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ReadThroughFs::Release(uint64_t fh) {

@@ -177,6 +177,9 @@ class ReadThroughFs {
   // `may_wait`: the thread may wait a little for the RELEASE of a changed file's old handles.
   void FinishOpen(std::unique_ptr<Handle> handle, bool next_started, const OpenDone& done,
                   bool may_wait);
+  // Counts one more handle of `node` in passthrough mode (node.mu held), before its OPEN is
+  // answered: node.backing_id stays registered while any handle given it is counted.
+  void CountPassthroughOpen(Inode& node);
   // The directory the kernel first found `inode` in, and the name there.
   static std::pair<std::shared_ptr<Inode>, std::string> PlaceOf(Inode& inode);
 

@@ -206,6 +206,11 @@ bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
 }
 
 void BlockCache::DropFile(const FileKey& file) {
+  // A file the kernel maps for a reader keeps its blocks, as fadvise(DONTNEED) keeps mapped pages:
+  // dropping them would turn the mapping's bytes into zeros. (A mapping made after this check
+  // needs an open, which pins the blocks: they become zombies below, and the store does not punch
+  // what is still held when their last pin goes.)
+  if (store_.HeldElsewhere(file)) return;
   Freed freed;
   {
     std::lock_guard lock(mu_);
@@ -258,8 +263,17 @@ CacheStats BlockCache::Stats() const {
 
 bool BlockCache::MakeRoom(size_t capacity, Freed* freed, bool partial, bool keep_unread) {
   if (used_ + capacity <= options_.budget_bytes) return true;
-  const auto evictable = [keep_unread](const Entry* e) {
-    return e->pins == 0 && !(keep_unread && e->unread);
+  // Blocks of a store file the kernel holds for a reader (a mapping that outlived its descriptor)
+  // stay, as if pinned (BlockStore::HeldElsewhere). Asked once per file and call.
+  std::vector<std::pair<FileKey, bool>> held;
+  const auto held_elsewhere = [&](const FileKey& file) {
+    for (const auto& [key, is_held] : held) {
+      if (key == file) return is_held;
+    }
+    return held.emplace_back(file, store_.HeldElsewhere(file)).second;
+  };
+  const auto evictable = [&](const Entry* e) {
+    return e->pins == 0 && !(keep_unread && e->unread) && !held_elsewhere(e->key.file);
   };
   if (!partial) {
     // Evicting some blocks and still failing would throw cached data away for nothing.

@@ -83,8 +83,9 @@ class BlockCache {
   // from the store. False for an empty file.
   bool PinFile(const FileKey& file, std::vector<Ref>* refs);
 
-  // Forgets every ready block of `file` (a changed file's old identity). Pinned blocks are freed
-  // when their last Ref goes.
+  // Forgets every ready block of `file` (a changed file's old identity, accelfs-warm --evict).
+  // Pinned blocks are freed when their last Ref goes. Does nothing while the kernel holds the
+  // file's store file for a reader (BlockStore::HeldElsewhere).
   void DropFile(const FileKey& file);
 
   // Takes in the blocks a persistent store kept from an earlier daemon (BlockStore::TakeStored),
@@ -178,7 +179,9 @@ class BlockCache {
   BackendReader& reader_;
   const Options options_;
 
-  // Lock order: mu_ is a leaf; no callback, no I/O and no Release runs while it is held.
+  // Lock order: mu_ is taken before the store's lock, and only BlockStore::HeldElsewhere (two
+  // fcntl calls under the store's leaf lock) is called under it: no callback, no I/O and no
+  // Release runs while it is held.
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, std::unique_ptr<Entry>, BlockKeyHash> map_;  // GUARDED_BY(mu_)
   std::list<Entry*> lru_;                        // GUARDED_BY(mu_) ready blocks, newest first

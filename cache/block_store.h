@@ -62,6 +62,12 @@ class BlockStore {
   virtual int FileDescriptor(const FileKey& file) const = 0;
   // Whether FileDescriptor answers for files whose blocks are allocated (a store of files).
   virtual bool KeepsFiles() const = 0;
+
+  // Whether anyone but the store holds `file`'s store file open: the kernel's backing file of a
+  // passthrough open, or of a mapping, which outlives its descriptor and the RELEASE the daemon
+  // sees. Its blocks must then stay (the cache neither evicts nor drops them): the kernel maps the
+  // store file's own pages, and releasing a block would turn them into zeros under the reader.
+  virtual bool HeldElsewhere(const FileKey&) const { return false; }
 };
 
 // Budget charge for `bytes` of block memory: whole 2 MiB huge pages for big buffers (a partly used

@@ -391,7 +391,10 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
   // allocated again meanwhile (and be filling, or ready): its range is the new buffer's now, and
   // punching it would turn the new block's bytes into zeros.
   const bool reallocated = Unlive(file, key.index);
-  if (buffer.data != nullptr && !reallocated) {
+  // Nor while the kernel maps the file for a reader (the cache keeps such blocks, but one can still
+  // come here when the cache goes with a passthrough file open): its bytes stay until the file
+  // goes, with the last of its blocks.
+  if (buffer.data != nullptr && !reallocated && !HeldByOthers(file.fd)) {
     // Unmarked first: a crash between the two leaves unrecorded data, never a recorded hole.
     if (persistent_) Mark(file, key.index, false);
     fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -421,6 +424,26 @@ void FileBlockStore::Discard(const BlockKey& key) {
   fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
             static_cast<off_t>(key.index * block_size_), static_cast<off_t>(block_size_));
   CloseIfUnused(key.file, file);
+}
+
+bool FileBlockStore::HeldElsewhere(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  auto it = files_.find(file);
+  return it != files_.end() && HeldByOthers(it->second.fd);
+}
+
+bool FileBlockStore::HeldByOthers(int fd) {
+  if (fd < 0) return false;
+  // The kernel grants a write lease only while no open file other than the caller's refers to the
+  // inode, and the backing file a passthrough open or mapping uses is one. Taken and given back at
+  // once: a lease break in between (an open of the file) only waits for the F_UNLCK, and its
+  // SIGIO is ignored by the daemon. Where leases are not supported (EINVAL: fs.leases-enable off,
+  // or a filesystem without them) nothing can be known and nothing is held back.
+  if (fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+    fcntl(fd, F_SETLEASE, F_UNLCK);
+    return false;
+  }
+  return errno == EAGAIN || errno == EBUSY;
 }
 
 int FileBlockStore::FileDescriptor(const FileKey& file) const {

@@ -58,6 +58,7 @@ class FileBlockStore final : public BlockStore {
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
   bool KeepsFiles() const override { return true; }
+  bool HeldElsewhere(const FileKey& file) const override;
 
   // Writes this process's pid into the cache directory's lock file, for the error a second daemon
   // gets (OpenDir does; call again in a child that inherited the lock across fork).
@@ -88,6 +89,8 @@ class FileBlockStore final : public BlockStore {
   // One buffer of block `index` released or retained; true when another is still allocated.
   // REQUIRES: mu_ held.
   static bool Unlive(File& file, uint64_t index);
+  // Whether an open file other than `fd` itself refers to `fd`'s inode (HeldElsewhere).
+  static bool HeldByOthers(int fd);
   // Unmaps both of `file`'s mappings.
   static void Unmap(File& file);
   // Writes block `index`'s presence byte. REQUIRES: the file is open.

@@ -270,8 +270,9 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
     const FileKey key = FileKeyFromStat(f.st);
-    dropped += cache_.ResidentBytes(key);
-    cache_.DropFile(key);
+    const uint64_t before = cache_.ResidentBytes(key);
+    cache_.DropFile(key);  // keeps a file mapped by a reader
+    dropped += before - std::min(before, cache_.ResidentBytes(key));
   }
   *files = found->size();
   return dropped;

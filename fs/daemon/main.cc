@@ -16,6 +16,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -208,6 +209,10 @@ Status Daemon::Check() {
 // cache dir is opened (and locked) before detaching, so that its errors reach the caller; the lock
 // is inherited by the daemon.
 Status Daemon::OpenStore() {
+  // A store of files asks whether the kernel holds one for a reader by taking a write lease for a
+  // moment (FileBlockStore::HeldElsewhere); an open of the file in that moment sends the lease
+  // holder SIGIO, whose default action would end the daemon.
+  std::signal(SIGIO, SIG_IGN);
   if (!config_.cache_dir.empty()) {
     if (Status s = CheckCacheDir(config_.cache_dir, *paths_); !s.ok()) return s;
     auto dir = FileBlockStore::OpenDir(config_.cache_dir, config_.block_size);

@@ -1,5 +1,6 @@
 #include "cache/file_block_store.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <iterator>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -97,6 +99,36 @@ TEST(FileBlockStoreTest, AReleaseOfABlockAllocatedAgainMeanwhileKeepsTheNewBytes
   // The last buffer's release does give the memory back.
   store->Release({file, 1}, again.value());
   EXPECT_EQ(store->FileDescriptor(file), -1);
+}
+
+// The kernel maps a passed-through file's store file into the reader; a mapping holds an open
+// file of it (as a passthrough open does). While one is held elsewhere, releasing its blocks must
+// keep their bytes, and the cache is told not to evict them (HeldElsewhere).
+TEST(FileBlockStoreTest, AFileHeldOpenElsewhereKeepsTheBytesOfReleasedBlocks) {
+  auto store = MakeStore();
+  REQUIRE_STORE(store);
+  const FileKey file{1, 4, 2 * kBlock, 7};
+  auto b0 = store->Allocate({file, 0}, kBlock);
+  auto b1 = store->Allocate({file, 1}, kBlock);
+  ASSERT_TRUE(b0.ok());
+  ASSERT_TRUE(b1.ok());
+  testing::FillBytes(8, 0, reinterpret_cast<uint8_t*>(b0->data), kBlock);
+  EXPECT_FALSE(store->HeldElsewhere(file)) << "only the store has it open";
+
+  const int fd = store->FileDescriptor(file);
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const int reader = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  EXPECT_TRUE(store->HeldElsewhere(file));
+  store->Release({file, 0}, b0.value());
+  std::vector<uint8_t> got(kBlock);
+  ASSERT_EQ(pread(reader, got.data(), got.size(), 0), static_cast<ssize_t>(kBlock));
+  EXPECT_TRUE(got == testing::Bytes(8, 0, kBlock)) << "a held file's released block was zeroed";
+  close(reader);
+  EXPECT_FALSE(store->HeldElsewhere(file)) << "closed, it is the store's alone again";
+  store->Release({file, 1}, b1.value());
+  EXPECT_EQ(store->FileDescriptor(file), -1);
+  EXPECT_FALSE(store->HeldElsewhere(file)) << "a file the store no longer has";
 }
 
 TEST(FileBlockStoreTest, EachIdentityHasItsOwnFile) {

@@ -175,6 +175,33 @@ TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) 
   close(fd);
 }
 
+// The kernel maps a passed-through file's backing file (the cache's tmpfs file) into the process
+// itself, and the mapping outlives the descriptor: safetensors loaders close a shard right after
+// mapping it, and the kernel sends RELEASE then, not when the mapping goes. Evicting the file's
+// blocks under that mapping must not turn its bytes into zeros.
+TEST_F(PassthroughTest, MappingOfAPassedThroughFileStaysWholeAfterCloseUnderCachePressure) {
+  WriteTestFile(Src("mapped.bin"), 16 * kMiB, 22);
+  for (int i = 0; i < 4; ++i) WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, 35 + i);
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("mapped.bin"), 22, 16 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("mapped.bin"), 22, 16 * kMiB));
+
+  const int fd = open(Mnt("mapped.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
+  void* map = mmap(nullptr, 16 * kMiB, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  close(fd);
+  const std::vector<uint8_t> want = Bytes(22, 0, 16 * kMiB);
+  EXPECT_EQ(std::memcmp(map, want.data(), 8 * kMiB), 0) << "half the mapping, before";
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other" + std::to_string(i)), 35 + i, 40 * kMiB));
+  }
+  EXPECT_EQ(std::memcmp(map, want.data(), 16 * kMiB), 0)
+      << "the mapping of a passed-through file lost bytes after its descriptor was closed";
+  munmap(map, 16 * kMiB);
+}
+
 TEST_F(PassthroughTest, InodeOpenInCachedModeIsNotPassedThroughUntilClosed) {
   const uint64_t size = 6 * kMiB + 1;
   WriteTestFile(Src("f.bin"), size, 41);

@@ -4,17 +4,20 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "fs/common/control_protocol.h"
 #include "tests/mount/mount_fixture.h"
+#include "tests/support/test_data.h"
 
 namespace accelfs::testing {
 namespace {
@@ -154,6 +157,37 @@ TEST_F(ToolsTest, EvictDropsWhatWasWarmed) {
   ASSERT_EQ(evict.exit_code, 0) << Describe(evict);
   EXPECT_NE(evict.out.find("evicted 3 files"), std::string::npos) << evict.out;
   EXPECT_EQ(Residency(Mnt("m")).first, 0u);
+}
+
+// A warmed file is opened in passthrough mode, where the kernel maps the cache's own file into the
+// reader, and the mapping outlives the descriptor. --evict keeps such a file (as fadvise(DONTNEED)
+// keeps mapped pages) rather than turning the mapping's bytes into zeros, and drops it once the
+// mapping is gone.
+TEST_F(ToolsTest, EvictKeepsAFileMappedByAReaderUntilItIsUnmapped) {
+  ASSERT_NO_FATAL_FAILURE(MakeModel());
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  const std::string shard = Mnt("m/model-00001-of-00002.safetensors");
+  const uint64_t size = 9 * kMiB + 4321;
+  const CommandResult warm = Warm({shard});
+  ASSERT_EQ(warm.exit_code, 0) << Describe(warm);
+  const int fd = open(shard.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  close(fd);
+  const std::vector<uint8_t> want = Bytes(1, 0, size);
+
+  const CommandResult kept = Warm({"--evict", shard});
+  ASSERT_EQ(kept.exit_code, 0) << Describe(kept);
+  EXPECT_EQ(std::memcmp(map, want.data(), size), 0) << "an evict changed a mapped file's bytes";
+  EXPECT_EQ(Residency(shard).first, size) << "a file mapped by a reader stays cached";
+  munmap(map, size);
+
+  const CommandResult evict = Warm({"--evict", shard});
+  ASSERT_EQ(evict.exit_code, 0) << Describe(evict);
+  EXPECT_EQ(Residency(shard).first, 0u) << "unmapped, it goes";
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(shard, &error) == want) << std::strerror(error);
 }
 
 TEST_F(ToolsTest, JsonOutputsParse) {

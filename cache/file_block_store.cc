@@ -421,8 +421,12 @@ void FileBlockStore::Discard(const BlockKey& key) {
   if (it == files_.end()) return;
   File& file = it->second;
   Mark(file, key.index, false);
-  fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-            static_cast<off_t>(key.index * block_size_), static_cast<off_t>(block_size_));
+  // A reader that outlived the last daemon may still map this file (passthrough): its bytes stay,
+  // unrecorded, until the file goes.
+  if (!HeldByOthers(file.fd)) {
+    fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(key.index * block_size_), static_cast<off_t>(block_size_));
+  }
   CloseIfUnused(key.file, file);
 }
 

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "accelfs_version.h"
@@ -34,7 +36,9 @@ inline std::optional<int> ParseToolArgs(CLI::App& app, int argc, char** argv) {
       std::printf("%s", asked->help().c_str());
       return 0;
     }
-    std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), e.what(), name.c_str());
+    std::string what = e.what();  // one line, whatever CLI11 wrapped
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::fprintf(stderr, "%s: %s (see %s --help)\n", name.c_str(), what.c_str(), name.c_str());
     return 2;
   }
   return std::nullopt;

@@ -3,13 +3,16 @@
 #   tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options]   install what is missing, build, install, mount
 #   tools/setup.sh test                                         install what is missing, build, run every test
 #                                                               (plain build, then address,undefined sanitizers)
+#   tools/setup.sh package                                      the Debian package, in build-deb/
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
-# The test command also fuzzes, with Debian's clang and its libFuzzer runtime.
-test_packages=(clang-14 libclang-rt-14-dev clang-format-14)
+# The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
+# and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
+package_packages=(help2man dpkg-dev file)
+test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian)
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]
@@ -84,9 +87,12 @@ case "${1:-}" in
     configure_tests build
     cmake --build build -j"$jobs"
     run_tests build
-    # What a user builds: the daemon and the tools at -O3 compile without a warning.
+    # What a user builds: the daemon and the tools at -O3 compile without a warning. Installed
+    # under /usr, it is the build the Debian package is made from: made, checked by lintian,
+    # installed, mounted, run under the mount tests, and removed.
     build build-release -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_WERROR=ON \
-      -DACCELFS_SANITIZE=
+      -DACCELFS_SANITIZE= -DCMAKE_INSTALL_PREFIX=/usr
+    tests/package/package_test.sh build-release build
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
     run_tests build-asan
@@ -102,8 +108,15 @@ case "${1:-}" in
     cmake --build build-fuzz -j"$jobs" --target accelfs_fuzzers
     run_tests build-fuzz -L fuzz
     ;;
+  package)
+    # The Debian package (README, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.
+    install_missing "${package_packages[@]}"
+    build build-deb -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE= \
+      -DCMAKE_INSTALL_PREFIX=/usr
+    (cd build-deb && cpack -G DEB)
+    ;;
   *)
-    echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test" >&2
+    echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test | tools/setup.sh package" >&2
     exit 2
     ;;
 esac

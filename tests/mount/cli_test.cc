@@ -103,7 +103,7 @@ TEST_F(CliTest, NoFuseDevice) {
   if (probe.exit_code != 0) GTEST_SKIP() << "unshare --mount is not permitted here: " << probe.err;
   const CommandResult r = RunCommand(
       {"unshare", "--mount", "sh", "-c", "mount -t tmpfs none /dev && exec \"$0\" \"$@\"",
-       ACCELFS_BINARY, source_, mountpoint_, "-f", "--cache-size", "512M"},
+       TestBinary(ACCELFS_BINARY), source_, mountpoint_, "-f", "--cache-size", "512M"},
       std::chrono::seconds(15));
   ExpectOneLineFailure(r, {"/dev/fuse", "missing"});
   EXPECT_FALSE(IsMounted(mountpoint_));
@@ -116,8 +116,8 @@ TEST_F(CliTest, NoPermissionToMount) {
   ASSERT_EQ(chmod(mountpoint_.c_str(), 0755), 0);
   WriteTestFile(Src("readable"), 10, 1);
   const CommandResult r =
-      RunCommand({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", ACCELFS_BINARY,
-                  source_, mountpoint_, "-f", "--cache-size", "512M"},
+      RunCommand({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                  TestBinary(ACCELFS_BINARY), source_, mountpoint_, "-f", "--cache-size", "512M"},
                  std::chrono::seconds(15));
   if (r.exit_code != 0 && r.err.find("setpriv") != std::string::npos) {
     GTEST_SKIP() << "setpriv cannot change uid here: " << r.err;

@@ -138,13 +138,13 @@ TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
   EXPECT_FALSE(h.wrong) << "a wrong byte from the hung file";
   EXPECT_TRUE(h.err == ETIMEDOUT || h.err == EIO) << std::strerror(h.err);
 
-  const CommandResult stat = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+  const CommandResult stat = RunCommand({TestBinary(ACCELFS_STAT), mountpoint_, "--json"});
   ASSERT_EQ(stat.exit_code, 0) << stat.err;
   const nlohmann::json j = nlohmann::json::parse(stat.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << stat.out;
   EXPECT_GT(j["mounts"][0].value("timed_out_requests", 0), 0) << stat.out;
   EXPECT_GT(j["mounts"][0].value("stuck_requests", 0), 0) << stat.out;
-  const CommandResult text = RunCommand({ACCELFS_STAT, mountpoint_});
+  const CommandResult text = RunCommand({TestBinary(ACCELFS_STAT), mountpoint_});
   EXPECT_NE(text.out.find("stuck"), std::string::npos) << text.out;
 
   // The store answers again: the file reads right, and the lost slots come back.
@@ -153,12 +153,12 @@ TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
   EXPECT_EQ(back.err, 0) << std::strerror(back.err);
   EXPECT_FALSE(back.wrong);
   for (int i = 0; i < 100; ++i) {
-    const CommandResult s = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+    const CommandResult s = RunCommand({TestBinary(ACCELFS_STAT), mountpoint_, "--json"});
     const nlohmann::json k = nlohmann::json::parse(s.out, nullptr, false);
     if (!k.is_discarded() && k["mounts"][0].value("stuck_requests", 1) == 0) break;
     std::this_thread::sleep_for(100ms);
   }
-  const CommandResult after = RunCommand({ACCELFS_STAT, mountpoint_, "--json"});
+  const CommandResult after = RunCommand({TestBinary(ACCELFS_STAT), mountpoint_, "--json"});
   const nlohmann::json a = nlohmann::json::parse(after.out, nullptr, false);
   ASSERT_FALSE(a.is_discarded());
   EXPECT_EQ(a["mounts"][0].value("stuck_requests", 1), 0) << after.out;
@@ -201,7 +201,7 @@ TEST_F(HungStoreTest, UnmountEndsTheDaemonWhileTheStoreHangs) {
   ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
   SetFaults("hang 00001-of\n");
   const CommandResult warm =
-      RunCommand({ACCELFS_WARM, "--no-wait", M("model-00001-of-00002.safetensors")});
+      RunCommand({TestBinary(ACCELFS_WARM), "--no-wait", M("model-00001-of-00002.safetensors")});
   ASSERT_EQ(warm.exit_code, 0) << warm.err;
   ExpectPromptExit(daemon_, [&] {
     const CommandResult u = RunCommand({"fusermount3", "-u", mountpoint_});
@@ -214,13 +214,13 @@ TEST_F(HungStoreTest, UnmountEndsTheDaemonWhileTheStoreHangs) {
 TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
   ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "2"}));
   SetFaults("hang 00001-of\n");
-  const CommandResult warm =
-      RunCommand({ACCELFS_WARM, M("model-00001-of-00002.safetensors")}, std::chrono::seconds(120));
+  const CommandResult warm = RunCommand(
+      {TestBinary(ACCELFS_WARM), M("model-00001-of-00002.safetensors")}, std::chrono::seconds(120));
   EXPECT_FALSE(warm.timed_out);
   EXPECT_EQ(warm.exit_code, 1) << warm.out << warm.err;
   EXPECT_EQ(std::count(warm.err.begin(), warm.err.end(), '\n'), 1) << warm.err;
-  const CommandResult other =
-      RunCommand({ACCELFS_WARM, M("model-00002-of-00002.safetensors")}, std::chrono::seconds(60));
+  const CommandResult other = RunCommand(
+      {TestBinary(ACCELFS_WARM), M("model-00002-of-00002.safetensors")}, std::chrono::seconds(60));
   EXPECT_EQ(other.exit_code, 0) << other.err;
 }
 

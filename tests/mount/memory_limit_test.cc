@@ -110,8 +110,9 @@ class MemoryLimitTest : public MountTest {
 
   // Runs accelfs (detached: the command returns once the mount is ready) inside the cgroup.
   CommandResult StartInCgroup(const std::vector<std::string>& extra) {
-    std::string command = "echo $$ > " + cgroup_.procs() + " && exec " + ACCELFS_BINARY + " " +
-                          source_ + " " + mountpoint_ + " --log-level info";
+    std::string command = "echo $$ > " + cgroup_.procs() + " && exec " +
+                          TestBinary(ACCELFS_BINARY) + " " + source_ + " " + mountpoint_ +
+                          " --log-level info";
     for (const std::string& arg : extra) command += " " + arg;
     return RunCommand({"sh", "-c", command}, std::chrono::seconds(60));
   }

@@ -13,11 +13,26 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
 
 namespace accelfs::testing {
+
+const char* TestBinary(const char* built) {
+  const char* dir = std::getenv("ACCELFS_BIN_DIR");
+  if (dir == nullptr || *dir == '\0') return built;
+  static std::mutex mu;
+  static std::map<std::string, std::string> installed;  // never erased: the pointers stay valid
+  std::lock_guard lock(mu);
+  auto [it, added] = installed.try_emplace(built);
+  if (added) it->second = std::string(dir) + "/" + std::filesystem::path(built).filename().string();
+  return it->second.c_str();
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -138,7 +153,7 @@ CommandResult RunCommand(const std::vector<std::string>& args, milliseconds time
 }
 
 CommandResult RunAccelfs(const std::vector<std::string>& args, milliseconds timeout) {
-  std::vector<std::string> argv = {ACCELFS_BINARY};
+  std::vector<std::string> argv = {TestBinary(ACCELFS_BINARY)};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, timeout);
 }
@@ -238,7 +253,7 @@ std::vector<pid_t> FindAccelfsProcesses(const std::string& mountpoint) {
       args.push_back(cmdline.substr(start, stop - start));
       start = stop + 1;
     }
-    if (args.empty() || args[0] != ACCELFS_BINARY) continue;
+    if (args.empty() || args[0] != TestBinary(ACCELFS_BINARY)) continue;
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == mountpoint) {
         if (!ProcessGone(static_cast<pid_t>(pid))) pids.push_back(static_cast<pid_t>(pid));
@@ -256,7 +271,7 @@ AccelfsProcess::~AccelfsProcess() { Stop(); }
                                                  const std::string& mountpoint,
                                                  const std::string& log_path,
                                                  const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {ACCELFS_BINARY, source, mountpoint, "-f"};
+  std::vector<std::string> args = {TestBinary(ACCELFS_BINARY), source, mountpoint, "-f"};
   for (const auto& [option, value] : {std::pair{"--cache-size", "512M"}, {"--log-level", "warn"}}) {
     if (std::find(extra.begin(), extra.end(), option) == extra.end()) {
       args.push_back(option);

@@ -35,6 +35,11 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+// The binary a mount test runs: `built`, the build tree's (ACCELFS_BINARY, ACCELFS_WARM,
+// ACCELFS_STAT), or the one of the same name in $ACCELFS_BIN_DIR when that is set:
+// tests/package/package_test.sh runs the mount tests against the installed package so.
+const char* TestBinary(const char* built);
+
 // RunCommand of ACCELFS_BINARY with these arguments.
 CommandResult RunAccelfs(const std::vector<std::string>& args,
                          std::chrono::milliseconds timeout = std::chrono::seconds(30));

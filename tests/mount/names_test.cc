@@ -52,14 +52,14 @@ class NamesMountTest : public MountTest {
   void ExpectDaemonAlive() {
     EXPECT_TRUE(IsAccelfsMounted(mountpoint_));
     EXPECT_FALSE(ProcessGone(daemon_.pid())) << daemon_.Log();
-    const CommandResult stat = Tool(ACCELFS_STAT, {mountpoint_});
+    const CommandResult stat = Tool(TestBinary(ACCELFS_STAT), {mountpoint_});
     EXPECT_EQ(stat.exit_code, 0) << Describe(stat);
   }
 };
 
 TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
   // The whole directory: text, then JSON.
-  const CommandResult files = Tool(ACCELFS_STAT, {"files", Mnt("m")});
+  const CommandResult files = Tool(TestBinary(ACCELFS_STAT), {"files", Mnt("m")});
   EXPECT_EQ(files.exit_code, 0) << Describe(files);
   EXPECT_NE(files.out.find("bad\\377name"), std::string::npos) << Describe(files);
   EXPECT_NE(files.out.find("cont\\200.bin"), std::string::npos) << Describe(files);
@@ -67,7 +67,7 @@ TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
   EXPECT_NE(files.out.find("back\\\\slash"), std::string::npos) << Describe(files);
   EXPECT_NE(files.out.find("5 files"), std::string::npos) << Describe(files);
 
-  const CommandResult json = Tool(ACCELFS_STAT, {"files", Mnt("m"), "--json"});
+  const CommandResult json = Tool(TestBinary(ACCELFS_STAT), {"files", Mnt("m"), "--json"});
   ASSERT_EQ(json.exit_code, 0) << Describe(json);
   const nlohmann::json j = nlohmann::json::parse(json.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << Describe(json);
@@ -79,12 +79,13 @@ TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
   }
 
   // Warming the directory and each odd file by its own name.
-  const CommandResult warm = Tool(ACCELFS_WARM, {Mnt("m")});
+  const CommandResult warm = Tool(TestBinary(ACCELFS_WARM), {Mnt("m")});
   EXPECT_EQ(warm.exit_code, 0) << Describe(warm);
   for (const std::string& name : kOddNames) {
-    const CommandResult one = Tool(ACCELFS_WARM, {"--json", Mnt("m/" + name)});
+    const CommandResult one = Tool(TestBinary(ACCELFS_WARM), {"--json", Mnt("m/" + name)});
     EXPECT_EQ(one.exit_code, 0) << Describe(one);
-    const CommandResult residency = Tool(ACCELFS_STAT, {"files", Mnt("m/" + name), "--json"});
+    const CommandResult residency =
+        Tool(TestBinary(ACCELFS_STAT), {"files", Mnt("m/" + name), "--json"});
     ASSERT_EQ(residency.exit_code, 0) << Describe(residency);
     const nlohmann::json r = nlohmann::json::parse(residency.out, nullptr, false);
     ASSERT_FALSE(r.is_discarded()) << Describe(residency);
@@ -97,8 +98,8 @@ TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
   // An odd name held open shows in the summary's open files, escaped in text, exact in JSON.
   const int fd = open(Mnt("m/bad\xffname").c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  const CommandResult summary = Tool(ACCELFS_STAT, {mountpoint_});
-  const CommandResult summary_json = Tool(ACCELFS_STAT, {mountpoint_, "--json"});
+  const CommandResult summary = Tool(TestBinary(ACCELFS_STAT), {mountpoint_});
+  const CommandResult summary_json = Tool(TestBinary(ACCELFS_STAT), {mountpoint_, "--json"});
   close(fd);
   EXPECT_EQ(summary.exit_code, 0) << Describe(summary);
   EXPECT_NE(summary.out.find("bad\\377name"), std::string::npos) << Describe(summary);
@@ -109,9 +110,9 @@ TEST_F(NamesMountTest, ToolsCarryAnyNameAndTheDaemonLives) {
   EXPECT_EQ(NameField(s["mounts"][0]["open"][0], "name"), "bad\xffname");
 
   // Evicting by an odd name, and an odd name that does not exist: one clear line, exit 1.
-  const CommandResult evict = Tool(ACCELFS_WARM, {"--evict", Mnt("m/cont\x80.bin")});
+  const CommandResult evict = Tool(TestBinary(ACCELFS_WARM), {"--evict", Mnt("m/cont\x80.bin")});
   EXPECT_EQ(evict.exit_code, 0) << Describe(evict);
-  const CommandResult missing = Tool(ACCELFS_WARM, {Mnt("m/gone\xfe")});
+  const CommandResult missing = Tool(TestBinary(ACCELFS_WARM), {Mnt("m/gone\xfe")});
   EXPECT_EQ(missing.exit_code, 1) << Describe(missing);
   EXPECT_NE(missing.err.find("gone\\376"), std::string::npos) << Describe(missing);
   ExpectDaemonAlive();

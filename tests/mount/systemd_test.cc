@@ -44,8 +44,9 @@ umount "$3"
 if findmnt "$3" >/dev/null; then echo "still mounted after umount"; exit 1; fi
 echo unmounted
 )sh";
-  const CommandResult r = RunCommand({"unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                      script, "sh", ACCELFS_BINARY, source_, mountpoint_});
+  const CommandResult r =
+      RunCommand({"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                  TestBinary(ACCELFS_BINARY), source_, mountpoint_});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(r.out, "fuse.accelfs\nunmounted\n") << r.err;
   EXPECT_FALSE(IsMounted(mountpoint_));

@@ -25,13 +25,13 @@ namespace {
 constexpr uint64_t kMiB = 1 << 20;
 
 CommandResult Warm(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {ACCELFS_WARM};
+  std::vector<std::string> argv = {TestBinary(ACCELFS_WARM)};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, std::chrono::seconds(60));
 }
 
 CommandResult Stat(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {ACCELFS_STAT};
+  std::vector<std::string> argv = {TestBinary(ACCELFS_STAT)};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, std::chrono::seconds(60));
 }
@@ -277,8 +277,8 @@ TEST_F(ToolsTest, PathsOutsideTheMountAreRefused) {
 TEST_F(ToolsTest, AnotherUserIsDeniedTheSocket) {
   ASSERT_NO_FATAL_FAILURE(MakeModel());
   ASSERT_NO_FATAL_FAILURE(StartMount());
-  for (const auto& r : {AsNobody(ACCELFS_STAT, {mountpoint_}, "65534", ""),
-                        AsNobody(ACCELFS_WARM, {Mnt("m")}, "65534", "")}) {
+  for (const auto& r : {AsNobody(TestBinary(ACCELFS_STAT), {mountpoint_}, "65534", ""),
+                        AsNobody(TestBinary(ACCELFS_WARM), {Mnt("m")}, "65534", "")}) {
     EXPECT_EQ(r.exit_code, 1) << Describe(r);
     EXPECT_NE(r.err.find("permission denied on the control socket"), std::string::npos) << r.err;
   }
@@ -289,10 +289,10 @@ TEST_F(ToolsTest, TheControlGroupReadsStatsAndOnlyMembersWarm) {
   ASSERT_NO_FATAL_FAILURE(MakeModel());
   // nogroup (65534) is nobody's group in /etc/group.
   ASSERT_NO_FATAL_FAILURE(StartMount({"--control-group", "nogroup"}));
-  const CommandResult stat = AsNobody(ACCELFS_STAT, {mountpoint_}, "65534", "");
+  const CommandResult stat = AsNobody(TestBinary(ACCELFS_STAT), {mountpoint_}, "65534", "");
   EXPECT_EQ(stat.exit_code, 0) << Describe(stat);
   EXPECT_NE(stat.out.find(mountpoint_ + " <- "), std::string::npos) << stat.out;
-  const CommandResult warm = AsNobody(ACCELFS_WARM, {Mnt("m")}, "65534", "");
+  const CommandResult warm = AsNobody(TestBinary(ACCELFS_WARM), {Mnt("m")}, "65534", "");
   EXPECT_EQ(warm.exit_code, 0) << Describe(warm);
   EXPECT_EQ(Residency(Mnt("m")).first, Residency(Mnt("m")).second);
 }
@@ -302,10 +302,10 @@ TEST_F(ToolsTest, ConnectingIsNotEnoughToWarm) {
   // The socket is daemon's (gid 1); nobody gets that group for its process only, not by
   // /etc/group: it may connect and read stats, but SO_PEERCRED says it may not warm.
   ASSERT_NO_FATAL_FAILURE(StartMount({"--control-group", "daemon"}));
-  const CommandResult stat = AsNobody(ACCELFS_STAT, {mountpoint_}, "65534", "1");
+  const CommandResult stat = AsNobody(TestBinary(ACCELFS_STAT), {mountpoint_}, "65534", "1");
   EXPECT_EQ(stat.exit_code, 0) << Describe(stat);
   for (const char* flag : {"--wait", "--evict"}) {
-    const CommandResult warm = AsNobody(ACCELFS_WARM, {flag, Mnt("m")}, "65534", "1");
+    const CommandResult warm = AsNobody(TestBinary(ACCELFS_WARM), {flag, Mnt("m")}, "65534", "1");
     EXPECT_EQ(warm.exit_code, 1) << Describe(warm);
     EXPECT_NE(warm.err.find("permission denied: '"), std::string::npos) << warm.err;
   }
@@ -388,7 +388,7 @@ TEST_F(ToolsTest, AnUnknownControlGroupIsRefusedAtStart) {
 }
 
 TEST_F(ToolsTest, HelpAndUsageErrors) {
-  for (const char* tool : {ACCELFS_WARM, ACCELFS_STAT}) {
+  for (const char* tool : {TestBinary(ACCELFS_WARM), TestBinary(ACCELFS_STAT)}) {
     const CommandResult help = RunCommand({tool, "--help"});
     EXPECT_EQ(help.exit_code, 0) << Describe(help);
     EXPECT_NE(help.out.find("Usage"), std::string::npos) << help.out;

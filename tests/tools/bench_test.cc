@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "accelfs_version.h"
 #include "tests/mount/mount_fixture.h"
 #include "tests/support/test_data.h"
 #include "tools/bench/loaders.h"
@@ -134,6 +135,10 @@ TEST_F(BenchTest, HumanOutputNamesBytesAndRate) {
   const CommandResult help = Bench({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("--tp"), std::string::npos) << help.out;
+  // What help2man reads for the man page, as the other tools print it.
+  const CommandResult version = Bench({"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_EQ(version.out, "accelfs-bench " ACCELFS_VERSION "\n");
 }
 
 TEST_F(BenchTest, MissingDirectory) {

@@ -14,6 +14,7 @@
 
 #include "tools/bench/gpu.h"
 #include "tools/bench/loaders.h"
+#include "tools/cli.h"
 
 namespace accelfs::bench {
 namespace {
@@ -222,15 +223,7 @@ int main(int argc, char** argv) {
                  "cpu (default) or cuda:N: copy every tensor to GPU N through pinned staging "
                  "buffers on several streams and report the time to GPU");
   app.add_flag("--json", o.json, "Print one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    return accelfs::bench::Fail(2, what + " (see accelfs-bench --help)");
-  }
+  // --version, --help and usage errors as the other tools have them (and help2man reads them).
+  if (std::optional<int> done = accelfs::ParseToolArgs(app, argc, argv)) return *done;
   return accelfs::bench::Run(o);
 }

@@ -179,10 +179,13 @@ Status CheckFuseDevice(const std::string& device) {
             "the device in (e.g. --device /dev/fuse)";
     return Error(EINVAL, error);
   }
+  // libfuse 3.14 opens the device itself before it would run the setuid fusermount3 (only a
+  // refused mount(2) goes there), so a user who cannot open it cannot mount at all.
   const int fd = open(device.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     error = "no permission to open " + device + " (" + std::strerror(errno) +
-            "): run as root or grant access to the device";
+            "): run as root, or let users open it (Debian's default mode is 0666: chmod 0666 " +
+            device + ")";
     return Error(EINVAL, error);
   }
   close(fd);

@@ -4,6 +4,9 @@
 //   accelfs_loader gen DIR --shards N --shard-size BYTES [--seed S] [--tensor-mix
 //   small|mixed|large] accelfs_loader read [--threads N] DIR|FILE...
 //       sequential read() of every shard, 1 MiB at a time (vLLM "eager")
+//   accelfs_loader direct [--threads N] [--chunk-mib M] DIR|FILE...
+//       O_DIRECT preads of M MiB (default 16) front to back (fastsafetensors, InstantTensor,
+//       ServerlessLLM)
 //   accelfs_loader mmap [--threads N] DIR|FILE...
 //       safetensors style: mmap(PROT_READ, MAP_SHARED) each shard and copy every tensor out, in
 //       header order, into one buffer per thread
@@ -56,6 +59,7 @@ constexpr char kUsage[] =
     "usage: accelfs_loader gen DIR --shards N --shard-size BYTES [--seed S] "
     "[--tensor-mix small|mixed|large]\n"
     "       accelfs_loader read|mmap [--threads N] [--dest-mib M] PATH...\n"
+    "       accelfs_loader direct [--threads N] [--chunk-mib M] PATH...\n"
     "       accelfs_loader dp|tp N [--stagger-ms M] [--drop-caches] [--threads T] [--dest-mib M] "
     "PATH...\n"
     "       accelfs_loader prime MIB";
@@ -163,11 +167,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool processes = mode == "dp" || mode == "tp";
-  if (!processes && mode != "read" && mode != "mmap") Die("unknown mode " + mode + "\n" + kUsage);
+  if (!processes && mode != "read" && mode != "mmap" && mode != "direct") {
+    Die("unknown mode " + mode + "\n" + kUsage);
+  }
   const Args args =
       processes
           ? ParseArgs(argc, argv, 3, {"--threads", "--stagger-ms", "--dest-mib"}, {"--drop-caches"})
-          : ParseArgs(argc, argv, 2, {"--threads", "--dest-mib"});
+      : mode == "direct" ? ParseArgs(argc, argv, 2, {"--threads", "--chunk-mib"})
+                         : ParseArgs(argc, argv, 2, {"--threads", "--dest-mib"});
   const auto threads = static_cast<int>(Option(args, "--threads", 1, 1));
   const size_t dest_bytes = Option(args, "--dest-mib", accelfs::bench::kDestBytes >> 20, 1) << 20;
   const auto files = accelfs::bench::Shards(args.positional);
@@ -182,6 +189,11 @@ int main(int argc, char** argv) {
     options.drop_caches = args.Flag("--drop-caches");
     options.dest_bytes = dest_bytes;
     bytes = accelfs::bench::LoadProcesses(files, options, seconds);
+  } else if (mode == "direct") {
+    const size_t chunk = Option(args, "--chunk-mib", accelfs::bench::kDirectChunk >> 20, 1) << 20;
+    const auto start = Clock::now();
+    bytes = accelfs::bench::LoadDirect(files, threads, chunk);
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
   } else {
     auto dest = accelfs::bench::DestBuffers(mode == "mmap" ? threads : 0, dest_bytes);
     const auto start = Clock::now();

@@ -9,9 +9,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -348,6 +350,56 @@ void ConcurrentReadTest::EightThreadsReadRandomRanges(uint64_t seed) {
 // A fresh seed each run, as above; pinned seeds as <test>Seed<N>.
 TEST_F(ConcurrentReadTest, EightThreadsReadRandomRangesOfOneFile) {
   EightThreadsReadRandomRanges(TestSeed());
+}
+
+// O_DIRECT loaders (fastsafetensors, InstantTensor, ServerlessLLM) open shards with O_DIRECT, on
+// fuse.* mounts too, and read aligned chunks into aligned buffers: byte-exact cold (fill on open,
+// and streamed through the daemon), warm (passed through to the cache's tmpfs file, where the
+// kernel allows) and at an aligned offset in the middle, with a short last read.
+class DirectReadTest : public MountTest {
+ protected:
+  // Reads `path` with O_DIRECT in `chunk`-byte preads from `from` to the end into an aligned
+  // buffer and compares each with the backing bytes.
+  void ExpectDirectRead(const std::string& path, uint64_t seed, uint64_t size, size_t chunk,
+                        uint64_t from = 0) {
+    const int fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    void* raw = std::aligned_alloc(4096, chunk);
+    ASSERT_NE(raw, nullptr);
+    std::unique_ptr<void, decltype(&std::free)> buffer(raw, &std::free);
+    for (uint64_t offset = from; offset < size;) {
+      const ssize_t n = pread(fd, raw, chunk, static_cast<off_t>(offset));
+      ASSERT_GT(n, 0) << path << " at " << offset << ": " << std::strerror(errno);
+      const size_t want = std::min<uint64_t>(chunk, size - offset);
+      ASSERT_EQ(static_cast<size_t>(n), want) << path << " at " << offset;
+      ASSERT_EQ(std::memcmp(raw, Bytes(seed, offset, want).data(), want), 0)
+          << path << ": O_DIRECT bytes at " << offset << " differ from the backing file";
+      offset += want;
+    }
+    EXPECT_EQ(pread(fd, raw, chunk, static_cast<off_t>(size)), 0) << "at the end";
+    close(fd);
+  }
+};
+
+TEST_F(DirectReadTest, ODirectReadsEqualTheBackingBytesColdAndWarm) {
+  const uint64_t size = 37 * kMiB + 4321;  // not a multiple of a page: a short last read
+  WriteTestFile(Src("model-00001-of-00002.safetensors"), size, 61);
+  WriteTestFile(Src("model-00002-of-00002.safetensors"), size, 62);
+  WriteTestFile(Src("lone.bin"), size, 63);
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--stream-threshold", "1M", "--fill-on-open", "shards"}));
+  // Cold: the first shard is filled on open, the last one and the lone file stream in.
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectDirectRead(Mnt("model-00001-of-00002.safetensors"), 61, size, 16 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectDirectRead(Mnt("model-00002-of-00002.safetensors"), 62, size, 16 * kMiB));
+  ASSERT_NO_FATAL_FAILURE(ExpectDirectRead(Mnt("lone.bin"), 63, size, 4 * kMiB, 12 * kMiB));
+  // Warm, every file cached: passed through (as root), or served from the cache.
+  for (int pass = 0; pass < 2; ++pass) {
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectDirectRead(Mnt("model-00001-of-00002.safetensors"), 61, size, 16 * kMiB));
+    ASSERT_NO_FATAL_FAILURE(ExpectDirectRead(Mnt("lone.bin"), 63, size, 16 * kMiB));
+    ASSERT_NO_FATAL_FAILURE(ExpectDirectRead(Mnt("lone.bin"), 63, size, 1 * kMiB, 20 * kMiB));
+  }
 }
 
 }  // namespace

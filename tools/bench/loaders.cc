@@ -44,6 +44,26 @@ uint64_t ReadShard(const std::string& f, Buffer& buf) {
   return total;
 }
 
+uint64_t DirectShard(const std::string& f, Buffer& buf) {
+  const int fd = open(f.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) Die("open " + f + " with O_DIRECT: " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) Die("stat " + f + ": " + std::strerror(errno));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  uint64_t total = 0;
+  while (total < size) {
+    // Every offset but the last read's end is a multiple of the chunk, as O_DIRECT wants.
+    const ssize_t n = pread(fd, buf.data(), buf.size(), static_cast<off_t>(total));
+    if (n < 0) Die("O_DIRECT read of " + f + ": " + std::strerror(errno));
+    if (n == 0 || (static_cast<size_t>(n) < buf.size() && total + static_cast<uint64_t>(n) < size))
+      Die("O_DIRECT read of " + f + " ended at " + std::to_string(total + n) + " of " +
+          std::to_string(size) + " bytes");
+    total += static_cast<uint64_t>(n);
+  }
+  close(fd);
+  return total;
+}
+
 // The file's header, parsed and validated (no tensor past the end of the file). Reads it with
 // pread so that CheckShards need not map the file.
 Result<SafetensorsLayout> ReadLayout(int fd, uint64_t size) {
@@ -220,6 +240,15 @@ uint64_t LoadRead(const std::vector<std::string>& files, int threads) {
   for (int i = 0; i < threads; ++i) bufs.emplace_back(size_t{1} << 20);
   return OverShards(files, threads, [&](int thread, const std::string& f) {
     return ReadShard(f, bufs[static_cast<size_t>(thread)]);
+  });
+}
+
+uint64_t LoadDirect(const std::vector<std::string>& files, int threads, size_t chunk) {
+  if (chunk == 0 || chunk % 4096 != 0) Die("an O_DIRECT chunk must be a multiple of 4096 bytes");
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < threads; ++i) bufs.emplace_back(chunk);
+  return OverShards(files, threads, [&](int thread, const std::string& f) {
+    return DirectShard(f, bufs[static_cast<size_t>(thread)]);
   });
 }
 

@@ -93,6 +93,14 @@ std::vector<Buffer> DestBuffers(int threads, size_t bytes = kDestBytes);
 // next shard from a shared counter (SGLang's multithread load). Counts every byte of the files.
 uint64_t LoadRead(const std::vector<std::string>& files, int threads);
 
+// O_DIRECT preads of `chunk` bytes (a multiple of 4096) front to back into one aligned buffer per
+// thread, as fastsafetensors, InstantTensor and ServerlessLLM read shards (they open them with
+// O_DIRECT, on fuse.* mounts too); threads as LoadRead. Counts every byte of the files; a read
+// that ends before the file's size is an error.
+inline constexpr size_t kDirectChunk = size_t{16} << 20;
+uint64_t LoadDirect(const std::vector<std::string>& files, int threads,
+                    size_t chunk = kDirectChunk);
+
 // safetensors style: mmap(PROT_READ, MAP_SHARED) each shard, parse its header and copy the slice
 // of every tensor out, in header order, into the thread's buffer; threads as LoadRead. `dest` holds
 // one buffer per thread. Counts the tensor bytes copied.

@@ -148,7 +148,10 @@ TEST_F(CliTest, AUserWhoIsNotRootMountsWhenTheDeviceLetsThem) {
   argv.insert(argv.end(),
               {TestBinary(ACCELFS_BINARY), source_, mountpoint_, "-f", "--cache-size", "64M"});
 
-  ASSERT_EQ(chmod("/dev/fuse", 0600), 0) << std::strerror(errno);
+  if (chmod("/dev/fuse", 0600) != 0) {
+    GTEST_SKIP() << "cannot change /dev/fuse's mode here (" << std::strerror(errno)
+                 << "): the test needs it root's alone, then open to all";
+  }
   ExpectOneLineFailure(RunCommand(argv, std::chrono::seconds(15)),
                        {"no permission to open /dev/fuse", "chmod 0666"});
   EXPECT_FALSE(IsMounted(mountpoint_));

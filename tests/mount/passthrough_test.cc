@@ -97,6 +97,31 @@ class PassthroughTest : public MountTest {
     }
   }
 
+  // A 64 MiB cache of 1 MiB blocks: `name` (16 MiB, bytes of `seed`) is read until it is passed
+  // through, then opened again (passed through) into *fd; four 40 MiB files (seeds churn_seed + i)
+  // are there to churn the rest of the cache (Churn).
+  void OpenPassedThroughBesideChurn(const std::string& name, uint64_t seed, uint64_t churn_seed,
+                                    int* fd) {
+    WriteTestFile(Src(name), 16 * kMiB, seed);
+    for (uint64_t i = 0; i < 4; ++i) {
+      WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, churn_seed + i);
+    }
+    ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
+    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(name), seed, 16 * kMiB));
+    ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt(name), seed, 16 * kMiB));
+    *fd = open(Mnt(name).c_str(), O_RDONLY);
+    ASSERT_GE(*fd, 0) << std::strerror(errno);
+    ASSERT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
+  }
+
+  // Reads the four churn files whole, byte-exact: 160 MiB through the 64 MiB cache.
+  void Churn(uint64_t churn_seed) {
+    for (uint64_t i = 0; i < 4; ++i) {
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectContent(Mnt("other" + std::to_string(i)), churn_seed + i, 40 * kMiB));
+    }
+  }
+
   void ExpectMmapContent(const std::string& path, uint64_t seed, uint64_t size) {
     const int fd = open(path.c_str(), O_RDONLY);
     ASSERT_GE(fd, 0) << std::strerror(errno);
@@ -156,19 +181,9 @@ TEST_F(PassthroughTest, AnOpenPassedThroughFileKeepsServingAfterTheDaemonIsKille
 }
 
 TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) {
-  // A 64 MiB cache of 1 MiB blocks; the open file holds 16 of them, the rest is churned.
-  WriteTestFile(Src("pinned.bin"), 16 * kMiB, 21);
-  for (int i = 0; i < 4; ++i) WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, 30 + i);
-  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("pinned.bin"), 21, 16 * kMiB));
-  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("pinned.bin"), 21, 16 * kMiB));
-
-  const int fd = open(Mnt("pinned.bin").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other" + std::to_string(i)), 30 + i, 40 * kMiB));
-  }
+  int fd = -1;
+  ASSERT_NO_FATAL_FAILURE(OpenPassedThroughBesideChurn("pinned.bin", 21, 30, &fd));
+  ASSERT_NO_FATAL_FAILURE(Churn(30));
   std::vector<uint8_t> got(16 * kMiB);
   ASSERT_EQ(PreadFully(fd, got.data(), got.size(), 0), static_cast<int64_t>(got.size()));
   EXPECT_TRUE(got == Bytes(21, 0, got.size())) << "a passed-through file lost blocks while open";
@@ -180,23 +195,14 @@ TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) 
 // mapping it, and the kernel sends RELEASE then, not when the mapping goes. Evicting the file's
 // blocks under that mapping must not turn its bytes into zeros.
 TEST_F(PassthroughTest, MappingOfAPassedThroughFileStaysWholeAfterCloseUnderCachePressure) {
-  WriteTestFile(Src("mapped.bin"), 16 * kMiB, 22);
-  for (int i = 0; i < 4; ++i) WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, 35 + i);
-  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("mapped.bin"), 22, 16 * kMiB));
-  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("mapped.bin"), 22, 16 * kMiB));
-
-  const int fd = open(Mnt("mapped.bin").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
+  int fd = -1;
+  ASSERT_NO_FATAL_FAILURE(OpenPassedThroughBesideChurn("mapped.bin", 22, 35, &fd));
   void* map = mmap(nullptr, 16 * kMiB, PROT_READ, MAP_SHARED, fd, 0);
   ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
   close(fd);
   const std::vector<uint8_t> want = Bytes(22, 0, 16 * kMiB);
   EXPECT_EQ(std::memcmp(map, want.data(), 8 * kMiB), 0) << "half the mapping, before";
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other" + std::to_string(i)), 35 + i, 40 * kMiB));
-  }
+  ASSERT_NO_FATAL_FAILURE(Churn(35));
   EXPECT_EQ(std::memcmp(map, want.data(), 16 * kMiB), 0)
       << "the mapping of a passed-through file lost bytes after its descriptor was closed";
   munmap(map, 16 * kMiB);

@@ -46,6 +46,15 @@ configure_tests() {  # configure_tests DIR [cmake args]
   configure "$dir" -DACCELFS_TESTS=ON -DACCELFS_WERROR=ON -DACCELFS_SANITIZE= "$@"
 }
 
+# A Release build installed under /usr: what a user builds, and what the Debian package is made
+# from (its units name /usr/bin).
+build_for_usr() {  # build_for_usr DIR [cmake args]
+  local dir=$1
+  shift
+  build "$dir" -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE= \
+    -DCMAKE_INSTALL_PREFIX=/usr "$@"
+}
+
 run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
   local dir=$1
   shift
@@ -90,8 +99,7 @@ case "${1:-}" in
     # What a user builds: the daemon and the tools at -O3 compile without a warning. Installed
     # under /usr, it is the build the Debian package is made from: made, checked by lintian,
     # installed, mounted, run under the mount tests, and removed.
-    build build-release -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_WERROR=ON \
-      -DACCELFS_SANITIZE= -DCMAKE_INSTALL_PREFIX=/usr
+    build_for_usr build-release -DACCELFS_WERROR=ON
     tests/package/package_test.sh build-release build
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
@@ -111,8 +119,7 @@ case "${1:-}" in
   package)
     # The Debian package (README, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.
     install_missing "${package_packages[@]}"
-    build build-deb -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE= \
-      -DCMAKE_INSTALL_PREFIX=/usr
+    build_for_usr build-deb
     (cd build-deb && cpack -G DEB)
     ;;
   *)

@@ -2,8 +2,12 @@
 
 #include "cache/block.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cerrno>
+
+#include "cache/guard.h"
 
 namespace accelfs {
 
@@ -15,13 +19,15 @@ BlockCache::BlockCache(BlockStore& store, BackendReader& reader, Options options
 }
 
 BlockCache::~BlockCache() {
+  StopVerifiers();
   Freed freed;
-  Freed kept;  // ready blocks: a persistent store keeps them for the next daemon
+  Freed kept;  // ready and stored blocks: a persistent store keeps them for the next daemon
   {
     std::lock_guard lock(mu_);
     for (auto& [key, entry] : map_) {
       if (entry->buffer.data == nullptr) continue;
-      (entry->state == State::kReady ? kept : freed).emplace_back(key, entry->buffer);
+      const bool keep = entry->state == State::kReady || entry->state == State::kStored;
+      (keep ? kept : freed).emplace_back(key, entry->buffer);
     }
     for (auto& entry : zombies_) freed.emplace_back(entry->key, entry->buffer);
     map_.clear();
@@ -56,7 +62,8 @@ BlockCache::Adopted BlockCache::AdoptStored() {
     }
     auto entry = std::make_unique<Entry>();
     entry->key = stored.key;
-    entry->state = State::kReady;
+    entry->state = stored.check ? State::kStored : State::kReady;
+    entry->stored = stored.check;
     entry->buffer = buffer.value();
     entry->expected = stored.bytes;
     entry->charged = capacity;
@@ -66,8 +73,98 @@ BlockCache::Adopted BlockCache::AdoptStored() {
     map_.emplace(stored.key, std::move(entry));
     ++adopted.blocks;
     adopted.bytes += stored.bytes;
+    if (stored.check) ++adopted.to_check;
+  }
+  if (adopted.to_check > 0 && verifiers_.empty()) {
+    for (unsigned i = 0; i < std::max(1u, options_.verify_threads); ++i) {
+      verifiers_.emplace_back([this] { RunGuarded("cache dir check", [this] { VerifyLoop(); }); });
+    }
   }
   return adopted;
+}
+
+void BlockCache::BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file) {
+  lru_.erase(entry->lru_pos);
+  entry->state = State::kFetching;
+  entry->file = file;
+  ++fetching_;
+  fetching_bytes_ += entry->expected;
+  verify_queue_.push_back(entry);
+  verify_cv_.notify_one();
+}
+
+void BlockCache::VerifyLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    verify_cv_.wait(lock, [this] { return verify_stop_ || !verify_queue_.empty(); });
+    if (verify_stop_) return;
+    Entry* e = verify_queue_.front();
+    verify_queue_.pop_front();
+    lock.unlock();
+    // Only this thread touches the entry until Complete or Refetch, as a fetch's reader would.
+    if (const Status checked = store_.Verify(e->key, e->expected); checked.ok()) {
+      Complete(e, size_t{e->expected});
+    } else {
+      Refetch(e, checked.error());
+    }
+    lock.lock();
+  }
+}
+
+void BlockCache::Refetch(Entry* entry, const Error& why) {
+  // A few lines name what was found; the counter has them all (a whole disk gone bad would
+  // otherwise log a line per block).
+  constexpr uint64_t kLoggedFailures = 8;
+  std::vector<Fetch> fetches;
+  BlockBuffer stale;
+  uint64_t failures = 0;
+  {
+    std::lock_guard lock(mu_);
+    failures = ++stats_.verify_failed_blocks;
+    entry->stored = false;
+    stale = entry->buffer;
+    entry->buffer = BlockBuffer{};
+    fetches.push_back({entry, entry->file, /*demand=*/!entry->unread});
+  }
+  if (failures <= kLoggedFailures) {
+    spdlog::warn("{}: fetching it again{}", why.Message(),
+                 failures == kLoggedFailures
+                     ? "; further failures are counted in verify_failed_blocks"
+                     : "");
+  }
+  // Its record goes with it; the new fetch records the block again when it commits.
+  store_.Release(entry->key, stale);
+  StartFetches(fetches);
+}
+
+void BlockCache::StopVerifiers() {
+  std::vector<Waiter> cancelled;
+  std::vector<std::function<void(Status)>> prefetched;
+  {
+    std::lock_guard lock(mu_);
+    verify_stop_ = true;
+    verify_cv_.notify_all();
+  }
+  for (std::thread& t : verifiers_) t.join();
+  verifiers_.clear();
+  {
+    std::lock_guard lock(mu_);
+    for (Entry* e : verify_queue_) {
+      e->state = State::kStored;
+      e->file.reset();
+      --fetching_;
+      fetching_bytes_ -= e->expected;
+      lru_.push_back(e);
+      e->lru_pos = std::prev(lru_.end());
+      for (auto& w : e->waiters) cancelled.push_back(std::move(w));
+      e->waiters.clear();
+      if (e->prefetched) prefetched.push_back(std::move(e->prefetched));
+      e->prefetched = nullptr;
+    }
+    verify_queue_.clear();
+  }
+  for (auto& w : cancelled) w(Error(ECANCELED));
+  for (auto& p : prefetched) p(Error(ECANCELED));
 }
 
 BlockCache::Ref& BlockCache::Ref::operator=(Ref&& other) noexcept {
@@ -96,6 +193,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   Freed freed;
   Entry* hit = nullptr;
   bool stalled = false;
+  bool cancelled = false;
   {
     std::lock_guard lock(mu_);
     auto it = map_.find(key);
@@ -108,6 +206,13 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
         PinLocked(e, 1);
         lru_.splice(lru_.begin(), lru_, e->lru_pos);
         hit = e;
+      } else if (e->state == State::kStored && verify_stop_) {
+        cancelled = true;  // shutting down: nothing checks it any more
+      } else if (e->state == State::kStored) {
+        ++stats_.misses;
+        stats_.miss_bytes += e->expected;
+        e->waiters.push_back(std::move(waiter));
+        BeginVerify(e, file);
       } else if (e->stalled) {
         stalled = true;
       } else {
@@ -132,6 +237,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   StartFetches(fetches);
   if (hit != nullptr) waiter(Ref(this, hit));
   if (stalled) waiter(Error(ETIMEDOUT));
+  if (cancelled) waiter(Error(ECANCELED));
 }
 
 BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t expected,
@@ -141,7 +247,16 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
   Freed freed;
   {
     std::lock_guard lock(mu_);
-    if (map_.count(key) != 0) return PrefetchResult::kPresent;
+    if (auto it = map_.find(key); it != map_.end()) {
+      // A stored block is checked ahead as a fetch would be made ahead: it takes no more room.
+      Entry* e = it->second.get();
+      if (e->state != State::kStored) return PrefetchResult::kPresent;
+      if (verify_stop_) return PrefetchResult::kNoRoom;
+      e->unread = true;
+      e->prefetched = std::move(done);
+      BeginVerify(e, file);
+      return PrefetchResult::kStarted;
+    }
     // Prefetch never takes room that a demand read is waiting for.
     if (queued_.empty() &&
         MakeRoom(store_.CapacityFor(expected), &freed, /*partial=*/false, /*keep_unread=*/true)) {
@@ -217,8 +332,9 @@ void BlockCache::DropFile(const FileKey& file) {
     const uint64_t blocks = BlockCount(file.size, options_.block_size);
     for (uint64_t i = 0; i < blocks; ++i) {
       auto it = map_.find(BlockKey{file, i});
-      if (it == map_.end() || it->second->state != State::kReady) continue;
+      if (it == map_.end()) continue;
       Entry* e = it->second.get();
+      if (e->state != State::kReady && e->state != State::kStored) continue;
       lru_.erase(e->lru_pos);
       if (e->pins == 0) {
         freed.emplace_back(e->key, e->buffer);
@@ -234,6 +350,7 @@ void BlockCache::DropFile(const FileKey& file) {
 }
 
 void BlockCache::Shutdown() {
+  StopVerifiers();
   std::vector<Waiter> cancelled;
   std::vector<std::unique_ptr<Entry>> dropped;  // destroyed (closing backing files) after the lock
   {
@@ -349,7 +466,8 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   const bool ok = read.ok() && read.value() >= entry->expected;
   // A short read means the file shrank under us: answer EIO and cache nothing.
   const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
-  if (ok) store_.Commit(entry->key, entry->buffer, entry->expected);
+  // Stored bytes that passed their check are recorded already.
+  if (ok && !entry->stored) store_.Commit(entry->key, entry->buffer, entry->expected);
   std::vector<Waiter> waiters;
   std::function<void(Status)> prefetched;
   std::vector<Fetch> fetches;
@@ -366,7 +484,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
       PinLocked(entry, static_cast<int>(waiters.size()));
       lru_.push_front(entry);
       entry->lru_pos = lru_.begin();
-      stats_.fetched_bytes += entry->expected;
+      (entry->stored ? stats_.verified_bytes : stats_.fetched_bytes) += entry->expected;
     } else {
       ++stats_.failed_fetches;
       if (entry->buffer.data != nullptr) freed.emplace_back(entry->key, entry->buffer);

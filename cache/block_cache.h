@@ -10,16 +10,24 @@
 //      |                          Gets get ETIMEDOUT at once; the read's end then goes on as above
 //      '--Get, no room--> kQueued --room frees--> kFetching
 //
+//   kStored (adopted from a disk cache dir, not checked yet) --Get or Prefetch--> kFetching, its
+//      bytes checked by a verifier thread (BlockStore::Verify) --match--> kReady
+//                                                          '--mismatch, unreadable--> fetched
+//      anew into a new buffer, as from absent. Evicted, dropped and kept like kReady.
+//
 // A Ref pins a kReady block: pinned blocks are never evicted or freed, so a reply can be written
 // from the block's memory with no lock held.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -35,6 +43,9 @@ class BlockCache {
   struct Options {
     uint64_t budget_bytes = 0;  // every buffer the cache holds counts, in flight or ready
     uint32_t block_size = 0;    // block i starts at byte i * block_size of its file
+    // Threads that check stored blocks (AdoptStored) as they are first asked for: each reads a
+    // block from the cache dir's disk at a time, so these are the reads that disk has queued.
+    unsigned verify_threads = 4;
   };
 
   class Ref;
@@ -90,15 +101,19 @@ class BlockCache {
 
   // Takes in the blocks a persistent store kept from an earlier daemon (BlockStore::TakeStored),
   // as blocks already read (evictable, oldest first), while they fit in the budget; the store
-  // forgets the rest. Call once, before the first Get.
+  // forgets the rest. Blocks the store wants checked (StoredBlock::check) are checked when first
+  // asked for, on the verifier threads; the rest are ready at once. Call once, before the first
+  // Get.
   struct Adopted {
     uint64_t blocks = 0;
     uint64_t bytes = 0;
     uint64_t discarded_blocks = 0;  // over the budget, or not a block of their file
+    uint64_t to_check = 0;          // of `blocks`, those checked when first asked for
   };
   Adopted AdoptStored();
 
-  // Answers every queued Get with ECANCELED. Call after the reader has stopped.
+  // Answers every queued Get with ECANCELED, and stops checking stored blocks (those not checked
+  // yet stay stored, their waiters get ECANCELED). Call after the reader has stopped.
   void Shutdown();
 
   CacheStats Stats() const;
@@ -129,7 +144,7 @@ class BlockCache {
   };
 
  private:
-  enum class State { kQueued, kFetching, kReady };
+  enum class State { kQueued, kFetching, kReady, kStored };
   struct Entry {
     BlockKey key;
     State state = State::kQueued;
@@ -140,6 +155,7 @@ class BlockCache {
     bool zombie = false;   // dropped from the map while pinned
     bool unread = false;   // prefetched and not asked for yet
     bool stalled = false;  // its read outlived the backend timeout (still kFetching)
+    bool stored = false;   // its bytes are the store's, to be checked, not fetched
     std::function<void(Status)> prefetched;  // Prefetch's `done`, run when the fetch finishes
     std::shared_ptr<BackingFile> file;       // while queued or fetching
     std::vector<Waiter> waiters;
@@ -167,6 +183,16 @@ class BlockCache {
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
   void Complete(Entry* entry, Result<size_t> read);
+  // Hands a kStored entry to the verifiers: kFetching, `file` to fetch it from should its bytes
+  // be bad. REQUIRES: mu_ held.
+  void BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file);
+  // A verifier thread: checks queued stored blocks until StopVerifiers.
+  void VerifyLoop();
+  // The stored bytes of `entry` failed their check (`why`): fetches the block anew.
+  void Refetch(Entry* entry, const Error& why);
+  // Joins the verifiers; blocks still queued for a check go back to kStored, their waiters get
+  // ECANCELED.
+  void StopVerifiers();
   // The read of `entry` stalled: answers its waiters ETIMEDOUT (and its Prefetch `done`), and
   // every later Get until the read ends.
   void Stall(Entry* entry);
@@ -192,6 +218,10 @@ class BlockCache {
   uint64_t fetching_bytes_ = 0;                  // GUARDED_BY(mu_)
   uint64_t pinned_bytes_ = 0;                    // GUARDED_BY(mu_)
   CacheStats stats_;                             // GUARDED_BY(mu_) counters only
+  std::deque<Entry*> verify_queue_;              // GUARDED_BY(mu_) stored blocks to check
+  bool verify_stop_ = false;                     // GUARDED_BY(mu_)
+  std::condition_variable verify_cv_;            // verify_queue_ or verify_stop_ changed
+  std::vector<std::thread> verifiers_;           // started by AdoptStored when it keeps any
 };
 
 }  // namespace accelfs

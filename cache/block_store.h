@@ -23,6 +23,9 @@ struct BlockBuffer {
 struct StoredBlock {
   BlockKey key;
   uint32_t bytes = 0;
+  // Its bytes are to be checked (BlockStore::Verify) before anyone is served them: the store
+  // keeps them on a disk, where a torn write, a bad sector or another program can change them.
+  bool check = false;
 };
 
 // Thread safety: every method may be called from any thread, concurrently.
@@ -52,6 +55,12 @@ class BlockStore {
 
   // Forgets a stored block the cache did not take.
   virtual void Discard(const BlockKey&) {}
+
+  // Whether the `bytes` of stored block `key` (allocated, from TakeStored with `check`) still are
+  // what was committed: the store reads them back and compares them with the checksum it
+  // recorded. Error(EILSEQ) when they differ, the read's errno when they cannot be read. Blocks
+  // the cache fetches and commits itself need no check. Does I/O: not under the cache's lock.
+  virtual Status Verify(const BlockKey&, uint32_t) { return Status::Ok(); }
 
   // The budget bytes a buffer of `bytes` costs, so the cache can make room before allocating.
   virtual size_t CapacityFor(size_t bytes) const = 0;

@@ -25,6 +25,8 @@ struct CacheStats {
   uint64_t failed_fetches = 0;
   uint64_t prefetches = 0;       // fetches started by Prefetch
   uint64_t stalled_fetches = 0;  // fetches whose read outlived the backend timeout
+  uint64_t verified_bytes = 0;   // bytes of stored blocks that passed their check and were served
+  uint64_t verify_failed_blocks = 0;  // stored blocks that failed their check: fetched anew
 };
 
 }  // namespace accelfs

@@ -19,21 +19,28 @@
 #include <string>
 
 #include "cache/block.h"
+#include "cache/crc32c.h"
 #include "cache/ram_block_store.h"
 
 namespace accelfs {
 namespace {
 
-constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '1'};
+// Version 2 added the checksums; a version 1 record is not ours any more (its blocks are fetched
+// again once).
+constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '2'};
+// RecordHeader::flags: the record's checksums were computed (a disk directory's), so its blocks
+// are checked before they are served. Without it they are all 0 (a RAM-backed directory's).
+constexpr uint32_t kChecksummed = 1;
 constexpr char kDataSuffix[] = ".data";
 constexpr char kMapSuffix[] = ".map";
 constexpr char kLockName[] = "lock";
 
-// The record's header; block i's presence byte follows at sizeof(RecordHeader) + i.
+// The record's header; then block i's presence byte at sizeof(RecordHeader) + i, and after the
+// last of those, block i's CRC-32C (little-endian, 4 bytes) at CrcOffset(blocks, i).
 struct RecordHeader {
   char magic[8];
   uint32_t block_size;
-  uint32_t reserved;
+  uint32_t flags;
   uint64_t dev;
   uint64_t ino;
   uint64_t size;
@@ -41,6 +48,14 @@ struct RecordHeader {
   uint64_t padding[2];
 };
 static_assert(sizeof(RecordHeader) == kBlockRecordHeaderBytes);
+
+off_t MarkOffset(uint64_t index) { return static_cast<off_t>(sizeof(RecordHeader) + index); }
+off_t CrcOffset(uint64_t blocks, uint64_t index) {
+  return static_cast<off_t>(sizeof(RecordHeader) + blocks + index * sizeof(uint32_t));
+}
+uint64_t RecordBytes(uint64_t blocks) {
+  return sizeof(RecordHeader) + blocks * (1 + sizeof(uint32_t));
+}
 
 bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
   return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
@@ -68,13 +83,21 @@ Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t
   if (!key.ok()) return key.error();
   // Not BlockCount: a hostile size near 2^64 would wrap it.
   const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
-  if (record.size() - sizeof(RecordHeader) != blocks) return Error(EINVAL);
+  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 5 wrap.
+  const uint64_t body = record.size() - sizeof(RecordHeader);
+  if (body % (1 + sizeof(uint32_t)) != 0 || body / (1 + sizeof(uint32_t)) != blocks) {
+    return Error(EINVAL);
+  }
+  RecordHeader header{};
+  std::memcpy(&header, record.data(), sizeof(header));
+  const bool checksummed = (header.flags & kChecksummed) != 0;
   try {
-    BlockRecord parsed{key.value(), {}};
+    BlockRecord parsed{key.value(), checksummed, {}};
     const std::span<const std::byte> marks = record.subspan(sizeof(RecordHeader));
     for (uint64_t i = 0; i < blocks; ++i) {
       if (marks[i] != std::byte{1}) continue;
-      parsed.present.push_back({{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size)});
+      parsed.present.push_back(
+          {{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size), checksummed});
     }
     return parsed;
   } catch (const std::bad_alloc&) {
@@ -89,9 +112,10 @@ std::string StoredName(const FileKey& key) {
   return name;
 }
 
-FileBlockStore::FileBlockStore(int root_fd, int lock_fd, uint32_t block_size, bool persistent,
-                               bool sync)
-    : root_fd_(root_fd),
+FileBlockStore::FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size,
+                               bool persistent, bool sync)
+    : dir_(std::move(dir)),
+      root_fd_(root_fd),
       lock_fd_(lock_fd),
       block_size_(block_size),
       persistent_(persistent),
@@ -114,7 +138,7 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_si
   close(fs_fd);
   if (mnt_fd < 0) return Error(err);
   return std::unique_ptr<FileBlockStore>(
-      new FileBlockStore(mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
+      new FileBlockStore("", mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
 }
 
 Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::string& dir,
@@ -155,7 +179,7 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::strin
   const bool ram =
       fstatfs(root_fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
   std::unique_ptr<FileBlockStore> store(
-      new FileBlockStore(root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
+      new FileBlockStore(dir, root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
   if (!store->NoteOwner()) return fail("cannot write its lock file", errno);
   store->LoadStored();
   return store;
@@ -209,7 +233,7 @@ void FileBlockStore::LoadStored() {
     const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     struct stat st {};
     struct stat map_st {};
-    const uint64_t record_bytes = sizeof(RecordHeader) + BlockCount(key.size, block_size_);
+    const uint64_t record_bytes = RecordBytes(BlockCount(key.size, block_size_));
     // The sizes are checked before the record is read, so a hostile header costs no memory.
     bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
               static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
@@ -272,6 +296,7 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
   RecordHeader header{};
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
   header.block_size = block_size_;
+  header.flags = sync_ ? kChecksummed : 0;
   header.dev = key.dev;
   header.ino = key.ino;
   header.size = key.size;
@@ -281,7 +306,7 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
   file->fd = openat(root_fd_, (stem + kDataSuffix).c_str(),
                     O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (file->map_fd < 0 || file->fd < 0 ||
-      ftruncate(file->map_fd, static_cast<off_t>(sizeof(header) + blocks)) != 0 ||
+      ftruncate(file->map_fd, static_cast<off_t>(RecordBytes(blocks))) != 0 ||
       !WriteAll(file->map_fd, &header, sizeof(header), 0) ||
       ftruncate(file->fd, static_cast<off_t>(key.size)) != 0) {
     const int err = errno;
@@ -344,11 +369,10 @@ void FileBlockStore::Unmap(File& file) {
 void FileBlockStore::Mark(const File& file, uint64_t index, bool present) const {
   const uint8_t byte = present ? 1 : 0;
   // A record that cannot be written only costs a refetch after a restart.
-  [[maybe_unused]] bool ok =
-      WriteAll(file.map_fd, &byte, 1, static_cast<off_t>(sizeof(RecordHeader) + index));
+  [[maybe_unused]] bool ok = WriteAll(file.map_fd, &byte, 1, MarkOffset(index));
 }
 
-void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer&, size_t) {
+void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) {
   if (!persistent_) return;
   File file;
   {
@@ -359,8 +383,60 @@ void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer&, size_t) {
     file.map_fd = it->second.map_fd;
   }
   // The descriptors stay open: the block is allocated, so its file is not closed under us.
-  if (sync_ && fdatasync(file.fd) != 0) return;  // not on disk: not recorded
+  if (sync_) {
+    // The checksum before the mark: a record whose mark reached the disk without its checksum
+    // (a power cut between the two pages' writeback) fails the check and is fetched again.
+    const uint32_t crc = Crc32c(std::span<const std::byte>(buffer.data, valid));
+    const uint64_t blocks = BlockCount(key.file.size, block_size_);
+    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index))) return;
+    if (fdatasync(file.fd) != 0) return;  // not on disk: not recorded
+  }
   Mark(file, key.index, true);
+}
+
+Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
+  if (!sync_) return Status::Ok();  // nothing recorded to check against
+  int fd = -1;
+  int map_fd = -1;
+  {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(key.file);
+    if (it == files_.end()) return Error(ENOENT);
+    fd = it->second.fd;  // open while the block is allocated, as in Commit
+    map_fd = it->second.map_fd;
+  }
+  const auto failure = [&](int err, const std::string& what) {
+    return Error(err, "cache dir '" + dir_ + "': block " + std::to_string(key.index) + " of " +
+                          StoredName(key.file) + kDataSuffix + " " + what);
+  };
+  const auto unreadable = [&](ssize_t n) {
+    const int err = n < 0 ? errno : EIO;
+    return failure(err, "cannot be read back: " + Error(err).Message());
+  };
+  const uint64_t blocks = BlockCount(key.file.size, block_size_);
+  uint32_t recorded = 0;
+  if (const ssize_t n = pread(map_fd, &recorded, sizeof(recorded), CrcOffset(blocks, key.index));
+      n != static_cast<ssize_t>(sizeof(recorded))) {
+    return unreadable(n);
+  }
+  // Read with pread, not through the mapping: a disk that fails answers EIO here, where a page
+  // fault would be a SIGBUS. The pages read stay in the page cache for the readers that follow.
+  // Asked for all at once first, so the block arrives in a few large requests.
+  const off_t offset = static_cast<off_t>(key.index * block_size_);
+  posix_fadvise(fd, offset, bytes, POSIX_FADV_WILLNEED);
+  thread_local std::vector<std::byte> scratch;
+  scratch.resize(bytes);
+  for (size_t got = 0; got < bytes;) {
+    const ssize_t n =
+        pread(fd, scratch.data() + got, bytes - got, offset + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return unreadable(n);
+    got += static_cast<size_t>(n);
+  }
+  if (Crc32c(std::span<const std::byte>(scratch.data(), bytes)) != recorded) {
+    return failure(EILSEQ, "does not match its checksum");
+  }
+  return Status::Ok();
 }
 
 void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {

@@ -14,12 +14,16 @@
 // Cache directory layout, for each backing identity (dev, ino, size, mtime), with the four numbers
 // in hex as NAME:
 //   NAME.data  the backing file's size, sparse; block i at byte i * block_size
-//   NAME.map   a 64-byte header (magic, block size, identity) and one byte per block: 1 = present
+//   NAME.map   a 64-byte header (magic, block size, flags, identity), one byte per block (1 =
+//              present), then one CRC-32C per block (4 bytes) where the directory is not RAM-backed
 //   lock       flock()ed by the daemon using the directory; holds its pid
 // A block's byte becomes 1 only after its data is in NAME.data (Commit: after the read succeeded
 // and, where the directory is not RAM-backed, after fdatasync), and goes to 0 before its range is
 // punched out (Release). A daemon killed at any point therefore leaves no block marked present with
 // wrong bytes: at worst a block's data without its mark, which the next daemon fetches again.
+// On a disk the next daemon also checks each block it takes against its checksum before serving
+// it (Verify), so that what the disk itself lost or changed (a torn write, a bad sector, another
+// program writing the file) is fetched again too, never served.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +59,7 @@ class FileBlockStore final : public BlockStore {
   void Retain(const BlockKey& key, BlockBuffer buffer) override;
   std::vector<StoredBlock> TakeStored() override;
   void Discard(const BlockKey& key) override;
+  Status Verify(const BlockKey& key, uint32_t bytes) override;
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
   bool KeepsFiles() const override { return true; }
@@ -68,7 +73,8 @@ class FileBlockStore final : public BlockStore {
   size_t file_count() const;
 
  private:
-  FileBlockStore(int root_fd, int lock_fd, uint32_t block_size, bool persistent, bool sync);
+  FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size, bool persistent,
+                 bool sync);
 
   struct File {
     int fd = -1;                // the data
@@ -103,8 +109,9 @@ class FileBlockStore final : public BlockStore {
   // Scans the directory (OpenDir).
   void LoadStored();
 
-  const int root_fd_;  // the tmpfs root or the cache directory
-  const int lock_fd_;  // -1 in a private store
+  const std::string dir_;  // the cache directory as given, for messages; "" in a private store
+  const int root_fd_;      // the tmpfs root or the cache directory
+  const int lock_fd_;      // -1 in a private store
   const uint32_t block_size_;
   const bool persistent_;  // blocks are recorded and outlive the store
   const bool sync_;        // fdatasync the data before recording it (not RAM-backed)
@@ -120,6 +127,7 @@ std::string StoredName(const FileKey& key);
 // a file in the cache directory holds, parsing it is an Error or a record, never a crash.
 struct BlockRecord {
   FileKey key;
+  bool checksummed = false;          // its checksums were recorded: its blocks' `check` is set
   std::vector<StoredBlock> present;  // ascending by index, each with its bytes in the file
 };
 
@@ -133,10 +141,11 @@ inline constexpr size_t kBlockRecordHeaderBytes = 64;
 Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size);
 
 // A whole record: the header as ParseBlockRecordHeader takes it, then exactly one byte per block
-// of the file the header names. A block is present when its byte is 1; any other value counts as
-// absent (only 0 and 1 are ever written). Error(EINVAL) as ParseBlockRecordHeader, or when the
-// record's length is not the header's plus one byte per block; Error(ENOMEM) when memory runs out.
-// Does not check that the record's file name is StoredName(key): the caller knows the name.
+// of the file the header names, then exactly four (a checksum) per block. A block is present when
+// its byte is 1; any other value counts as absent (only 0 and 1 are ever written). Error(EINVAL) as
+// ParseBlockRecordHeader, or when the record's length is not the header's plus five bytes per
+// block; Error(ENOMEM) when memory runs out. Does not check that the record's file name is
+// StoredName(key): the caller knows the name.
 Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size);
 
 }  // namespace accelfs

@@ -176,6 +176,14 @@ inline constexpr std::array kStatsFields = [] {
                               "Backend reads that failed."),
       Row<&C::stalled_fetches>("stalled_fetches", kCounter, kCount, "",
                                "Backend fetches whose read outlived --backend-timeout."),
+      Row<&C::verified_bytes>("verified_bytes", kCounter, kBytes,
+                              "accelfs_cache_dir_verified_bytes_total",
+                              "Bytes of blocks kept in a disk --cache-dir that matched their "
+                              "checksums when first read after a restart."),
+      Row<&C::verify_failed_blocks>(
+          "verify_failed_blocks", kCounter, kBlocks, "accelfs_cache_dir_verify_failed_blocks_total",
+          "Blocks kept in a disk --cache-dir that did not match their "
+          "checksums or could not be read back: fetched again from SOURCE."),
       Row<&D::stuck_requests>(
           "stuck_requests", kGauge, kCount, "accelfs_backend_stuck_requests",
           "Backend reads in flight past --backend-timeout: slots lost to a hung store."),

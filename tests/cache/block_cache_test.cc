@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -688,6 +691,159 @@ TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudget) {
 // Pinned seeds: a seed that once failed is kept here, one TEST_F per seed, named <test>Seed<N>.
 TEST_F(BlockCacheTest, StressConcurrentReadersSeeRightBytesWithinBudgetSeed1) {
   StressConcurrentReaders(1);
+}
+
+// A persistent store's stored blocks, over RAM: TakeStored hands out `stored` (each to be
+// checked); their buffers come holding the file's bytes, as a cache dir's mapped files do; Verify
+// says `bad` blocks do not match and waits while `hold` is set; Retain notes what is kept.
+class CheckedStore final : public BlockStore {
+ public:
+  explicit CheckedStore(const TestFile& file) : file_(file) {}
+  Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override {
+    Result<BlockBuffer> buffer = ram_.Allocate(key, bytes);
+    if (buffer.ok()) {
+      testing::FillBytes(file_.seed, key.index * kBlock, reinterpret_cast<uint8_t*>(buffer->data),
+                         bytes);
+    }
+    return buffer;
+  }
+  void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) override {
+    ram_.Commit(key, buffer, valid);
+  }
+  void Release(const BlockKey& key, BlockBuffer buffer) override { ram_.Release(key, buffer); }
+  void Retain(const BlockKey& key, BlockBuffer buffer) override {
+    {
+      std::lock_guard lock(mu_);
+      retained_.push_back(key.index);
+    }
+    ram_.Release(key, buffer);
+  }
+  std::vector<StoredBlock> TakeStored() override {
+    std::vector<StoredBlock> stored;
+    for (uint64_t i = 0; i < BlockCount(file_.size, kBlock); ++i) {
+      stored.push_back({{file_.key, i}, BlockBytes(i, file_.size, kBlock), /*check=*/true});
+    }
+    return stored;
+  }
+  Status Verify(const BlockKey& key, uint32_t) override {
+    std::unique_lock lock(mu_);
+    ++verifying_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !hold_; });
+    ++verified_;
+    if (std::find(bad_.begin(), bad_.end(), key.index) != bad_.end()) return Error(EILSEQ);
+    return Status::Ok();
+  }
+  size_t CapacityFor(size_t bytes) const override { return ram_.CapacityFor(bytes); }
+  int FileDescriptor(const FileKey&) const override { return -1; }
+  bool KeepsFiles() const override { return false; }
+
+  void SetBad(std::vector<uint64_t> bad) { bad_ = std::move(bad); }
+  void Hold(bool hold) {
+    std::lock_guard lock(mu_);
+    hold_ = hold;
+    changed_.notify_all();
+  }
+  // Waits until `n` checks have begun.
+  bool WaitVerifying(int n) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(10), [&] { return verifying_ >= n; });
+  }
+  int verified() const {
+    std::lock_guard lock(mu_);
+    return verified_;
+  }
+  std::vector<uint64_t> retained() const {
+    std::lock_guard lock(mu_);
+    return retained_;
+  }
+
+ private:
+  const TestFile& file_;
+  RamBlockStore ram_;
+  std::vector<uint64_t> bad_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  bool hold_ = false;
+  int verifying_ = 0;
+  int verified_ = 0;
+  std::vector<uint64_t> retained_;
+};
+
+// Kept blocks are checked when first asked for, off the asking thread; one that fails its check
+// is fetched from the backend, never served; the rest cost no backend read.
+TEST_F(BlockCacheTest, StoredBlocksAreCheckedWhenFirstAskedForAndBadOnesFetchedAgain) {
+  TestFile& file = AddFile("checked", 5 * kBlock + 100, 31);
+  CheckedStore store(file);
+  store.SetBad({1, 5});
+  BlockCache cache(store, backend_, {16 * uint64_t{kBlock}, kBlock});
+  const BlockCache::Adopted adopted = cache.AdoptStored();
+  EXPECT_EQ(adopted.blocks, 6u);
+  EXPECT_EQ(adopted.to_check, 6u);
+  EXPECT_EQ(cache.ResidentBytes(file.key), 0u) << "nothing is served before its check";
+  std::vector<BlockCache::Ref> refs;
+  EXPECT_FALSE(cache.PinFile(file.key, &refs)) << "no passthrough of unchecked blocks";
+  // Prefetch checks ahead.
+  EXPECT_EQ(cache.Prefetch({file.key, 0}, kBlock, file.backing),
+            BlockCache::PrefetchResult::kStarted);
+  for (uint64_t i = 0; i < 6; ++i) {
+    Got got;
+    cache.Get({file.key, i}, BlockBytes(i, file.size, kBlock), file.backing, got.Callback());
+    ASSERT_TRUE(got.Wait()) << "block " << i;
+    ASSERT_TRUE(got.value().ok()) << "block " << i << ": " << got.value().error().Message();
+    EXPECT_EQ(CompareBlock(got.value().value(), file, i), "");
+  }
+  EXPECT_EQ(backend_.submitted(), 2u) << "blocks 1 and 5, and only they, are fetched";
+  EXPECT_EQ(store.verified(), 6);
+  const CacheStats stats = cache.Stats();
+  EXPECT_EQ(stats.verify_failed_blocks, 2u);
+  EXPECT_EQ(stats.verified_bytes, 4 * uint64_t{kBlock});
+  EXPECT_EQ(stats.fetched_bytes, kBlock + 100u);
+  EXPECT_EQ(cache.ResidentBytes(file.key), file.size);
+  EXPECT_TRUE(cache.PinFile(file.key, &refs));
+  refs.clear();
+  backend_.Stop();
+}
+
+// Shutting down while blocks wait for their check answers their readers (ECANCELED) and keeps
+// the unchecked blocks for the next daemon, as it keeps ready ones.
+TEST_F(BlockCacheTest, ShutdownWhileBlocksWaitForTheirCheckAnswersAndKeepsThem) {
+  TestFile& file = AddFile("pending", 3 * kBlock, 37);
+  CheckedStore store(file);
+  store.Hold(true);
+  std::vector<Got> got(3);
+  {
+    BlockCache::Options options{16 * uint64_t{kBlock}, kBlock};
+    options.verify_threads = 1;
+    BlockCache cache(store, backend_, options);
+    cache.AdoptStored();
+    for (uint64_t i = 0; i < 3; ++i) {
+      cache.Get({file.key, i}, kBlock, file.backing, got[i].Callback());
+    }
+    ASSERT_TRUE(store.WaitVerifying(1));
+    EXPECT_FALSE(got[0].ready());
+    std::thread shutdown([&] { cache.Shutdown(); });
+    store.Hold(false);  // the check under way ends; the queued ones are not started
+    shutdown.join();
+    ASSERT_TRUE(got[0].Wait());
+    EXPECT_TRUE(got[0].value().ok());
+    for (int i = 1; i < 3; ++i) {
+      ASSERT_TRUE(got[i].ready()) << i;
+      ASSERT_FALSE(got[i].value().ok());
+      EXPECT_EQ(got[i].value().error(), Error(ECANCELED));
+    }
+    got[0].value().value().Reset();
+    Got late;
+    cache.Get({file.key, 2}, kBlock, file.backing, late.Callback());
+    ASSERT_TRUE(late.ready()) << "after Shutdown, answered at once";
+    EXPECT_EQ(late.value().error(), Error(ECANCELED));
+    backend_.Stop();
+  }
+  EXPECT_EQ(store.verified(), 1);
+  std::vector<uint64_t> retained = store.retained();
+  std::sort(retained.begin(), retained.end());
+  EXPECT_EQ(retained, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(backend_.submitted(), 0u);
 }
 
 }  // namespace

@@ -258,6 +258,8 @@ class DirStoreTest : public ::testing::TestWithParam<const char*> {
     if (commit) store.Commit({file, index}, buffer.value(), bytes);
     return buffer.value();
   }
+  // Whether the store checks what it kept: a disk directory, not a RAM-backed one.
+  bool checked() const { return std::string(GetParam()) != "/dev/shm"; }
   std::unique_ptr<CacheDir> dir_;
 };
 
@@ -463,10 +465,16 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
     const BlockCache::Adopted adopted = cache.AdoptStored();
     EXPECT_EQ(adopted.blocks, 4u);
     EXPECT_EQ(adopted.bytes, size);
-    EXPECT_EQ(cache.ResidentBytes(key), size);
+    // On a disk each block is checked against its checksum when first asked for (not before:
+    // a big cache would keep the mount waiting); in RAM none is, and every block is ready.
+    EXPECT_EQ(adopted.to_check, checked() ? 4u : 0u);
+    EXPECT_EQ(cache.ResidentBytes(key), checked() ? 0 : size);
     for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(get(cache, i), "");
     EXPECT_EQ(backend.submitted(), 0u) << "no backend read after the restart";
-    EXPECT_EQ(cache.Stats().hits, 4u);
+    EXPECT_EQ(cache.ResidentBytes(key), size);
+    EXPECT_EQ(cache.Stats().hits, checked() ? 0u : 4u);
+    EXPECT_EQ(cache.Stats().verified_bytes, checked() ? size : 0u);
+    EXPECT_EQ(cache.Stats().verify_failed_blocks, 0u);
     std::vector<BlockCache::Ref> pinned;
     EXPECT_TRUE(cache.PinFile(key, &pinned)) << "a stored file can be passed through";
     backend.Stop();
@@ -485,17 +493,95 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
   backend.Stop();
 }
 
-// A record as the store lays it out: the header for `key` and `block_size`, then `marks`.
+// What a disk lost or another program changed in a kept block is found when the block is first
+// asked for after a restart, and fetched again: never served. A disk directory only: a RAM-backed
+// one keeps no checksums (nothing between the daemons can tear its pages).
+TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) {
+  CacheDir dir("/var/tmp");
+  ASSERT_FALSE(dir.path().empty());
+  testing::TempDir source("accelfs-verify-src");
+  const std::string path = source / "shard";
+  const uint64_t size = 3 * kBlock + 999;
+  testing::WriteTestFile(path, size, 23);
+  auto backing = testing::OpenBackingFile(path);
+  const FileKey key = testing::KeyOf(*backing);
+  // Every block of the file through a new cache over the directory; returns what was wrong.
+  const auto load = [&](testing::FakeBackend& backend, CacheStats* stats) {
+    auto store = FileBlockStore::OpenDir(dir.path(), kBlock);
+    if (!store.ok()) return "open: " + store.error().Message();
+    BlockCache cache(*store.value(), backend, {16 * uint64_t{kBlock}, kBlock});
+    cache.AdoptStored();
+    std::string wrong;
+    for (uint64_t i = 0; i * kBlock < size; ++i) {
+      testing::Awaited<Result<BlockCache::Ref>> got;
+      const uint32_t expected =
+          static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - i * kBlock));
+      cache.Get({key, i}, expected, backing, got.Callback());
+      if (!got.Wait() || !got.value().ok()) {
+        wrong += "block " + std::to_string(i) + " not served; ";
+        continue;
+      }
+      const BlockCache::Ref& ref = got.value().value();
+      const auto* data = reinterpret_cast<const uint8_t*>(ref.data());
+      if (std::vector<uint8_t>(data, data + ref.size()) !=
+          testing::Bytes(23, i * kBlock, expected)) {
+        wrong += "block " + std::to_string(i) + " differs; ";
+      }
+    }
+    *stats = cache.Stats();
+    backend.Stop();
+    return wrong;
+  };
+  CacheStats stats;
+  {
+    testing::FakeBackend backend;
+    EXPECT_EQ(load(backend, &stats), "");
+    EXPECT_EQ(backend.submitted(), 4u);
+  }
+  // One byte in the middle of block 2 and the last byte of the file (block 3, short), as a
+  // bad sector or a stray write would leave them.
+  {
+    const int fd = open((dir.path() + "/" + StoredName(key) + ".data").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    for (const uint64_t offset : {uint64_t{2} * kBlock + kBlock / 2, size - 1}) {
+      uint8_t byte = 0;
+      ASSERT_EQ(pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+      byte ^= 0x01;
+      ASSERT_EQ(pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+    }
+    close(fd);
+  }
+  {
+    testing::FakeBackend backend;
+    EXPECT_EQ(load(backend, &stats), "") << "a changed byte was served";
+    EXPECT_EQ(backend.submitted(), 2u) << "the two changed blocks, and only they, are fetched";
+    EXPECT_EQ(stats.verify_failed_blocks, 2u);
+    EXPECT_EQ(stats.verified_bytes, 2 * uint64_t{kBlock});
+  }
+  // Fetched again, they are recorded again, with their checksums.
+  {
+    testing::FakeBackend backend;
+    EXPECT_EQ(load(backend, &stats), "");
+    EXPECT_EQ(backend.submitted(), 0u);
+    EXPECT_EQ(stats.verify_failed_blocks, 0u);
+    EXPECT_EQ(stats.verified_bytes, size);
+  }
+}
+
+// A record as the store lays it out: the header for `key` and `block_size` (with `flags`), then
+// `marks`, then a checksum per mark (zeros).
 std::vector<std::byte> Record(const FileKey& key, uint32_t block_size,
-                              const std::vector<uint8_t>& marks) {
+                              const std::vector<uint8_t>& marks, uint32_t flags = 0) {
   std::vector<std::byte> record(kBlockRecordHeaderBytes);
-  std::memcpy(record.data(), "accelfs1", 8);
+  std::memcpy(record.data(), "accelfs2", 8);
   std::memcpy(record.data() + 8, &block_size, 4);
+  std::memcpy(record.data() + 12, &flags, 4);
   std::memcpy(record.data() + 16, &key.dev, 8);
   std::memcpy(record.data() + 24, &key.ino, 8);
   std::memcpy(record.data() + 32, &key.size, 8);
   std::memcpy(record.data() + 40, &key.mtime_ns, 8);
   for (const uint8_t mark : marks) record.push_back(std::byte{mark});
+  record.resize(record.size() + 4 * marks.size());
   return record;
 }
 
@@ -509,6 +595,14 @@ TEST(ParseBlockRecordTest, AValidRecordListsItsPresentBlocksWithTheirBytes) {
   EXPECT_EQ(record->present[0].bytes, kBlock);
   EXPECT_EQ(record->present[1].key, (BlockKey{kFile, 2}));
   EXPECT_EQ(record->present[1].bytes, 777u) << "the last block is short";
+  EXPECT_FALSE(record->checksummed);
+  EXPECT_FALSE(record->present[0].check) << "a record without checksums has nothing to check";
+  const Result<BlockRecord> checksummed =
+      ParseBlockRecord(Record(kFile, kBlock, {1, 0, 0}, /*flags=*/1), kBlock);
+  ASSERT_TRUE(checksummed.ok());
+  EXPECT_TRUE(checksummed->checksummed);
+  ASSERT_EQ(checksummed->present.size(), 1u);
+  EXPECT_TRUE(checksummed->present[0].check);
   const Result<FileKey> header = ParseBlockRecordHeader(Record(kFile, kBlock, {}), kBlock);
   ASSERT_TRUE(header.ok()) << "the header alone names the identity";
   EXPECT_EQ(header.value(), kFile);
@@ -517,7 +611,7 @@ TEST(ParseBlockRecordTest, AValidRecordListsItsPresentBlocksWithTheirBytes) {
 TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
   const std::vector<std::byte> valid = Record(kFile, kBlock, {0, 0, 1});
   std::vector<std::byte> magic = valid;
-  magic[7] = std::byte{'2'};
+  magic[7] = std::byte{'1'};  // version 1, before the checksums
   std::vector<std::byte> longer = valid;
   longer.push_back(std::byte{1});
   // BlockCount would wrap; no memory either way.
@@ -532,8 +626,9 @@ TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
       {"not our magic", magic, kBlock},
       {"another block size", valid, 2 * kBlock},
       {"a block size of 0", valid, 0},
-      {"a mark short", std::span(valid).first(valid.size() - 1), kBlock},
-      {"a mark too many", longer, kBlock},
+      {"a checksum byte short", std::span(valid).first(valid.size() - 1), kBlock},
+      {"no checksums", std::span(valid).first(valid.size() - 3 * 4), kBlock},
+      {"a byte too many", longer, kBlock},
       {"a size no record matches", huge, kBlock},
   };
   for (const auto& c : kCases) {

@@ -23,7 +23,10 @@ void FuzzOneBlockSize(std::span<const std::byte> record, uint32_t block_size) {
   const Result<BlockRecord> parsed = ParseBlockRecord(record, block_size);
   if (!parsed.ok()) return;
   Check(header.ok() && header.value() == parsed->key);
-  const uint64_t blocks = record.size() - kBlockRecordHeaderBytes;
+  // One presence byte and one 4-byte checksum per block.
+  const uint64_t body = record.size() - kBlockRecordHeaderBytes;
+  Check(body % 5 == 0);
+  const uint64_t blocks = body / 5;
   Check(blocks == BlockCount(parsed->key.size, block_size));
   Check(parsed->present.size() <= blocks);
   for (size_t i = 0; i < parsed->present.size(); ++i) {
@@ -32,6 +35,7 @@ void FuzzOneBlockSize(std::span<const std::byte> record, uint32_t block_size) {
     Check(i == 0 || b.key.index > parsed->present[i - 1].key.index);
     Check(record[kBlockRecordHeaderBytes + b.key.index] == std::byte{1});
     Check(b.bytes > 0 && b.bytes == BlockBytes(b.key.index, parsed->key.size, block_size));
+    Check(b.check == parsed->checksummed);
   }
 }
 

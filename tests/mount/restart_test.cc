@@ -3,12 +3,15 @@
 // changed meanwhile is read fresh; one directory serves one daemon at a time; a cache dir inside
 // the mountpoint or the source is refused.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -99,6 +102,47 @@ TEST_F(RestartTest, AFileChangedWhileUnmountedIsReadFreshAfterARestart) {
   ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
   EXPECT_NE(daemon_.Log().find("cached by an earlier run"), std::string::npos) << daemon_.Log();
   EXPECT_NE(BackendRead(daemon_.Log()), "0 B") << "the changed file was fetched again";
+}
+
+// A disk cache dir keeps a checksum per block and a restarted daemon checks each kept block before
+// serving it: a byte changed in the cache's data file while no daemon ran (a bad sector, a stray
+// write) is fetched again, never served, and the daemon says so once.
+TEST_F(RestartTest, AByteChangedInADiskCacheDirIsFetchedAgainNotServed) {
+  struct statfs fs {};
+  ASSERT_EQ(statfs(dir_.path().c_str(), &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
+    GTEST_SKIP() << dir_.path() << " is RAM-backed here: checksums are kept only on a disk";
+  }
+  ASSERT_NO_FATAL_FAILURE(StartMount(Options()));
+  ReadAll();
+  ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
+
+  // The shard's data file: the largest in the cache dir. One byte in its second block.
+  std::string data;
+  uint64_t largest = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(cache_dir_)) {
+    if (entry.path().extension() == ".data" && entry.file_size() > largest) {
+      largest = entry.file_size();
+      data = entry.path();
+    }
+  }
+  ASSERT_EQ(largest, kShard);
+  const int fd = open(data.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const off_t offset = 4 * kMiB + 12345;
+  uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+  byte ^= 0x80;
+  ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+  close(fd);
+
+  ASSERT_TRUE(daemon_.Start(source_, mountpoint_, dir_ / "second.log", Options()));
+  ReadAll();
+  ReadAll();
+  ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
+  const std::string log = daemon_.Log();
+  EXPECT_NE(log.find("does not match its checksum: fetching it again"), std::string::npos) << log;
+  EXPECT_EQ(BackendRead(log), "4.0 MiB") << "the one changed block, fetched again:\n" << log;
 }
 
 TEST_F(RestartTest, ASecondDaemonOnTheSameCacheDirIsRefused) {

@@ -115,22 +115,29 @@ void BlockCache::Refetch(Entry* entry, const Error& why) {
   // A few lines name what was found; the counter has them all (a whole disk gone bad would
   // otherwise log a line per block).
   constexpr uint64_t kLoggedFailures = 8;
-  std::vector<Fetch> fetches;
-  BlockBuffer stale;
   uint64_t failures = 0;
   {
     std::lock_guard lock(mu_);
     failures = ++stats_.verify_failed_blocks;
     entry->stored = false;
-    stale = entry->buffer;
-    entry->buffer = BlockBuffer{};
-    fetches.push_back({entry, entry->file, /*demand=*/!entry->unread});
   }
   if (failures <= kLoggedFailures) {
     spdlog::warn("{}: fetching it again{}", why.Message(),
                  failures == kLoggedFailures
                      ? "; further failures are counted in verify_failed_blocks"
                      : "");
+  }
+  FetchAgain(entry);
+}
+
+void BlockCache::FetchAgain(Entry* entry) {
+  std::vector<Fetch> fetches;
+  BlockBuffer stale;
+  {
+    std::lock_guard lock(mu_);
+    stale = entry->buffer;
+    entry->buffer = BlockBuffer{};
+    fetches.push_back({entry, entry->file, /*demand=*/!entry->unread});
   }
   // Its record goes with it; the new fetch records the block again when it commits.
   store_.Release(entry->key, stale);
@@ -367,8 +374,12 @@ void BlockCache::Shutdown() {
 }
 
 CacheStats BlockCache::Stats() const {
+  CacheStats s;
+  s.fallback_blocks = store_.Fallbacks();  // the store's own counter, not under mu_
   std::lock_guard lock(mu_);
-  CacheStats s = stats_;
+  const uint64_t fallbacks = s.fallback_blocks;
+  s = stats_;
+  s.fallback_blocks = fallbacks;
   s.used_bytes = used_;
   s.pinned_bytes = pinned_bytes_;
   s.ready_blocks = lru_.size();
@@ -466,8 +477,11 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   const bool ok = read.ok() && read.value() >= entry->expected;
   // A short read means the file shrank under us: answer EIO and cache nothing.
   const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
-  // Stored bytes that passed their check are recorded already.
-  if (ok && !entry->stored) store_.Commit(entry->key, entry->buffer, entry->expected);
+  // Stored bytes that passed their check are recorded already. Bytes the store could not keep are
+  // not served: they are fetched again, into a buffer the store gives from memory.
+  if (ok && !entry->stored && !store_.Commit(entry->key, entry->buffer, entry->expected).ok()) {
+    return FetchAgain(entry);
+  }
   std::vector<Waiter> waiters;
   std::function<void(Status)> prefetched;
   std::vector<Fetch> fetches;

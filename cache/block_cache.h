@@ -190,6 +190,8 @@ class BlockCache {
   void VerifyLoop();
   // The stored bytes of `entry` failed their check (`why`): fetches the block anew.
   void Refetch(Entry* entry, const Error& why);
+  // Fetches `entry` (kFetching) again into a new buffer, releasing the one it has.
+  void FetchAgain(Entry* entry);
   // Joins the verifiers; blocks still queued for a check go back to kStored, their waiters get
   // ECANCELED.
   void StopVerifiers();

@@ -39,7 +39,10 @@ class BlockStore {
 
   // The first `valid` bytes of `buffer` now hold the block's data. Called once, after a successful
   // read and before any reader sees the block; a store that persists blocks records presence here.
-  virtual void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) = 0;
+  // An error means the store could not keep the bytes it was given (a disk that failed to write
+  // them): the caller must not serve this buffer, and fetches the block again into a new one, which
+  // such a store then gives from memory.
+  virtual Status Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) = 0;
 
   // Gives the buffer back and forgets the block. REQUIRES: nobody reads from it any more.
   virtual void Release(const BlockKey& key, BlockBuffer buffer) = 0;
@@ -77,6 +80,10 @@ class BlockStore {
   // sees. Its blocks must then stay (the cache neither evicts nor drops them): the kernel maps the
   // store file's own pages, and releasing a block would turn them into zeros under the reader.
   virtual bool HeldElsewhere(const FileKey&) const { return false; }
+
+  // Blocks the store could not keep where it keeps them (a cache dir full or failing) and gave
+  // from memory instead, since it started. Read without the cache's lock.
+  virtual uint64_t Fallbacks() const { return 0; }
 };
 
 // Budget charge for `bytes` of block memory: whole 2 MiB huge pages for big buffers (a partly used

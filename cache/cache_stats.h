@@ -27,6 +27,7 @@ struct CacheStats {
   uint64_t stalled_fetches = 0;  // fetches whose read outlived the backend timeout
   uint64_t verified_bytes = 0;   // bytes of stored blocks that passed their check and were served
   uint64_t verify_failed_blocks = 0;  // stored blocks that failed their check: fetched anew
+  uint64_t fallback_blocks = 0;  // blocks a full or failing cache dir could not take: in memory
 };
 
 }  // namespace accelfs

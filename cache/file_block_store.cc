@@ -22,6 +22,8 @@
 #include "cache/crc32c.h"
 #include "cache/ram_block_store.h"
 
+#include <spdlog/spdlog.h>
+
 namespace accelfs {
 namespace {
 
@@ -324,31 +326,116 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
   // backing file's exact size, so a passthrough reader sees exactly its bytes.
   const size_t length = RoundUp(bytes == 0 ? 1 : bytes, 4096);
   const uint64_t offset = key.index * block_size_;
-  std::lock_guard lock(mu_);
-  File& file = files_[key.file];
-  if (file.fd < 0) {
-    if (Status s = OpenFile(key.file, &file); !s.ok()) {
-      files_.erase(key.file);
-      return s.error();
+  int fd = -1;
+  BlockBuffer mapped;
+  bool fresh = false;  // no other buffer of this block is allocated
+  int err = 0;         // why the block cannot be in the file: it is then given from memory
+  {
+    std::lock_guard lock(mu_);
+    File& file = files_[key.file];
+    if (file.fd < 0 && !file.in_memory) {
+      if (Status s = OpenFile(key.file, &file); !s.ok()) {
+        // A private store has no other home; a cache dir that cannot take a file (full, failing)
+        // still has memory.
+        if (!persistent_) {
+          files_.erase(key.file);
+          return s.error();
+        }
+        file.in_memory = true;
+        err = s.error().code();
+      }
+    }
+    // One mapping of the whole file, not one per block: the kernel allows a process 65530
+    // mappings (vm.max_map_count), fewer than the blocks of a large cache. Pages come only as
+    // blocks are written, and go when a block's range is punched out.
+    if (!file.in_memory && file.base == nullptr) {
+      file.length = RoundUp(key.file.size == 0 ? 1 : key.file.size, 4096);
+      file.base = MapAligned(file.length, file.fd, 0);
+      if (file.base == nullptr) {
+        const int map_err = errno == 0 ? ENOMEM : errno;
+        CloseIfUnused(key.file, file);
+        return Error(map_err);
+      }
+      file.view = MapAligned(file.length, file.fd, 0, /*writable=*/false);
+    }
+    ++file.blocks;
+    fresh = file.live[key.index]++ == 0;
+    if (err == 0 && retry_in_memory_.erase(key) != 0) err = EIO;  // its Commit failed: see there
+    if (!file.in_memory) {
+      fd = file.fd;
+      mapped = BlockBuffer{file.base + offset, length,
+                           file.view != nullptr ? file.view + offset : nullptr};
     }
   }
-  // One mapping of the whole file, not one per block: the kernel allows a process 65530 mappings
-  // (vm.max_map_count), fewer than the blocks of a large cache. Pages come only as blocks are
-  // written, and go when a block's range is punched out.
-  if (file.base == nullptr) {
-    file.length = RoundUp(key.file.size == 0 ? 1 : key.file.size, 4096);
-    file.base = MapAligned(file.length, file.fd, 0);
-    if (file.base == nullptr) {
-      const int err = errno;
-      CloseIfUnused(key.file, file);
-      return Error(err == 0 ? ENOMEM : err);
+  // Outside the lock: on a disk this is I/O.
+  if (err == 0 && persistent_) err = Reserve(fd, offset, length, fresh);
+  if (err == 0) return mapped;
+  return AllocateInMemory(key, length, err);
+}
+
+int FileBlockStore::Reserve(int fd, uint64_t offset, size_t length, bool fresh) {
+  if (const int failed = failed_.load(std::memory_order_relaxed); failed != 0) return failed;
+  // Room taken now, where a failure is an errno: a write into a mapping of a full filesystem
+  // cannot fail cleanly (the read filling the block would get EFAULT, a store by the daemon a
+  // SIGBUS). KEEP_SIZE: the last block's page may reach past the file's end.
+  if (fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(length)) ==
+      0) {
+    if (short_of_room_.exchange(false, std::memory_order_relaxed)) {
+      spdlog::info("cache dir '{}': has room again: new blocks are kept in it", dir_);
     }
-    file.view = MapAligned(file.length, file.fd, 0, /*writable=*/false);
+    return 0;
   }
-  ++file.blocks;
-  ++file.live[key.index];
-  return BlockBuffer{file.base + offset, length,
-                     file.view != nullptr ? file.view + offset : nullptr};
+  const int err = errno;
+  // A filesystem without fallocate: its writes are what they always were.
+  if (err == EOPNOTSUPP) return 0;
+  // What a failed fallocate took in part goes back, unless another buffer of the block holds it.
+  if (fresh) {
+    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+              static_cast<off_t>(length));
+  }
+  return err;
+}
+
+Result<BlockBuffer> FileBlockStore::AllocateInMemory(const BlockKey& key, size_t length, int why) {
+  std::byte* data = MapAligned(length, /*fd=*/-1, 0);
+  {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(key.file);  // there: counted in Allocate, not released yet
+    if (data == nullptr) {
+      Unlive(it->second, key.index);
+      --it->second.blocks;
+      CloseIfUnused(key.file, it->second);
+      return Error(ENOMEM);
+    }
+    ++it->second.memory_blocks;
+  }
+  fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  if (why == ENOSPC || why == EDQUOT) {
+    if (!short_of_room_.exchange(true, std::memory_order_relaxed)) {
+      spdlog::warn(
+          "cache dir '{}': no room for a block ({}): blocks that do not fit are kept in "
+          "memory, not in the cache dir, until it has room again",
+          dir_, Error(why).Message());
+    }
+  } else {
+    NoteFailure(why);
+  }
+  return BlockBuffer{data, length, nullptr};
+}
+
+void FileBlockStore::NoteFailure(int err) {
+  int none = 0;
+  if (failed_.compare_exchange_strong(none, err, std::memory_order_relaxed)) {
+    spdlog::warn(
+        "cache dir '{}': failed ({}): new blocks are kept in memory from now on, and "
+        "what it holds already is still served from it",
+        dir_, Error(err).Message());
+  }
+}
+
+bool FileBlockStore::InMemory(const File& file, const BlockBuffer& buffer) {
+  return buffer.data != nullptr && (file.base == nullptr || buffer.data < file.base ||
+                                    buffer.data >= file.base + file.length);
 }
 
 bool FileBlockStore::Unlive(File& file, uint64_t index) {
@@ -372,13 +459,13 @@ void FileBlockStore::Mark(const File& file, uint64_t index, bool present) const 
   [[maybe_unused]] bool ok = WriteAll(file.map_fd, &byte, 1, MarkOffset(index));
 }
 
-void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) {
-  if (!persistent_) return;
+Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) {
+  if (!persistent_) return Status::Ok();
   File file;
   {
     std::lock_guard lock(mu_);
     auto it = files_.find(key.file);
-    if (it == files_.end()) return;
+    if (it == files_.end() || InMemory(it->second, buffer)) return Status::Ok();  // not recorded
     file.fd = it->second.fd;  // what Mark needs, not the whole File
     file.map_fd = it->second.map_fd;
   }
@@ -388,10 +475,21 @@ void FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, size
     // (a power cut between the two pages' writeback) fails the check and is fetched again.
     const uint32_t crc = Crc32c(std::span<const std::byte>(buffer.data, valid));
     const uint64_t blocks = BlockCount(key.file.size, block_size_);
-    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index))) return;
-    if (fdatasync(file.fd) != 0) return;  // not on disk: not recorded
+    // Not on disk: not recorded, and not served either. After a failed writeback the kernel may
+    // drop the pages, and reading them again from a failing disk would give the reader an error:
+    // the block is fetched again, into memory (retry_in_memory_).
+    errno = 0;
+    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index)) ||
+        fdatasync(file.fd) != 0) {
+      const int err = errno != 0 ? errno : EIO;
+      if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a failing disk: memory from now on
+      std::lock_guard lock(mu_);
+      retry_in_memory_.insert(key);
+      return Error(err);
+    }
   }
   Mark(file, key.index, true);
+  return Status::Ok();
 }
 
 Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
@@ -411,6 +509,7 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
   };
   const auto unreadable = [&](ssize_t n) {
     const int err = n < 0 ? errno : EIO;
+    if (err == EIO) NoteFailure(err);  // a disk that fails to read is failing
     return failure(err, "cannot be read back: " + Error(err).Message());
   };
   const uint64_t blocks = BlockCount(key.file.size, block_size_);
@@ -441,6 +540,10 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
 
 void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
   if (file.blocks != 0) return;
+  if (file.fd < 0) {  // its blocks were all in memory: nothing on disk
+    files_.erase(key);
+    return;
+  }
   if (persistent_) {
     // Blocks kept by Retain, or stored ones not yet taken, are recorded without being allocated.
     const uint64_t blocks = BlockCount(key.size, block_size_);
@@ -467,10 +570,13 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
   // allocated again meanwhile (and be filling, or ready): its range is the new buffer's now, and
   // punching it would turn the new block's bytes into zeros.
   const bool reallocated = Unlive(file, key.index);
-  // Nor while the kernel maps the file for a reader (the cache keeps such blocks, but one can still
-  // come here when the cache goes with a passthrough file open): its bytes stay until the file
-  // goes, with the last of its blocks.
-  if (buffer.data != nullptr && !reallocated && !HeldByOthers(file.fd)) {
+  if (InMemory(file, buffer)) {
+    munmap(buffer.data, buffer.capacity);
+    --file.memory_blocks;
+  } else if (buffer.data != nullptr && !reallocated && !HeldByOthers(file.fd)) {
+    // Not while the kernel maps the file for a reader (the cache keeps such blocks, but one can
+    // still come here when the cache goes with a passthrough file open): its bytes stay until the
+    // file goes, with the last of its blocks.
     // Unmarked first: a crash between the two leaves unrecorded data, never a recorded hole.
     if (persistent_) Mark(file, key.index, false);
     fallocate(file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -482,13 +588,19 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
 
 void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
   if (!persistent_) return Release(key, buffer);
-  std::lock_guard lock(mu_);
-  auto it = files_.find(key.file);
-  if (it == files_.end()) return;
-  // The file stays open and mapped (until the store goes) with its blocks recorded: allocating
-  // them again finds their data.
-  Unlive(it->second, key.index);
-  --it->second.blocks;
+  {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(key.file);
+    if (it == files_.end()) return;
+    if (!InMemory(it->second, buffer)) {
+      // The file stays open and mapped (until the store goes) with its blocks recorded:
+      // allocating them again finds their data.
+      Unlive(it->second, key.index);
+      --it->second.blocks;
+      return;
+    }
+  }
+  Release(key, buffer);  // a block in memory: nothing of it is kept
 }
 
 void FileBlockStore::Discard(const BlockKey& key) {
@@ -529,7 +641,8 @@ bool FileBlockStore::HeldByOthers(int fd) {
 int FileBlockStore::FileDescriptor(const FileKey& file) const {
   std::lock_guard lock(mu_);
   auto it = files_.find(file);
-  return it == files_.end() ? -1 : it->second.fd;
+  // A file with a block in memory is not whole in its store file: the kernel cannot read it there.
+  return it == files_.end() || it->second.memory_blocks > 0 ? -1 : it->second.fd;
 }
 
 size_t FileBlockStore::file_count() const {

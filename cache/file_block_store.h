@@ -26,12 +26,14 @@
 // program writing the file) is fetched again too, never served.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/block_store.h"
@@ -54,12 +56,13 @@ class FileBlockStore final : public BlockStore {
   ~FileBlockStore() override;
 
   Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override;
-  void Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) override;
+  Status Commit(const BlockKey& key, const BlockBuffer& buffer, size_t valid) override;
   void Release(const BlockKey& key, BlockBuffer buffer) override;
   void Retain(const BlockKey& key, BlockBuffer buffer) override;
   std::vector<StoredBlock> TakeStored() override;
   void Discard(const BlockKey& key) override;
   Status Verify(const BlockKey& key, uint32_t bytes) override;
+  uint64_t Fallbacks() const override { return fallbacks_.load(std::memory_order_relaxed); }
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
   bool KeepsFiles() const override { return true; }
@@ -88,8 +91,22 @@ class FileBlockStore final : public BlockStore {
     // Buffers allocated and not yet released, per block: more than one while an evicted block's
     // release is on its way and the block was allocated again.
     std::unordered_map<uint64_t, uint32_t> live;
+    // Of the allocated blocks, those given from memory (the cache dir could not take them): the
+    // file is then not whole in `fd` and cannot be passed through.
+    size_t memory_blocks = 0;
+    bool in_memory = false;  // its files could not be created: every block is in memory
   };
 
+  // Takes the disk room of a block about to be written through its mapping: 0, or the errno that
+  // sends it to memory (also every block once the store failed). Outside mu_.
+  int Reserve(int fd, uint64_t offset, size_t length, bool fresh);
+  // Block `key`, counted by Allocate already, in anonymous memory instead, because of `why`.
+  Result<BlockBuffer> AllocateInMemory(const BlockKey& key, size_t length, int why);
+  // The cache dir failed (`err`: a write, a sync or a read back went wrong): from now on every
+  // block is given from memory. Logs once.
+  void NoteFailure(int err);
+  // Whether `buffer` is one of `file`'s blocks in memory, not in its mapping.
+  static bool InMemory(const File& file, const BlockBuffer& buffer);
   // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.
   Status OpenFile(const FileKey& key, File* file);
   // One buffer of block `index` released or retained; true when another is still allocated.
@@ -118,6 +135,11 @@ class FileBlockStore final : public BlockStore {
   mutable std::mutex mu_;  // a leaf lock
   std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
   std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
+  // Blocks whose Commit failed, fetched again: their next Allocate gives memory.
+  std::unordered_set<BlockKey, BlockKeyHash> retry_in_memory_;  // GUARDED_BY(mu_)
+  std::atomic<int> failed_{0};              // the errno that made every block go to memory; 0: none
+  std::atomic<bool> short_of_room_{false};  // the last block that found no room went to memory
+  std::atomic<uint64_t> fallbacks_{0};      // blocks given from memory (Fallbacks)
 };
 
 // The cache-directory file name stem for `key` (hex dev-ino-size-mtime).

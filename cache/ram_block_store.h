@@ -10,7 +10,7 @@ namespace accelfs {
 class RamBlockStore final : public BlockStore {
  public:
   Result<BlockBuffer> Allocate(const BlockKey& key, size_t bytes) override;
-  void Commit(const BlockKey&, const BlockBuffer&, size_t) override {}
+  Status Commit(const BlockKey&, const BlockBuffer&, size_t) override { return Status::Ok(); }
   void Release(const BlockKey& key, BlockBuffer buffer) override;
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey&) const override { return -1; }

@@ -109,6 +109,14 @@ void PrintSummary(const Sample& s) {
         static_cast<unsigned long long>(stuck),
         static_cast<unsigned long long>(st.timed_out_requests));
   }
+  if (c.verified_bytes > 0 || c.verify_failed_blocks > 0 || c.fallback_blocks > 0) {
+    std::printf(
+        "  cache dir  %s checked after a restart, %llu blocks failed their check (fetched "
+        "again); %llu blocks kept in memory (the dir full or failing)\n",
+        FormatBytes(c.verified_bytes).c_str(),
+        static_cast<unsigned long long>(c.verify_failed_blocks),
+        static_cast<unsigned long long>(c.fallback_blocks));
+  }
   if (const uint64_t waiting = st.waiting_requests; waiting > 0) {
     std::printf("  held back  %llu backend reads of files that have their share in flight\n",
                 static_cast<unsigned long long>(waiting));

@@ -184,6 +184,10 @@ inline constexpr std::array kStatsFields = [] {
           "verify_failed_blocks", kCounter, kBlocks, "accelfs_cache_dir_verify_failed_blocks_total",
           "Blocks kept in a disk --cache-dir that did not match their "
           "checksums or could not be read back: fetched again from SOURCE."),
+      Row<&C::fallback_blocks>("fallback_blocks", kCounter, kBlocks,
+                               "accelfs_cache_dir_fallback_blocks_total",
+                               "Blocks a full or failing --cache-dir could not take, kept in "
+                               "memory instead."),
       Row<&D::stuck_requests>(
           "stuck_requests", kGauge, kCount, "accelfs_backend_stuck_requests",
           "Backend reads in flight past --backend-timeout: slots lost to a hung store."),

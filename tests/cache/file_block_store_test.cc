@@ -255,7 +255,9 @@ class DirStoreTest : public ::testing::TestWithParam<const char*> {
     EXPECT_TRUE(buffer.ok());
     if (!buffer.ok()) return {};
     testing::FillBytes(5, offset, reinterpret_cast<uint8_t*>(buffer->data), bytes);
-    if (commit) store.Commit({file, index}, buffer.value(), bytes);
+    if (commit) {
+      EXPECT_TRUE(store.Commit({file, index}, buffer.value(), bytes).ok());
+    }
     return buffer.value();
   }
   // Whether the store checks what it kept: a disk directory, not a RAM-backed one.

@@ -49,16 +49,16 @@ DaemonStats Distinct() {
   depth_limit = static_cast<uint32_t>(next++);
   auto& [budget, used, pinned, ready, fetching_blocks, queued, hits, misses, hit_bytes, miss_bytes,
          fetching_bytes, fetched_bytes, evicted, failed, prefetches, stalled, verified,
-         verify_failed_blocks] = cache;
+         verify_failed_blocks, fallback_blocks] = cache;
   for (uint64_t* field :
        {&budget, &used, &pinned, &ready, &fetching_blocks, &queued, &hits, &misses, &hit_bytes,
         &miss_bytes, &fetching_bytes, &fetched_bytes, &evicted, &failed, &prefetches, &stalled,
-        &verified, &verify_failed_blocks}) {
+        &verified, &verify_failed_blocks, &fallback_blocks}) {
     *field = next++;
   }
   return s;
 }
-constexpr size_t kNumericFields = 10 + 18;  // DaemonStats' own numbers, CacheStats'
+constexpr size_t kNumericFields = 10 + 19;  // DaemonStats' own numbers, CacheStats'
 
 double AsDouble(StatValue v) {
   return std::visit([](auto x) { return static_cast<double>(x); }, v);

@@ -118,6 +118,7 @@ class BlockCache {
 
   CacheStats Stats() const;
   BlockStore& store() const { return store_; }
+  uint32_t block_size() const { return options_.block_size; }
 
  private:
   struct Entry;

@@ -92,9 +92,9 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
               }()),
       prefetcher_(prefetcher),
       // Shards stream ahead of the one being read while they and it fit in half the cache.
-      shard_opener_(prefetcher != nullptr
-                        ? std::make_unique<ShardOpener>(*prefetcher, cache.Stats().budget_bytes / 2)
-                        : nullptr) {}
+      shard_opener_(prefetcher != nullptr ? std::make_unique<ShardOpener>(
+                                                *prefetcher, cache.Stats().budget_bytes / 2, &cache)
+                                          : nullptr) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 

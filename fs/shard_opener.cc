@@ -18,8 +18,11 @@
 
 namespace accelfs {
 
-ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes)
-    : prefetcher_(prefetcher), lookahead_bytes_(lookahead_bytes), thread_([this] { Run(); }) {}
+ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache)
+    : prefetcher_(prefetcher),
+      lookahead_bytes_(lookahead_bytes),
+      order_(cache),
+      thread_([this] { Run(); }) {}
 
 ShardOpener::~ShardOpener() {
   {

@@ -38,7 +38,8 @@ class ShardOpener {
   // REQUIRES: prefetcher outlives this. `lookahead_bytes`: the most the opened shard and the
   // shards streaming ahead of it may add up to (the first shard after it streams regardless,
   // limited by its stream's window).
-  ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes);
+  // `cache`, where given, is what the shard order reads a directory's index through (ShardOrder).
+  ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache = nullptr);
   ~ShardOpener();  // stops the thread; queued starts are dropped
   ShardOpener(const ShardOpener&) = delete;
   ShardOpener& operator=(const ShardOpener&) = delete;

@@ -5,9 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <future>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "cache/block.h"
+#include "cache/block_cache.h"
 
 #include "cache/prefetch/shard_set.h"
 
@@ -18,9 +23,39 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 
 int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
 
+// The index file's contents through `cache`, block by block as a reader's would come: what the
+// cache holds (kept by a cache dir across a restart, too) costs the store nothing. Nothing when a
+// block cannot be had.
+std::optional<std::string> ReadThroughCache(BlockCache& cache,
+                                            const std::shared_ptr<BackingFile>& backing,
+                                            const struct stat& st) {
+  const FileKey key = FileKeyFromStat(st);
+  const uint32_t block = cache.block_size();
+  std::string text(key.size, '\0');
+  for (uint64_t i = 0; i * block < key.size; ++i) {
+    std::promise<bool> got;
+    cache.Get({key, i}, BlockBytes(i, key.size, block), backing, [&](Result<BlockCache::Ref> ref) {
+      if (ref.ok()) std::memcpy(text.data() + i * block, ref->data(), ref->size());
+      got.set_value(ref.ok());
+    });
+    if (!got.get_future().get()) return std::nullopt;
+  }
+  return text;
+}
+
 // The index file's contents, or nothing when it is absent, unreadable, not a regular file or too
 // big. `st` gets the opened file's status.
-std::optional<std::string> ReadIndex(int dir_fd, struct stat* st) {
+std::optional<std::string> ReadIndex(int dir_fd, struct stat* st, BlockCache* cache) {
+  if (cache != nullptr) {
+    // O_NONBLOCK: an index that is a FIFO must not block the open.
+    Result<std::shared_ptr<BackingFile>> backing =
+        OpenBacking(dir_fd, kIndexName, O_NOFOLLOW | O_NONBLOCK, st);
+    if (!backing.ok() || !S_ISREG(st->st_mode) ||
+        static_cast<uint64_t>(st->st_size) > kMaxShardIndexBytes) {
+      return std::nullopt;
+    }
+    return ReadThroughCache(*cache, backing.value(), *st);
+  }
   const int fd = openat(dir_fd, kIndexName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return std::nullopt;
   std::optional<std::string> out;
@@ -59,7 +94,7 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
   if (!present) return nullptr;
 
   // New, or changed since it was read.
-  std::optional<std::string> text = ReadIndex(dir_fd, &st);
+  std::optional<std::string> text = ReadIndex(dir_fd, &st, cache_);
   if (!text) return nullptr;
   Index index;
   index.identity = identity(st);

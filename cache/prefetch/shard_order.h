@@ -16,6 +16,8 @@
 
 namespace accelfs {
 
+class BlockCache;
+
 // Which shard follows which. A directory's model.safetensors.index.json is read once, and read
 // again only when it changes (another inode, size, mtime or ctime): it sits on the slow store
 // with the shards, and an index names every tensor, so a large model's is a few MiB. Read at each
@@ -23,6 +25,11 @@ namespace accelfs {
 // cached. Thread-safe.
 class ShardOrder {
  public:
+  // With a `cache` the index is read through it, as a reader's read of it would be: a cached
+  // index (kept by a --cache-dir across a restart, too) is not read from the store again.
+  // REQUIRES: `cache` outlives this; Next is then never called on the backend's thread.
+  explicit ShardOrder(BlockCache* cache = nullptr) : cache_(cache) {}
+
   // Remembered indexes take at most this much memory, in all (their names, and what holds them).
   static constexpr size_t kMaxRememberedBytes = 4u << 20;
 
@@ -51,6 +58,7 @@ class ShardOrder {
   // The pointer is good while mu_ is held and *unkept lives.
   const Index* IndexOf(int dir_fd, Index* unkept);  // REQUIRES: mu_ held
 
+  BlockCache* const cache_;
   std::mutex mu_;  // held while an index is read: asks are few, one per shard opened
 
   std::map<std::pair<dev_t, ino_t>, Index> indexes_;  // by directory; GUARDED_BY(mu_)

@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_cache.h"
+#include "cache/ram_block_store.h"
 #include "fs/shard_opener.h"
+#include "tests/support/fake_backend.h"
 #include "tests/support/open_counter.h"
 #include "tests/support/test_data.h"
 
@@ -61,6 +64,22 @@ TEST_F(ShardOrderTest, TheIndexIsReadOnceForEveryAsk) {
     EXPECT_EQ(order_.Next(dir_fd_, "c.safetensors"), "");
   }
   EXPECT_EQ(Opens(), 1);
+}
+
+// With a cache the index is read through it: another ShardOrder over the same cache (the order a
+// restarted daemon keeps, its cache dir holding the index) reads no byte of it from the store.
+TEST_F(ShardOrderTest, WithACacheTheIndexIsReadThroughItAndOnlyOnce) {
+  ASSERT_NO_FATAL_FAILURE(WriteIndex({"b.safetensors", "a.safetensors", "c.safetensors"}));
+  RamBlockStore store;
+  testing::FakeBackend backend;
+  BlockCache cache(store, backend, {64 * uint64_t{64 << 10}, 64 << 10});
+  for (int life = 0; life < 2; ++life) {
+    ShardOrder order(&cache);
+    EXPECT_EQ(order.Next(dir_fd_, "a.safetensors"), "b.safetensors");
+    EXPECT_EQ(order.Next(dir_fd_, "b.safetensors"), "c.safetensors");
+  }
+  EXPECT_EQ(backend.submitted(), 1u) << "one block, fetched once";
+  backend.Stop();
 }
 
 TEST_F(ShardOrderTest, AChangedIndexIsReadAgain) {

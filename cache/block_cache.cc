@@ -14,8 +14,16 @@ namespace accelfs {
 using Freed = std::vector<std::pair<BlockKey, BlockBuffer>>;
 
 BlockCache::BlockCache(BlockStore& store, BackendReader& reader, Options options)
-    : store_(store), reader_(reader), options_(options) {
+    : store_(store), reader_(reader), options_(options), slow_commits_(store.SlowCommits()) {
   stats_.budget_bytes = options.budget_bytes;
+  if (slow_commits_) StartWorkers();
+}
+
+void BlockCache::StartWorkers() {
+  if (!workers_.empty()) return;
+  for (unsigned i = 0; i < std::max(1u, options_.verify_threads); ++i) {
+    workers_.emplace_back([this] { RunGuarded("cache dir", [this] { WorkLoop(); }); });
+  }
 }
 
 BlockCache::~BlockCache() {
@@ -75,11 +83,7 @@ BlockCache::Adopted BlockCache::AdoptStored() {
     adopted.bytes += stored.bytes;
     if (stored.check) ++adopted.to_check;
   }
-  if (adopted.to_check > 0 && verifiers_.empty()) {
-    for (unsigned i = 0; i < std::max(1u, options_.verify_threads); ++i) {
-      verifiers_.emplace_back([this] { RunGuarded("cache dir check", [this] { VerifyLoop(); }); });
-    }
-  }
+  if (adopted.to_check > 0) StartWorkers();
   return adopted;
 }
 
@@ -93,22 +97,36 @@ void BlockCache::BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& f
   verify_cv_.notify_one();
 }
 
-void BlockCache::VerifyLoop() {
+void BlockCache::WorkLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    verify_cv_.wait(lock, [this] { return verify_stop_ || !verify_queue_.empty(); });
+    verify_cv_.wait(
+        lock, [this] { return verify_stop_ || !commit_queue_.empty() || !verify_queue_.empty(); });
     if (verify_stop_) return;
-    Entry* e = verify_queue_.front();
-    verify_queue_.pop_front();
+    // Commits first: their blocks' readers wait, and their buffers hold budget.
+    const bool commit = !commit_queue_.empty();
+    std::deque<Entry*>& queue = commit ? commit_queue_ : verify_queue_;
+    Entry* e = queue.front();
+    queue.pop_front();
     lock.unlock();
-    // Only this thread touches the entry until Complete or Refetch, as a fetch's reader would.
-    if (const Status checked = store_.Verify(e->key, e->expected); checked.ok()) {
-      Complete(e, size_t{e->expected});
+    // Only this thread touches the entry until it is published or fetched again, as a fetch's
+    // reader would.
+    if (commit) {
+      CommitAndPublish(e);
+    } else if (const Status checked = store_.Verify(e->key, e->expected); checked.ok()) {
+      Publish(e, size_t{e->expected});
     } else {
       Refetch(e, checked.error());
     }
     lock.lock();
   }
+}
+
+void BlockCache::CommitAndPublish(Entry* entry) {
+  // Bytes the store could not keep are not served: they are fetched again, into a buffer the
+  // store gives from memory.
+  if (!store_.Commit(entry->key, entry->buffer, entry->expected).ok()) return FetchAgain(entry);
+  Publish(entry, size_t{entry->expected});
 }
 
 void BlockCache::Refetch(Entry* entry, const Error& why) {
@@ -152,8 +170,19 @@ void BlockCache::StopVerifiers() {
     verify_stop_ = true;
     verify_cv_.notify_all();
   }
-  for (std::thread& t : verifiers_) t.join();
-  verifiers_.clear();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  // Blocks waiting for their commit are read already: committed and published here.
+  for (;;) {
+    Entry* e = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (commit_queue_.empty()) break;
+      e = commit_queue_.front();
+      commit_queue_.pop_front();
+    }
+    CommitAndPublish(e);
+  }
   {
     std::lock_guard lock(mu_);
     for (Entry* e : verify_queue_) {
@@ -475,13 +504,24 @@ void BlockCache::StartFetches(std::vector<Fetch>& fetches) {
 
 void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   const bool ok = read.ok() && read.value() >= entry->expected;
+  if (!ok || entry->stored) return Publish(entry, std::move(read));
+  if (slow_commits_) {
+    // A disk store's commit waits for the disk (fdatasync): on the worker threads, several at a
+    // time, not on the backend's completion thread, whose next completions would wait behind it.
+    std::unique_lock lock(mu_);
+    if (!verify_stop_) {
+      commit_queue_.push_back(entry);
+      verify_cv_.notify_one();
+      return;
+    }
+  }
+  CommitAndPublish(entry);
+}
+
+void BlockCache::Publish(Entry* entry, Result<size_t> read) {
+  const bool ok = read.ok() && read.value() >= entry->expected;
   // A short read means the file shrank under us: answer EIO and cache nothing.
   const Error error = ok ? Error(0) : (read.ok() ? Error(EIO) : read.error());
-  // Stored bytes that passed their check are recorded already. Bytes the store could not keep are
-  // not served: they are fetched again, into a buffer the store gives from memory.
-  if (ok && !entry->stored && !store_.Commit(entry->key, entry->buffer, entry->expected).ok()) {
-    return FetchAgain(entry);
-  }
   std::vector<Waiter> waiters;
   std::function<void(Status)> prefetched;
   std::vector<Fetch> fetches;

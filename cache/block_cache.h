@@ -43,8 +43,9 @@ class BlockCache {
   struct Options {
     uint64_t budget_bytes = 0;  // every buffer the cache holds counts, in flight or ready
     uint32_t block_size = 0;    // block i starts at byte i * block_size of its file
-    // Threads that check stored blocks (AdoptStored) as they are first asked for: each reads a
-    // block from the cache dir's disk at a time, so these are the reads that disk has queued.
+    // Threads that check stored blocks (AdoptStored) as they are first asked for, and commit
+    // fetched blocks where the store's commits wait for a disk (BlockStore::SlowCommits): each
+    // reads or syncs one block at a time, so these are the requests that disk has queued.
     unsigned verify_threads = 4;
   };
 
@@ -183,18 +184,29 @@ class BlockCache {
   void BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetches);
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
+  // A fetch's read ended: commits the block (on the workers where commits are slow), then
+  // publishes it.
   void Complete(Entry* entry, Result<size_t> read);
+  // Commits a block read in full and publishes it, or fetches it again when the store could not
+  // keep it.
+  void CommitAndPublish(Entry* entry);
+  // Makes a fetched (committed) or checked block ready and answers its waiters, or, when `read`
+  // failed or came short, forgets it and answers them the error.
+  void Publish(Entry* entry, Result<size_t> read);
+  // Starts the worker threads (once).
+  void StartWorkers();
   // Hands a kStored entry to the verifiers: kFetching, `file` to fetch it from should its bytes
   // be bad. REQUIRES: mu_ held.
   void BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file);
-  // A verifier thread: checks queued stored blocks until StopVerifiers.
-  void VerifyLoop();
+  // A worker thread: commits blocks for a store whose commits are slow, and checks stored blocks,
+  // until StopVerifiers.
+  void WorkLoop();
   // The stored bytes of `entry` failed their check (`why`): fetches the block anew.
   void Refetch(Entry* entry, const Error& why);
   // Fetches `entry` (kFetching) again into a new buffer, releasing the one it has.
   void FetchAgain(Entry* entry);
-  // Joins the verifiers; blocks still queued for a check go back to kStored, their waiters get
-  // ECANCELED.
+  // Joins the workers; blocks still queued for a commit are committed and published, those queued
+  // for a check go back to kStored, their waiters get ECANCELED.
   void StopVerifiers();
   // The read of `entry` stalled: answers its waiters ETIMEDOUT (and its Prefetch `done`), and
   // every later Get until the read ends.
@@ -221,10 +233,13 @@ class BlockCache {
   uint64_t fetching_bytes_ = 0;                  // GUARDED_BY(mu_)
   uint64_t pinned_bytes_ = 0;                    // GUARDED_BY(mu_)
   CacheStats stats_;                             // GUARDED_BY(mu_) counters only
+  const bool slow_commits_;                      // BlockStore::SlowCommits
+  std::deque<Entry*> commit_queue_;              // GUARDED_BY(mu_) blocks read, to commit
   std::deque<Entry*> verify_queue_;              // GUARDED_BY(mu_) stored blocks to check
   bool verify_stop_ = false;                     // GUARDED_BY(mu_)
-  std::condition_variable verify_cv_;            // verify_queue_ or verify_stop_ changed
-  std::vector<std::thread> verifiers_;           // started by AdoptStored when it keeps any
+  std::condition_variable verify_cv_;            // a queue or verify_stop_ changed
+  // Started for slow commits, or by AdoptStored when it keeps blocks to check.
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace accelfs

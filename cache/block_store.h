@@ -81,6 +81,10 @@ class BlockStore {
   // store file's own pages, and releasing a block would turn them into zeros under the reader.
   virtual bool HeldElsewhere(const FileKey&) const { return false; }
 
+  // Whether Commit waits for a disk (it syncs the block's data before recording it): the cache
+  // then commits on threads of its own, not on the backend's completion thread.
+  virtual bool SlowCommits() const { return false; }
+
   // Blocks the store could not keep where it keeps them (a cache dir full or failing) and gave
   // from memory instead, since it started. Read without the cache's lock.
   virtual uint64_t Fallbacks() const { return 0; }

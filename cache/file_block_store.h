@@ -63,6 +63,7 @@ class FileBlockStore final : public BlockStore {
   void Discard(const BlockKey& key) override;
   Status Verify(const BlockKey& key, uint32_t bytes) override;
   uint64_t Fallbacks() const override { return fallbacks_.load(std::memory_order_relaxed); }
+  bool SlowCommits() const override { return sync_; }
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
   bool KeepsFiles() const override { return true; }

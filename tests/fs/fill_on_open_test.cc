@@ -168,7 +168,9 @@ class FillOnOpenTest : public ::testing::Test {
   }
 
   testing::TempDir src_;
-  testing::TempDir cache_dir_;
+  // RAM-backed, as the daemon's own store (a private tmpfs) is, where a commit is immediate: the
+  // sequences below count on it (a disk dir commits on the cache's worker threads, later).
+  testing::TempDir cache_dir_{"accelfs-fill-cache", "/dev/shm"};
   testing::FakeBackend backend_;
   FakeRegistry registry_;
   std::unique_ptr<FileBlockStore> store_;

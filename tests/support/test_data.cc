@@ -44,9 +44,11 @@ void WriteTestFile(const std::string& path, uint64_t size, uint64_t seed) {
   close(fd);
 }
 
-TempDir::TempDir(const std::string& prefix) {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/" + prefix + ".XXXXXX";
+TempDir::TempDir(const std::string& prefix)
+    : TempDir(prefix, std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp") {}
+
+TempDir::TempDir(const std::string& prefix, const std::string& parent) {
+  std::string tmpl = parent + "/" + prefix + ".XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
   path_ = tmpl;
 }

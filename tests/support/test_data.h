@@ -20,6 +20,8 @@ void WriteTestFile(const std::string& path, uint64_t size, uint64_t seed);
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "accelfs-test");
+  // Under `parent` instead of $TMPDIR (or /tmp).
+  TempDir(const std::string& prefix, const std::string& parent);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -403,11 +403,9 @@ void BlockCache::Shutdown() {
 }
 
 CacheStats BlockCache::Stats() const {
-  CacheStats s;
-  s.fallback_blocks = store_.Fallbacks();  // the store's own counter, not under mu_
+  const uint64_t fallbacks = store_.Fallbacks();  // the store's own counter, not under mu_
   std::lock_guard lock(mu_);
-  const uint64_t fallbacks = s.fallback_blocks;
-  s = stats_;
+  CacheStats s = stats_;
   s.fallback_blocks = fallbacks;
   s.used_bytes = used_;
   s.pinned_bytes = pinned_bytes_;

@@ -342,9 +342,10 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
           return s.error();
         }
         file.in_memory = true;
-        err = s.error().code();
+        file.open_error = s.error().code();
       }
     }
+    if (file.in_memory) err = file.open_error;
     // One mapping of the whole file, not one per block: the kernel allows a process 65530
     // mappings (vm.max_map_count), fewer than the blocks of a large cache. Pages come only as
     // blocks are written, and go when a block's range is punched out.
@@ -417,8 +418,14 @@ Result<BlockBuffer> FileBlockStore::AllocateInMemory(const BlockKey& key, size_t
           "memory, not in the cache dir, until it has room again",
           dir_, Error(why).Message());
     }
-  } else {
-    NoteFailure(why);
+  } else if (why == EIO || why == EROFS) {
+    NoteFailure(why);  // the disk failed (or its filesystem stopped writing after errors)
+  } else if (!other_logged_.exchange(true, std::memory_order_relaxed)) {
+    // Anything else (out of descriptors, a permission changed) is tried again for every block.
+    spdlog::warn(
+        "cache dir '{}': cannot keep a block in it ({}): kept in memory instead; "
+        "further blocks it cannot keep are counted in fallback_blocks",
+        dir_, Error(why).Message());
   }
   return BlockBuffer{data, length, nullptr};
 }

@@ -96,6 +96,7 @@ class FileBlockStore final : public BlockStore {
     // file is then not whole in `fd` and cannot be passed through.
     size_t memory_blocks = 0;
     bool in_memory = false;  // its files could not be created: every block is in memory
+    int open_error = 0;      // why not, while in_memory
   };
 
   // Takes the disk room of a block about to be written through its mapping: 0, or the errno that
@@ -140,6 +141,7 @@ class FileBlockStore final : public BlockStore {
   std::unordered_set<BlockKey, BlockKeyHash> retry_in_memory_;  // GUARDED_BY(mu_)
   std::atomic<int> failed_{0};              // the errno that made every block go to memory; 0: none
   std::atomic<bool> short_of_room_{false};  // the last block that found no room went to memory
+  std::atomic<bool> other_logged_{false};   // a fallback for another reason was logged
   std::atomic<uint64_t> fallbacks_{0};      // blocks given from memory (Fallbacks)
 };
 

@@ -12,7 +12,8 @@ packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-de
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)
-test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian)
+# e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
+test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs)
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]

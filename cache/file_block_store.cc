@@ -361,7 +361,10 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
     }
     ++file.blocks;
     fresh = file.live[key.index]++ == 0;
-    if (err == 0 && retry_in_memory_.erase(key) != 0) err = EIO;  // its Commit failed: see there
+    if (auto retry = retry_in_memory_.find(key); err == 0 && retry != retry_in_memory_.end()) {
+      err = retry->second;  // its Commit failed, with this errno: see there
+      retry_in_memory_.erase(retry);
+    }
     if (!file.in_memory) {
       fd = file.fd;
       mapped = BlockBuffer{file.base + offset, length,
@@ -485,13 +488,21 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
     // Not on disk: not recorded, and not served either. After a failed writeback the kernel may
     // drop the pages, and reading them again from a failing disk would give the reader an error:
     // the block is fetched again, into memory (retry_in_memory_).
+    int err = 0;
     errno = 0;
-    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index)) ||
-        fdatasync(file.fd) != 0) {
-      const int err = errno != 0 ? errno : EIO;
-      if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a failing disk: memory from now on
+    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index))) {
+      err = errno != 0 ? errno : EIO;
+      if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a full dir only skips this block
+    } else if (fdatasync(file.fd) != 0) {
+      // The block's room was taken (Reserve): whatever the sync says, even ENOSPC (a thin or
+      // loop device out of room under the filesystem), the disk failed to keep what it had
+      // promised. Memory from now on.
+      err = errno != 0 ? errno : EIO;
+      NoteFailure(err);
+    }
+    if (err != 0) {
       std::lock_guard lock(mu_);
-      retry_in_memory_.insert(key);
+      retry_in_memory_.insert_or_assign(key, err);
       return Error(err);
     }
   }

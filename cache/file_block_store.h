@@ -33,7 +33,6 @@
 #include <span>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "cache/block_store.h"
@@ -137,8 +136,8 @@ class FileBlockStore final : public BlockStore {
   mutable std::mutex mu_;  // a leaf lock
   std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
   std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
-  // Blocks whose Commit failed, fetched again: their next Allocate gives memory.
-  std::unordered_set<BlockKey, BlockKeyHash> retry_in_memory_;  // GUARDED_BY(mu_)
+  // Blocks whose Commit failed, fetched again, and its errno: their next Allocate gives memory.
+  std::unordered_map<BlockKey, int, BlockKeyHash> retry_in_memory_;  // GUARDED_BY(mu_)
   std::atomic<int> failed_{0};              // the errno that made every block go to memory; 0: none
   std::atomic<bool> short_of_room_{false};  // the last block that found no room went to memory
   std::atomic<bool> other_logged_{false};   // a fallback for another reason was logged

@@ -27,7 +27,7 @@ void BlockCache::StartWorkers() {
 }
 
 BlockCache::~BlockCache() {
-  StopVerifiers();
+  StopWorkers();
   Freed freed;
   Freed kept;  // ready and stored blocks: a persistent store keeps them for the next daemon
   {
@@ -94,15 +94,15 @@ void BlockCache::BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& f
   ++fetching_;
   fetching_bytes_ += entry->expected;
   verify_queue_.push_back(entry);
-  verify_cv_.notify_one();
+  work_cv_.notify_one();
 }
 
 void BlockCache::WorkLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    verify_cv_.wait(
-        lock, [this] { return verify_stop_ || !commit_queue_.empty() || !verify_queue_.empty(); });
-    if (verify_stop_) return;
+    work_cv_.wait(
+        lock, [this] { return workers_stop_ || !commit_queue_.empty() || !verify_queue_.empty(); });
+    if (workers_stop_) return;
     // Commits first: their blocks' readers wait, and their buffers hold budget.
     const bool commit = !commit_queue_.empty();
     std::deque<Entry*>& queue = commit ? commit_queue_ : verify_queue_;
@@ -162,13 +162,13 @@ void BlockCache::FetchAgain(Entry* entry) {
   StartFetches(fetches);
 }
 
-void BlockCache::StopVerifiers() {
+void BlockCache::StopWorkers() {
   std::vector<Waiter> cancelled;
   std::vector<std::function<void(Status)>> prefetched;
   {
     std::lock_guard lock(mu_);
-    verify_stop_ = true;
-    verify_cv_.notify_all();
+    workers_stop_ = true;
+    work_cv_.notify_all();
   }
   for (std::thread& t : workers_) t.join();
   workers_.clear();
@@ -242,7 +242,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
         PinLocked(e, 1);
         lru_.splice(lru_.begin(), lru_, e->lru_pos);
         hit = e;
-      } else if (e->state == State::kStored && verify_stop_) {
+      } else if (e->state == State::kStored && workers_stop_) {
         cancelled = true;  // shutting down: nothing checks it any more
       } else if (e->state == State::kStored) {
         ++stats_.misses;
@@ -287,7 +287,7 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
       // A stored block is checked ahead as a fetch would be made ahead: it takes no more room.
       Entry* e = it->second.get();
       if (e->state != State::kStored) return PrefetchResult::kPresent;
-      if (verify_stop_) return PrefetchResult::kNoRoom;
+      if (workers_stop_) return PrefetchResult::kNoRoom;
       e->unread = true;
       e->prefetched = std::move(done);
       BeginVerify(e, file);
@@ -386,7 +386,7 @@ void BlockCache::DropFile(const FileKey& file) {
 }
 
 void BlockCache::Shutdown() {
-  StopVerifiers();
+  StopWorkers();
   std::vector<Waiter> cancelled;
   std::vector<std::unique_ptr<Entry>> dropped;  // destroyed (closing backing files) after the lock
   {
@@ -507,9 +507,9 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
     // A disk store's commit waits for the disk (fdatasync): on the worker threads, several at a
     // time, not on the backend's completion thread, whose next completions would wait behind it.
     std::unique_lock lock(mu_);
-    if (!verify_stop_) {
+    if (!workers_stop_) {
       commit_queue_.push_back(entry);
-      verify_cv_.notify_one();
+      work_cv_.notify_one();
       return;
     }
   }

@@ -199,7 +199,7 @@ class BlockCache {
   // be bad. REQUIRES: mu_ held.
   void BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file);
   // A worker thread: commits blocks for a store whose commits are slow, and checks stored blocks,
-  // until StopVerifiers.
+  // until StopWorkers.
   void WorkLoop();
   // The stored bytes of `entry` failed their check (`why`): fetches the block anew.
   void Refetch(Entry* entry, const Error& why);
@@ -207,7 +207,7 @@ class BlockCache {
   void FetchAgain(Entry* entry);
   // Joins the workers; blocks still queued for a commit are committed and published, those queued
   // for a check go back to kStored, their waiters get ECANCELED.
-  void StopVerifiers();
+  void StopWorkers();
   // The read of `entry` stalled: answers its waiters ETIMEDOUT (and its Prefetch `done`), and
   // every later Get until the read ends.
   void Stall(Entry* entry);
@@ -236,8 +236,8 @@ class BlockCache {
   const bool slow_commits_;                      // BlockStore::SlowCommits
   std::deque<Entry*> commit_queue_;              // GUARDED_BY(mu_) blocks read, to commit
   std::deque<Entry*> verify_queue_;              // GUARDED_BY(mu_) stored blocks to check
-  bool verify_stop_ = false;                     // GUARDED_BY(mu_)
-  std::condition_variable verify_cv_;            // a queue or verify_stop_ changed
+  bool workers_stop_ = false;                    // GUARDED_BY(mu_)
+  std::condition_variable work_cv_;              // a queue or workers_stop_ changed
   // Started for slow commits, or by AdoptStored when it keeps blocks to check.
   std::vector<std::thread> workers_;
 };

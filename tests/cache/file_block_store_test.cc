@@ -427,28 +427,46 @@ TEST(FileBlockStoreTest, AMissingCacheDirIsCreatedPrivate) {
       << missing.error().Message();
 }
 
-// The cache over a cache directory: what one cache fetched, the next (a restarted daemon) serves
-// without a backend read, within its budget.
-TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
-  testing::TempDir source("accelfs-adopt-src");
-  const std::string path = source / "shard";
-  const uint64_t size = 3 * kBlock + 4321;
-  testing::WriteTestFile(path, size, 11);
-  auto backing = testing::OpenBackingFile(path);
-  const FileKey key = testing::KeyOf(*backing);
-  const auto get = [&](BlockCache& cache, uint64_t index) {
+// A backing file of `size` bytes of `seed`'s data in a temp dir, and a check of its blocks as a
+// cache delivers them.
+struct SourceFile {
+  SourceFile(const std::string& prefix, uint64_t size, uint64_t seed)
+      : dir(prefix), path(dir / "shard"), size(size), seed(seed) {
+    testing::WriteTestFile(path, size, seed);
+    backing = testing::OpenBackingFile(path);
+    key = testing::KeyOf(*backing);
+  }
+  // Gets block `index` from `cache`: "" when it holds the file's bytes, else what is wrong.
+  std::string CheckBlock(BlockCache& cache, uint64_t index) const {
     testing::Awaited<Result<BlockCache::Ref>> got;
     const uint32_t expected =
         static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - index * kBlock));
     cache.Get({key, index}, expected, backing, got.Callback());
-    EXPECT_TRUE(got.Wait());
-    if (!got.ready() || !got.value().ok()) return std::string("no block");
+    if (!got.Wait() || !got.value().ok()) return "block " + std::to_string(index) + " not served";
     const BlockCache::Ref& ref = got.value().value();
     const auto* data = reinterpret_cast<const uint8_t*>(ref.data());
     return std::vector<uint8_t>(data, data + ref.size()) ==
-                   testing::Bytes(11, index * kBlock, expected)
+                   testing::Bytes(seed, index * kBlock, expected)
                ? std::string()
                : "block " + std::to_string(index) + " differs";
+  }
+
+  testing::TempDir dir;
+  std::string path;
+  uint64_t size;
+  uint64_t seed;
+  std::shared_ptr<BackingFile> backing;
+  FileKey key;
+};
+
+// The cache over a cache directory: what one cache fetched, the next (a restarted daemon) serves
+// without a backend read, within its budget.
+TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
+  const SourceFile source("accelfs-adopt-src", 3 * kBlock + 4321, 11);
+  const FileKey key = source.key;
+  const uint64_t size = source.size;
+  const auto get = [&](BlockCache& cache, uint64_t index) {
+    return source.CheckBlock(cache, index);
   };
   {
     auto store = Open();
@@ -501,12 +519,9 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
 TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) {
   CacheDir dir("/var/tmp");
   ASSERT_FALSE(dir.path().empty());
-  testing::TempDir source("accelfs-verify-src");
-  const std::string path = source / "shard";
-  const uint64_t size = 3 * kBlock + 999;
-  testing::WriteTestFile(path, size, 23);
-  auto backing = testing::OpenBackingFile(path);
-  const FileKey key = testing::KeyOf(*backing);
+  const SourceFile source("accelfs-verify-src", 3 * kBlock + 999, 23);
+  const FileKey key = source.key;
+  const uint64_t size = source.size;
   // Every block of the file through a new cache over the directory; returns what was wrong.
   const auto load = [&](testing::FakeBackend& backend, CacheStats* stats) {
     auto store = FileBlockStore::OpenDir(dir.path(), kBlock);
@@ -515,20 +530,7 @@ TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) 
     cache.AdoptStored();
     std::string wrong;
     for (uint64_t i = 0; i * kBlock < size; ++i) {
-      testing::Awaited<Result<BlockCache::Ref>> got;
-      const uint32_t expected =
-          static_cast<uint32_t>(std::min<uint64_t>(kBlock, size - i * kBlock));
-      cache.Get({key, i}, expected, backing, got.Callback());
-      if (!got.Wait() || !got.value().ok()) {
-        wrong += "block " + std::to_string(i) + " not served; ";
-        continue;
-      }
-      const BlockCache::Ref& ref = got.value().value();
-      const auto* data = reinterpret_cast<const uint8_t*>(ref.data());
-      if (std::vector<uint8_t>(data, data + ref.size()) !=
-          testing::Bytes(23, i * kBlock, expected)) {
-        wrong += "block " + std::to_string(i) + " differs; ";
-      }
+      if (const std::string bad = source.CheckBlock(cache, i); !bad.empty()) wrong += bad + "; ";
     }
     *stats = cache.Stats();
     backend.Stop();

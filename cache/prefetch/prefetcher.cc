@@ -6,6 +6,17 @@
 #include "cache/prefetch/safetensors.h"
 
 namespace accelfs {
+namespace {
+
+// Reads that went on in file order where the stream's order jumps elsewhere, before the stream
+// takes file order; and at least this many times those that went on in the stream's order. A
+// front-to-back reader casts only the first kind. A loader that maps the file and touches tensors
+// by name casts the second at each tensor it starts, and the first only where a tensor ends in
+// a block it shares with the next in the file.
+constexpr uint32_t kFileOrderReads = 4;
+constexpr uint32_t kFileOrderMargin = 4;
+
+}  // namespace
 
 Prefetcher::Stream* Prefetcher::StreamFor(const FileKey& file,
                                           const std::shared_ptr<BackingFile>& backing,
@@ -126,6 +137,7 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
 
 bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
                         uint64_t offset, uint64_t size) {
+  bool dropped_order = false;
   {
     std::lock_guard lock(mu_);
     Stream* stream = StreamFor(file, backing);
@@ -135,6 +147,9 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
       const uint64_t end = std::min(offset + size, file.size);
       uint64_t first = offset / options_.block_size;
       uint64_t last = BlockCount(end, options_.block_size);  // one past
+      if (!stream->rank.empty() && NoteReadOrder(*stream, first, last)) {
+        dropped_order = true;
+      }
       if (!stream->rank.empty()) {
         // Positions in the stream's order of the blocks read.
         uint64_t lo = stream->rank[first], hi = stream->rank[first];
@@ -149,7 +164,41 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
     }
     if (stream->state.done()) return true;
   }
+  if (dropped_order && options_.debug_log) {
+    options_.debug_log("a reader goes front to back: streaming in file order");
+  }
   Pump(file);
+  return true;
+}
+
+bool Prefetcher::NoteReadOrder(Stream& stream, uint64_t first, uint64_t last) {
+  if (stream.read_before) {
+    // Going on in file order: the same block as the last read, or the one after it. In the
+    // stream's order: the furthest position read so far, or the one after it (a mapping loader
+    // also reads back into a tensor's last block, which leaves its place in tensor order alone).
+    const bool in_file_order = first == stream.last_read || first == stream.last_read + 1;
+    const uint64_t position = stream.rank[first];
+    const bool in_stream_order =
+        position == stream.furthest_position || position == stream.furthest_position + 1;
+    if (in_file_order && !in_stream_order) ++stream.file_order_reads;
+    if (in_stream_order && !in_file_order) ++stream.stream_order_reads;
+  }
+  stream.last_read = last - 1;
+  stream.read_before = true;
+  for (uint64_t b = first; b < last; ++b) {
+    stream.furthest_position = std::max<uint64_t>(stream.furthest_position, stream.rank[b]);
+  }
+  if (stream.file_order_reads < kFileOrderReads ||
+      stream.file_order_reads < kFileOrderMargin * stream.stream_order_reads) {
+    return false;
+  }
+  stream.order.clear();
+  stream.rank.clear();
+  // Positions are block numbers again. The reader goes forward from here: what lies behind it
+  // was read (asking for it again would refetch what was evicted since), and what the stream
+  // fetched ahead of it in tensor order is skipped without a fetch.
+  stream.state.next = std::min(first, stream.state.blocks);
+  stream.state.reader_end = 0;
   return true;
 }
 

@@ -2,15 +2,17 @@
 // order, many block-sized requests in flight, staying a window ahead of its furthest reader. "In
 // order" is the order a loader will touch the blocks: front to back, or for a safetensors file the
 // header and then each tensor in the order loaders take them (by name; see safetensors.h), once
-// the stream has parsed the header from the file's first block. When a file's stream has asked
-// for its last block, the next shard of its set (SetSuccessor) starts streaming before anyone
-// opens it; a speculative stream stays within its window of the file's start unless started
-// `whole`, and starts its successor only once it has asked for its last block (how many shards run
-// ahead is fs/shard_opener.h's budget). One
-// stream per file identity, shared by every handle and process that reads it; the cache's single
-// in-flight fetch per block means nothing is fetched twice. Stream fetches go to the backend after
-// every demand read, and never evict prefetched data nobody has read yet: when the budget is full
-// the stream pauses, and each read resumes it.
+// the stream has parsed the header from the file's first block. A reader seen going front to back
+// where the two orders part (an eager read() loader) turns the stream back to file order: in
+// tensor order its reads land on blocks the stream skipped, and each waits for a fetch. When a
+// file's stream has asked for its last block, the next shard of its set (SetSuccessor) starts
+// streaming before anyone opens it; a speculative stream stays within its window of the file's
+// start unless started `whole`, and starts its successor only once it has asked for its last block
+// (how many shards run ahead is fs/shard_opener.h's budget). One stream per file identity, shared
+// by every handle and process that reads it; the cache's single in-flight fetch per block means
+// nothing is fetched twice. Stream fetches go to the backend after every demand read, and never
+// evict prefetched data nobody has read yet: when the budget is full the stream pauses, and each
+// read resumes it.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -97,7 +99,15 @@ class Prefetcher {
     std::vector<uint32_t> order;  // empty: front to back
     std::vector<uint32_t> rank;   // block -> position, when there is an order
     bool opened = false;          // false while speculative (nobody opened the file yet)
-    Successor successor;          // run once every block was asked for
+    // Which order the readers follow (NoteReadOrder), while there is an order: the last block
+    // read, the furthest position read, and the reads that went on in one order where the other
+    // would have jumped.
+    uint64_t last_read = 0;
+    uint64_t furthest_position = 0;
+    bool read_before = false;
+    uint32_t file_order_reads = 0;
+    uint32_t stream_order_reads = 0;
+    Successor successor;  // run once every block was asked for
     // One Pump at a time per stream keeps its requests in file order; a Pump asked for while one
     // runs is done by that one (`again`).
     bool pumping = false;
@@ -111,6 +121,10 @@ class Prefetcher {
   // stream by tensors. Takes no lock itself before the block arrives.
   void LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
   void ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block);
+  // A reader asked for blocks [first, last) of a stream with an order: counts which order it
+  // follows, and drops the order for file order once it is plainly the file's. Returns whether it
+  // dropped it. REQUIRES: mu_ held, stream.rank not empty.
+  bool NoteReadOrder(Stream& stream, uint64_t first, uint64_t last);
   // Asks the cache for what the policy allows now. Takes mu_; never holds it across the cache.
   void Pump(const FileKey& file);
   void OnFetched(const FileKey& file, uint64_t block);

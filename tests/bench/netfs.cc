@@ -96,6 +96,7 @@ struct Options {
   unsigned max_background = 64;
   unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
   bool copy_replies = false;               // never splice
+  bool allow_other = false;                // users other than the mounting one may read it
   std::string stats_file;                  // empty: none
   std::string fault_file;                  // empty: no fault injection
 };
@@ -766,6 +767,7 @@ int Serve(const Options& o, int ready_fd) {
   StatsWriter stats(net, o.stats_file);
   std::vector<std::string> args = {
       "accelfs_netfs", "-o", "ro,default_permissions,fsname=accelfs_netfs,subtype=accelfs_netfs"};
+  if (o.allow_other) args.insert(args.end(), {"-o", "allow_other"});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
@@ -839,6 +841,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-background", o.max_background, "kernel cap on background READs")
       ->check(CLI::Range(1, 65535));
   app.add_option("--readahead-kb", o.readahead_kb, "the mount's read_ahead_kb (0: kernel's)");
+  app.add_flag("--allow-other", o.allow_other,
+               "let every user read the mount (a daemon that is not root, over it)");
   app.add_flag("--copy-replies", o.copy_replies,
                "read each READ into a buffer and copy it into the reply, never splice");
   app.add_option("--stats-file", o.stats_file,

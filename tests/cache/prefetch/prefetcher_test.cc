@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/block.h"
@@ -231,6 +233,70 @@ TEST_F(PrefetcherSafetensorsTest, StreamFollowsTensorOrderOnceTheHeaderIsRead) {
   const std::vector<uint32_t> order = prefetcher_->OrderOf(key_);
   ASSERT_EQ(order.size(), order_.size());
   for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], order_[i]) << i;
+}
+
+// Name order the reverse of file order: t0 is the file's last tensor. An eager read() loader reads
+// front to back, against the stream's tensor order at every block.
+std::vector<int> Reversed(int tensors) {
+  std::vector<int> ranks(tensors);
+  for (int i = 0; i < tensors; ++i) ranks[i] = tensors - 1 - i;
+  return ranks;
+}
+
+TEST_F(PrefetcherSafetensorsTest, AReaderGoingFrontToBackTurnsTheStreamToFileOrder) {
+  MakeFile("model.safetensors", Reversed(16));
+  std::vector<std::string> logged;
+  PrefetcherOptions options;
+  options.block_size = kBlock;
+  options.stream_threshold = kBlock;
+  options.limits = {64, 1};
+  options.debug_log = [&](const std::string& line) { logged.push_back(line); };
+  prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  backend_.Hold();
+  prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
+  backend_.Release(1);  // the header
+  ASSERT_TRUE(backend_.WaitCompleted(1));
+  for (int i = 0; i < 1000 && prefetcher_->OrderOf(key_).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_FALSE(prefetcher_->OrderOf(key_).empty()) << "the header was not applied";
+  // The reader reads blocks 0 to 5; its demand fetches are its own (Consume, below).
+  for (uint64_t b = 0; b <= 5; ++b) prefetcher_->OnRead(key_, backing_, b * kBlock, kBlock);
+  EXPECT_TRUE(prefetcher_->OrderOf(key_).empty());
+  ASSERT_FALSE(logged.empty());
+  EXPECT_NE(logged.back().find("file order"), std::string::npos) << logged.back();
+  backend_.ReleaseAll();
+  for (uint64_t b = 1; b <= 4; ++b) {
+    Awaited<Result<BlockCache::Ref>> got;
+    cache_->Get(BlockKey{key_, b}, kBlock, backing_, got.Callback());
+    ASSERT_TRUE(got.Wait());
+    ASSERT_TRUE(got.value().ok()) << b;
+  }
+  ASSERT_TRUE(backend_.WaitCompleted(17));
+  EXPECT_EQ(backend_.submitted(), 17u) << "no block twice";
+  // From the reader's block on, the stream went front to back (in tensor order: 15, 14, ... 5).
+  std::vector<uint64_t> ahead;
+  for (uint64_t b : ServedBlocks()) {
+    if (b >= 5 && b <= 15) ahead.push_back(b);
+  }
+  EXPECT_TRUE(std::is_sorted(ahead.begin(), ahead.end())) << ::testing::PrintToString(ahead);
+  EXPECT_EQ(ahead.size(), 11u);
+}
+
+TEST_F(PrefetcherSafetensorsTest, AReaderInTensorOrderKeepsTheStreamInTensorOrder) {
+  MakeFile("model.safetensors", Reversed(16));
+  prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
+  ASSERT_TRUE(backend_.WaitCompleted(17));
+  ASSERT_FALSE(prefetcher_->OrderOf(key_).empty());
+  // A loader that maps the file touches the header, then t0, t1, ...: blocks 16, 15, ... 1. Each
+  // tensor here also ends where the next in the file begins (the read of a tensor's last page
+  // runs into the block after it), which goes on in file order once per tensor.
+  prefetcher_->OnRead(key_, backing_, 0, kBlock);
+  for (uint64_t b = 16; b >= 1; --b) {
+    prefetcher_->OnRead(key_, backing_, b * kBlock, kBlock);
+    if (b < 16) prefetcher_->OnRead(key_, backing_, (b + 1) * kBlock, 1);
+  }
+  EXPECT_EQ(prefetcher_->OrderOf(key_).size(), 17u);
 }
 
 TEST_F(PrefetcherSafetensorsTest, CorruptHeaderStreamsFrontToBack) {

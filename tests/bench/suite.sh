@@ -6,7 +6,7 @@
 #                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
 #                        [--dest-mib 256] [--prime-mib MODEL+4×DEST+2048] [--case-timeout 900]
-#                        [--repeats 5] [--cold-repeats 3] [--quick]
+#                        [--repeats 5] [--cold-repeats 3] [--lone-mib 3072] [--no-user] [--quick]
 #
 # BUILD names the build directory (default build, relative to the repository root); it needs accelfs, accelfs_loader, accelfs_netfs
 # and accelfs_ceiling. --quick is a smoke run: a 128 MiB model, 100 ms stagger, 16 MiB loader
@@ -37,6 +37,18 @@
 # every shard (data parallel), at once and staggered by --stagger-ms with the page cache dropped
 # before each later start (`dp --drop-caches`); --procs processes each copying 1/procs of every
 # tensor (tensor parallel).
+#
+# NET only, two more sets of rows (issue 18):
+#   lone file       one `model.safetensors` of --lone-mib MiB (0: none) in a directory of its own
+#                   (GGUF, a single-file model): NET over its /dev/shm copy, its own ceiling (64
+#                   threads), read() and mmap cold through a new daemon each run, and both loaders
+#                   on the /dev/shm copy (backend "NET lone")
+#   as a user       accelfs mounted by uid 65534 (setpriv; /dev/fuse opened to all users for the
+#                   rows and put back, NET mounted allow_other): no passthrough, no fill on open,
+#                   the kernel's 128 KiB read-ahead. mmap and read() cold (a new daemon each run)
+#                   and warm (page cache dropped), against NET's ceiling and the tmpfs rows.
+#                   --no-user leaves them out; where setpriv cannot change uid they are skipped
+#                   with one line.
 #
 # Cases, per backend:
 #   ceiling         accelfs_ceiling (N threads × 4 MiB preads, each chunk once) on the backend:
@@ -93,6 +105,8 @@ dest_mib=
 prime_mib=
 repeats=5
 cold_repeats=3
+lone_mib=
+user_rows=1
 quick=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -112,18 +126,21 @@ while (($#)); do
     --prime-mib) prime_mib=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --cold-repeats) cold_repeats=$2; shift 2 ;;
+    --lone-mib) lone_mib=$2; shift 2 ;;
+    --no-user) user_rows=0; shift ;;
     --quick) quick=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "suite: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 # --quick: a tiny model and short stagger, unless given.
-if ((quick)); then model_mib=${model_mib:-128} stagger_ms=${stagger_ms:-100} dest_mib=${dest_mib:-16}; fi
-model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:-256}
+if ((quick)); then model_mib=${model_mib:-128} stagger_ms=${stagger_ms:-100} dest_mib=${dest_mib:-16} lone_mib=${lone_mib:-128}; fi
+model_mib=${model_mib:-4096} stagger_ms=${stagger_ms:-1000} dest_mib=${dest_mib:-256} lone_mib=${lone_mib:-3072}
 for v in model_mib shards threads procs disk_mbps case_timeout dest_mib repeats cold_repeats; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --${v//_/-} must be a positive integer" >&2; exit 2; }
 done
 [[ -z $prime_mib || $prime_mib =~ ^[0-9]+$ ]] || { echo "suite: --prime-mib must be an integer" >&2; exit 2; }
+[[ $lone_mib =~ ^[0-9]+$ ]] || { echo "suite: --lone-mib must be an integer (0: no lone file)" >&2; exit 2; }
 [[ $stagger_ms =~ ^[0-9]+$ ]] || { echo "suite: --stagger-ms must be an integer" >&2; exit 2; }
 [[ $mix =~ ^(small|mixed|large)$ ]] || { echo "suite: --tensor-mix is small, mixed or large" >&2; exit 2; }
 ((model_mib % shards == 0)) || { echo "suite: --model-size-mib must be a multiple of --shards" >&2; exit 2; }
@@ -167,12 +184,18 @@ logs=$dir/logs
 shard_mib=$((model_mib / shards))
 model=$dir/model-${shards}x${shard_mib}M-$mix
 shm=/dev/shm/accelfs-suite-$$
+lone_model=$dir/lone-${lone_mib}M-$mix
+lone_shm=/dev/shm/accelfs-suite-lone-$$
+net_src=$shm  # what NET serves: the model, or the lone file's directory
 net_mnt=$dir/net
 net_stats=$dir/net.stats
 disk_dir=$dir/disk
 disk_img=$dir/disk.img
 acc_mnt=$dir/acc
-mkdir -p "$logs" "$net_mnt" "$acc_mnt"
+user_mnt=$dir/user  # the mountpoint of the daemon run as a user (owned by that user)
+user_uid=65534
+as_user=(setpriv --reuid="$user_uid" --regid="$user_uid" --clear-groups)
+mkdir -p "$logs" "$net_mnt" "$acc_mnt" "$user_mnt"
 exec 9>"$dir/.lock"
 flock -n 9 || { echo "suite: another suite run holds $dir/.lock" >&2; exit 1; }
 
@@ -209,6 +232,8 @@ mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
 # ---- cleanup: whatever is up, in reverse order; runs on every exit ----------------------------
 case_pid='' sampler_pid='' acc_pid='' net_pid='' disk_up=0 results_written=0 incomplete=''
 pipe_max_old=''  # pipe-max-size before the suite raised it for NET
+fuse_mode_old=''  # /dev/fuse's mode before the user rows opened it to all
+acc_at=$acc_mnt   # where the running daemon is mounted
 
 # Waits up to 10 s for process $1 to exit, then kills it.
 reap() {
@@ -233,12 +258,14 @@ cleanup() {
   [[ -n $case_pid ]] && { kill -TERM -- "-$case_pid" 2>/dev/null; reap "$case_pid"; }
   [[ -n $sampler_pid ]] && { kill "$sampler_pid" 2>/dev/null; wait "$sampler_pid" 2>/dev/null; }
   unmount "$acc_mnt"  # accelfs first: it may sit on NET or DISK
+  unmount "$user_mnt"
   [[ -n $acc_pid ]] && reap "$acc_pid"
+  [[ -n $fuse_mode_old ]] && chmod "$fuse_mode_old" /dev/fuse
   unmount "$net_mnt"
   [[ -n $net_pid ]] && reap "$net_pid"
   ((disk_up)) && mounted "$disk_dir" && "$disk_sh" down "$disk_dir" >&2
   [[ -n $pipe_max_old ]] && echo "$pipe_max_old" > /proc/sys/fs/pipe-max-size
-  rm -rf "$shm"
+  rm -rf "$shm" "$lone_shm"
   # An error or an interrupt: still write the rows measured so far, marked as such.
   if ((!results_written && ${#rows[@]} > 0)); then
     incomplete="exit status $rc"
@@ -271,7 +298,7 @@ backend_bytes() {
   local a b c d
   case $1 in
     # "accelfs_netfs: N READs, B bytes, ...", rewritten by NET within 20 ms of any change.
-    NET) read -r a b c d _ < "$net_stats"; echo "$d" ;;
+    NET | "NET lone") read -r a b c d _ < "$net_stats"; echo "$d" ;;
     # Field 3 of a block device's stat: sectors (512 bytes) read.
     DISK) read -r a b c _ < "/sys/block/$loop_name/stat"; echo $((c * 512)) ;;
     *) echo "" ;;
@@ -380,8 +407,9 @@ start_net() {
     pipe_max_old=$pipe_max
     echo 2097152 > /proc/sys/fs/pipe-max-size || say "cannot raise pipe-max-size: NET copies"
   fi
-  "$netfs" "$shm" "$net_mnt" -f --latency-ms 5 --request-mbps 200 --total-mbps 2000 \
-    --threads 64 --max-background 64 --readahead-kb 1024 --stats-file "$net_stats" \
+  # allow_other: the daemon of the user rows reads it too.
+  "$netfs" "$net_src" "$net_mnt" -f --latency-ms 5 --request-mbps 200 --total-mbps 2000 \
+    --threads 64 --max-background 64 --readahead-kb 1024 --stats-file "$net_stats" --allow-other \
     2> "$logs/netfs.log" &
   net_pid=$!
   local i
@@ -428,19 +456,23 @@ stop_disk() {
   disk_up=0
 }
 
-# start_accelfs BACKEND SOURCE CACHE_BYTES: a new daemon in the foreground (so its pid is known),
-# inside DISK's throttled cgroup for DISK (the daemon is what reads the device).
+# start_accelfs BACKEND SOURCE CACHE_BYTES [user]: a new daemon in the foreground (so its pid is
+# known), inside DISK's throttled cgroup for DISK (the daemon is what reads the device); with
+# `user`, run as the user of the user rows and mounted at $user_mnt.
 start_accelfs() {
   local backend=$1 src=$2 cache=$3 log=$logs/accelfs-$((++accelfs_runs)).log i
-  local cmd=("$accelfs" "$src" "$acc_mnt" -f --cache-size "$cache" --log-level info)
+  acc_at=$acc_mnt
+  [[ ${4:-} == user ]] && acc_at=$user_mnt
+  local cmd=("$accelfs" "$src" "$acc_at" -f --cache-size "$cache" --log-level info)
   # ACCELFS_OPTS: extra daemon options for every accelfs case (e.g. "--push"), word-split.
   # shellcheck disable=SC2206
   cmd+=(${ACCELFS_OPTS:-})
   [[ $backend == DISK ]] && cmd=("$disk_sh" run "${cmd[@]}")
+  [[ ${4:-} == user ]] && cmd=("${as_user[@]}" "${cmd[@]}")
   "${cmd[@]}" 2> "$log" &
   acc_pid=$!
   for ((i = 0; i < 100; i++)); do
-    findmnt -n -t fuse.accelfs --mountpoint "$acc_mnt" >/dev/null && return 0
+    findmnt -n -t fuse.accelfs --mountpoint "$acc_at" >/dev/null && return 0
     kill -0 "$acc_pid" 2>/dev/null || die "accelfs did not mount: $(cat "$log")"
     sleep 0.1
   done
@@ -448,7 +480,7 @@ start_accelfs() {
 }
 
 stop_accelfs() {
-  unmount "$acc_mnt"
+  unmount "$acc_at"
   reap "$acc_pid"
   acc_pid=
 }
@@ -576,6 +608,66 @@ case_small_cache() {
   stop_accelfs
 }
 
+# as a user BACKEND SOURCE: per loader (mmap, read()), cold runs each on a new daemon run as the
+# user (page cache dropped, memory primed), then warm runs on the last one (page cache dropped).
+# /dev/fuse is opened to all users for these rows (Debian's default; 0600 on some VMs) and put
+# back after them.
+case_user() {
+  local backend=$1 src=$2 l probe
+  ((user_rows)) || return 0
+  if ! probe=$("${as_user[@]}" true 2>&1); then
+    say "as a user: skipped, setpriv cannot change uid here: $probe"
+    return 0
+  fi
+  fuse_mode_old=$(stat -c %a /dev/fuse)
+  chmod 0666 /dev/fuse
+  chown "$user_uid:$user_uid" "$user_mnt"
+  for l in mmap eager; do
+    new_daemon_args=("$backend" "$src" "$cache_bytes" user)
+    # shellcheck disable=SC2086
+    measure_median "$cold_repeats" new_daemon_cold "$backend" 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$user_mnt"
+    record "$backend" "user cold" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
+    # shellcheck disable=SC2086
+    measure_median "$repeats" drop_caches "$backend" 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$user_mnt"
+    record "$backend" "user warm" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
+    stop_accelfs
+  done
+  chmod "$fuse_mode_old" /dev/fuse
+  fuse_mode_old=
+}
+
+# lone file: NET over a directory holding one model.safetensors of --lone-mib MiB (generated once
+# in DIR, copied to /dev/shm for the rows). Its own ceiling; both loaders on the copy; read() and
+# mmap cold, each run on a new daemon. NET serves the model again afterwards.
+bench_lone() {
+  local l f=model.safetensors
+  ((lone_mib > 0)) || return 0
+  if [[ ! -f $lone_model/$f ]]; then
+    say "generating a lone $lone_mib MiB file ($mix tensors) in $lone_model"
+    rm -rf "$lone_model"
+    "$loader" gen "$lone_model" --shards 1 --shard-size $((lone_mib << 20)) --tensor-mix "$mix" > /dev/null
+    mv "$lone_model"/*-of-*.safetensors "$lone_model/$f"
+    rm -f "$lone_model"/*.json
+  fi
+  cp -r "$lone_model" "$lone_shm"
+  lone_bytes=$(stat -c %s "$lone_shm/$f")
+  stop_net
+  net_src=$lone_shm start_net
+  case_ceiling "NET lone" "$net_mnt/$f" 0 64
+  for l in eager mmap; do
+    # shellcheck disable=SC2086
+    measure_median "$repeats" drop_caches tmpfs 0 "$loader" ${loader_args[$l]} "$lone_shm/$f"
+    record "NET lone" "local copy" "$l" "$m_gbps" "$m_secs" "" "" "$m_note"
+    new_daemon_args=(NET "$net_mnt" "$cache_bytes")
+    # shellcheck disable=SC2086
+    measure_median "$cold_repeats" new_daemon_cold NET 0 "$loader" ${loader_args[$l]} "$acc_mnt/$f"
+    record "NET lone" "accelfs cold" "$l" "$m_gbps" "$m_secs" "$m_bytes" "$m_rss" "$m_note"
+    stop_accelfs
+  done
+  stop_net
+  rm -rf "$lone_shm"
+}
+
 bench_net() {
   start_net
   case_ceiling NET "$net_mnt" 0 16 64
@@ -583,7 +675,9 @@ bench_net() {
   case_accelfs NET "$net_mnt"
   case_warm_tool NET "$net_mnt"
   case_small_cache NET "$net_mnt"
-  stop_net
+  case_user NET "$net_mnt"
+  bench_lone
+  [[ -z $net_pid ]] || stop_net
 }
 
 bench_disk() {
@@ -608,18 +702,20 @@ at_least() { [[ $1 =~ ^[0-9.]+$ ]] && awk -v a="$1" -v b="$2" 'BEGIN {print (a >
 at_most() { [[ $1 =~ ^[0-9.]+$ ]] && awk -v a="$1" -v b="$2" 'BEGIN {print (a <= b ? "PASS" : "FAIL")}' || echo n/a; }
 
 format_table() {
-  local key b c l tmpfs_key
+  local key b c l tmpfs_key size
   echo "| backend | case | loader | GB/s | × ceiling | × tmpfs | seconds | backend MiB read | × model | daemon peak RSS MiB | note |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for key in "${rows[@]}"; do
     IFS='|' read -r b c l <<< "$key"
-    tmpfs_key="tmpfs|local copy|$l"
+    tmpfs_key="tmpfs|local copy|$l" size=$model_bytes
+    # The lone file's rows are held against the lone file: its copy, its size.
+    [[ $b == "NET lone" ]] && tmpfs_key="NET lone|local copy|$l" size=${lone_bytes:-}
     local name=${loader_name[$l]:-"accelfs_ceiling, ${l#ceiling-} threads × 4 MiB pread"}
     local rss=-
     [[ -n ${RSS[$key]:-} ]] && rss=$((RSS[$key] / 1024))
     echo "| $b | $c | $name | ${GBPS[$key]:-} | $(ratio "${GBPS[$key]:-}" "${CEIL[$b]:-}") |" \
       "$(ratio "${GBPS[$key]:-}" "${GBPS[$tmpfs_key]:-}") | ${SECS[$key]:-} | $(mib "${BBYTES[$key]:-}") |" \
-      "$(ratio "${BBYTES[$key]:-}" "$model_bytes") | $rss | ${NOTE[$key]:-} |"
+      "$(ratio "${BBYTES[$key]:-}" "$size") | $rss | ${NOTE[$key]:-} |"
   done
 }
 
@@ -681,6 +777,21 @@ format_goals() {
     goal "$b model 2× the cache: daemon RSS ≤ budget + 64 MiB ($((limit >> 10)) MiB)" \
       "peak $(( ${RSS[$k]:-0} >> 10)) MiB" "$(at_most "${RSS[$k]:-}" "$limit")"
   done
+  # Issue 18: a lone file, and a mount by a user who is not root (NET).
+  if [[ -n ${CEIL[NET lone]:-} ]]; then
+    for l in eager mmap; do
+      k="NET lone|accelfs cold|$l" r=$(ratio "${GBPS[$k]:-}" "${CEIL[NET lone]}")
+      goal "NET lone file cold, ${loader_name[$l]}: ≥0.9× its ceiling (${CEIL[NET lone]} GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 0.9)"
+    done
+  fi
+  if [[ -n ${GBPS[NET|user cold|mmap]:-} && -n ${CEIL[NET]:-} ]]; then
+    for l in mmap eager; do
+      k="NET|user cold|$l" r=$(ratio "${GBPS[$k]:-}" "${CEIL[NET]}")
+      goal "NET as a user, cold, ${loader_name[$l]}: ≥0.9× ceiling (${CEIL[NET]} GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 0.9)"
+      k="NET|user warm|$l" r=$(ratio "${GBPS[$k]:-}" "${GBPS[tmpfs|local copy|$l]:-}")
+      goal "NET as a user, warm, ${loader_name[$l]}: ≥1× tmpfs (${GBPS[tmpfs|local copy|$l]:-} GB/s)" "${GBPS[$k]:-} GB/s = $r×" "$(at_least "$r" 1.0)"
+    done
+  fi
 }
 
 format_results() {
@@ -713,7 +824,9 @@ format_results() {
   ((run_net)) && echo "- NET: accelfs_netfs, ${net_params:-not run}"
   ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
   echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"
-  echo "- ceiling: the best accelfs_ceiling row on the backend (NET: 16 and 64 threads, DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
+  ((lone_mib > 0 && run_net)) && echo "- lone file: one model.safetensors of ${lone_bytes:-?} bytes ($mix tensor mix), generated in $lone_model, NET over its /dev/shm copy for the NET lone rows (× tmpfs and × model: against that copy and that file)"
+  ((user_rows && run_net)) && echo "- as a user: the daemon and the loaders run as uid $user_uid (setpriv), /dev/fuse mode 0666 for those rows only"
+  echo "- ceiling: the best accelfs_ceiling row on the backend (NET: 16 and 64 threads, NET lone and DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
   echo "- ceiling and accelfs cold: the median of $cold_repeats runs, each accelfs one on a new daemon; tmpfs, accelfs warm and accelfs repeat: the median of $repeats runs; the note lists every run, and backend MiB read and daemon peak RSS are the most of any run; direct, accelfs-warm and the small cache: one run; GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the last cold run's)"
   echo
   format_table

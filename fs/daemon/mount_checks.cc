@@ -180,7 +180,10 @@ Status CheckFuseDevice(const std::string& device) {
     return Error(EINVAL, error);
   }
   // libfuse 3.14 opens the device itself before it would run the setuid fusermount3 (only a
-  // refused mount(2) goes there), so a user who cannot open it cannot mount at all.
+  // refused mount(2) goes there), so a user who cannot open it cannot mount at all. Nor would
+  // fusermount3 help: it drops root to open the device, whose mode is what grants FUSE (with
+  // 0600 and -o auto_unmount, which makes libfuse run fusermount3 at once, it says "fusermount3:
+  // failed to open /dev/fuse: Permission denied").
   const int fd = open(device.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     error = "no permission to open " + device + " (" + std::strerror(errno) +

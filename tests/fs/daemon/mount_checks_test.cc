@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <ostream>
 #include <string>
@@ -127,6 +129,33 @@ TEST(CheckFuseDeviceTest, NotACharacterDevice) {
     EXPECT_NE(error.find(path), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }
+}
+
+// A character device that cannot be opened (no driver behind its number): the one line names the
+// device and the fix. (fusermount3 cannot open a device its user may not open either: it drops
+// root for that open, so the device's mode is what grants FUSE.)
+TEST(CheckFuseDeviceTest, ADeviceNobodyCanOpen) {
+  if (geteuid() != 0) GTEST_SKIP() << "mknod needs root";
+  TempDir dir("accelfs-fusedev");
+  const std::string path = dir / "fuse";
+  // Major 240 is for local/experimental use: no driver here.
+  if (mknod(path.c_str(), S_IFCHR | 0600, makedev(240, 77)) != 0) {
+    GTEST_SKIP() << "mknod: " << std::strerror(errno);
+  }
+  const Status checked = CheckFuseDevice(path);
+  ASSERT_FALSE(checked.ok());
+  const std::string error = checked.error().Message();
+  EXPECT_NE(error.find("no permission to open " + path), std::string::npos) << error;
+  EXPECT_NE(error.find("chmod 0666"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+TEST(CheckFuseDeviceTest, TheRealDeviceIsOpenedDirectlyByRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "root opens /dev/fuse";
+  struct stat st {};
+  if (stat("/dev/fuse", &st) != 0) GTEST_SKIP() << "no /dev/fuse here";
+  const Status checked = CheckFuseDevice("/dev/fuse");
+  EXPECT_TRUE(checked.ok()) << checked.error().Message();
 }
 
 }  // namespace

@@ -259,6 +259,28 @@ TEST_P(NetfsTest, EveryOpenSeesTheBackingFileAfresh) {
   EXPECT_TRUE(MmapMatches(Mnt(f.name), {f.name, f.size, f.seed + 100}));
 }
 
+// --allow-other: another user (a daemon that is not root, mounted over NET by the suite's user
+// rows) reads the mount; without it only the mounting user may.
+TEST_P(NetfsTest, AllowOtherLetsAnotherUserRead) {
+  const CommandResult probe = RunCommand({"setpriv", "--reuid=65534", "true"});
+  if (probe.exit_code != 0) GTEST_SKIP() << "setpriv cannot change uid here: " << probe.err;
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0) << std::strerror(errno);
+  const TestFile f{"weights.bin", (1 << 20) + 3, 8};
+  WriteTestFile(Src(f.name), f.size, f.seed);
+  ASSERT_EQ(chmod(Src(f.name).c_str(), 0644), 0);
+  const std::vector<std::string> cmp = {"setpriv",        "--reuid=65534", "--regid=65534",
+                                        "--clear-groups", "cmp",           Src(f.name),
+                                        Mnt(f.name)};
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  EXPECT_NE(RunCommand(cmp).exit_code, 0) << "another user read a mount without allow_other";
+  ASSERT_EQ(netfs_.Stop(), 0) << netfs_.Log();
+  std::vector<std::string> args = kFastNet;
+  args.push_back("--allow-other");
+  ASSERT_NO_FATAL_FAILURE(Mount(args));
+  const CommandResult same = RunCommand(cmp);
+  EXPECT_EQ(same.exit_code, 0) << same.out << same.err << netfs_.Log();
+}
+
 TEST_P(NetfsTest, ListsLinksAndRefusesWrites) {
   ASSERT_NO_FATAL_FAILURE(WriteFiles(source_));
   ASSERT_EQ(symlink("dir with spaces/a shard.bin", Src("link").c_str()), 0);

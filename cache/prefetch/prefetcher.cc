@@ -147,9 +147,7 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
       const uint64_t end = std::min(offset + size, file.size);
       uint64_t first = offset / options_.block_size;
       uint64_t last = BlockCount(end, options_.block_size);  // one past
-      if (!stream->rank.empty() && NoteReadOrder(*stream, first, last)) {
-        dropped_order = true;
-      }
+      dropped_order = !stream->rank.empty() && NoteReadOrder(*stream, first, last);
       if (!stream->rank.empty()) {
         // Positions in the stream's order of the blocks read.
         uint64_t lo = stream->rank[first], hi = stream->rank[first];

@@ -205,10 +205,18 @@ class PrefetcherSafetensorsTest : public PrefetcherTest {
     key_ = testing::KeyOf(*backing_);
     cache_ =
         std::make_unique<BlockCache>(store_, backend_, BlockCache::Options{64 * kBlock, kBlock});
+    MakePrefetcher(nullptr);
+  }
+  // A prefetcher over cache_, one fetch in flight at a time; its debug lines go to `logged` (if
+  // given).
+  void MakePrefetcher(std::vector<std::string>* logged) {
     PrefetcherOptions options;
     options.block_size = kBlock;
     options.stream_threshold = kBlock;
     options.limits = {64, 1};
+    if (logged != nullptr) {
+      options.debug_log = [logged](const std::string& line) { logged->push_back(line); };
+    }
     prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
   }
   std::vector<uint64_t> order_;
@@ -246,12 +254,7 @@ std::vector<int> Reversed(int tensors) {
 TEST_F(PrefetcherSafetensorsTest, AReaderGoingFrontToBackTurnsTheStreamToFileOrder) {
   MakeFile("model.safetensors", Reversed(16));
   std::vector<std::string> logged;
-  PrefetcherOptions options;
-  options.block_size = kBlock;
-  options.stream_threshold = kBlock;
-  options.limits = {64, 1};
-  options.debug_log = [&](const std::string& line) { logged.push_back(line); };
-  prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  MakePrefetcher(&logged);
   backend_.Hold();
   prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
   backend_.Release(1);  // the header
@@ -307,12 +310,7 @@ TEST_F(PrefetcherSafetensorsTest, CorruptHeaderStreamsFrontToBack) {
   std::fputs("{\"t0\":[", f);
   std::fclose(f);
   std::vector<std::string> logged;
-  PrefetcherOptions options;
-  options.block_size = kBlock;
-  options.stream_threshold = kBlock;
-  options.limits = {64, 1};
-  options.debug_log = [&](const std::string& line) { logged.push_back(line); };
-  prefetcher_ = std::make_unique<Prefetcher>(*cache_, options);
+  MakePrefetcher(&logged);
   prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
   ASSERT_TRUE(backend_.WaitCompleted(5));
   EXPECT_EQ(ServedBlocks(), (std::vector<uint64_t>{0, 1, 2, 3, 4}));

@@ -35,6 +35,13 @@ std::shared_ptr<Inode> InodeTable::Get(uint64_t id) const {
   return it == by_id_.end() ? nullptr : it->second.inode;
 }
 
+std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::FindBacking(dev_t dev, ino_t ino) const {
+  std::lock_guard lock(mu_);
+  auto it = by_backing_.find({dev, ino});
+  if (it == by_backing_.end()) return {0, nullptr};
+  return {it->second, by_id_.at(it->second).inode};
+}
+
 void InodeTable::Forget(uint64_t id, uint64_t n) {
   std::shared_ptr<Inode> last;  // closed after the lock
   std::lock_guard lock(mu_);

@@ -60,6 +60,10 @@ class InodeTable {
   // nullptr for an id the kernel should not have (forgotten or never given).
   std::shared_ptr<Inode> Get(uint64_t id) const;
 
+  // The id and inode the kernel holds for the backing inode (dev, ino); {0, nullptr} when the
+  // kernel has not looked it up (or has forgotten it).
+  std::pair<uint64_t, std::shared_ptr<Inode>> FindBacking(dev_t dev, ino_t ino) const;
+
   // Drops n kernel lookups; the inode goes when none remain. The root is never dropped.
   void Forget(uint64_t id, uint64_t n);
 

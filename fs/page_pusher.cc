@@ -70,6 +70,40 @@ void PagePusher::Forget(const FileKey& file) {
   std::lock_guard push(push_mu_);
   std::lock_guard lock(mu_);
   watchers_.erase(file);
+  ++epoch_;
+}
+
+uint64_t PagePusher::Epoch() const {
+  std::lock_guard lock(mu_);
+  return epoch_;
+}
+
+Result<uint64_t> PagePusher::Load(uint64_t ino, std::span<const BlockCache::Ref> blocks,
+                                  uint64_t epoch) {
+  uint64_t bytes = 0;
+  Status status = Status::Ok();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockCache::Ref& block = blocks[i];
+    const uint64_t offset = i * uint64_t{options_.block_size};
+    std::lock_guard push(push_mu_);
+    {
+      std::lock_guard lock(mu_);
+      if (stop_ || epoch_ != epoch) {
+        status = Error(ECANCELED);
+        break;
+      }
+    }
+    status = kernel_.Store(ino, offset, std::span<const std::byte>(block.data(), block.size()));
+    if (!status.ok()) break;
+    bytes += block.size();
+  }
+  {
+    std::lock_guard lock(mu_);
+    stats_.pushed_bytes += bytes;
+    if (!status.ok() && status.error().code() != ECANCELED) ++stats_.failed_pushes;
+  }
+  if (!status.ok()) return status.error();
+  return bytes;
 }
 
 void PagePusher::Run() {

@@ -77,6 +77,16 @@ class PagePusher {
   // A stream fetched `block` of `file`: push it if someone has the file open in cached mode.
   void OnFetched(const FileKey& file, uint64_t block);
 
+  // A whole file into the page cache (a warmed file on a mount without passthrough, whose next
+  // open then reads no byte through the daemon): take Epoch() before deciding that the inode's
+  // pages are the file's, then Load. Load writes `blocks` (the file's, in order, from offset 0)
+  // into inode `ino`'s pages on the calling thread, one block per hold of the push lock, and
+  // returns the bytes written. It stops at the kernel's first refusal (its errno), and with
+  // ECANCELED once any file has been forgotten since `epoch`: a changed file's open waits in
+  // Forget for the block being written, and no later block is written after it.
+  uint64_t Epoch() const;
+  Result<uint64_t> Load(uint64_t ino, std::span<const BlockCache::Ref> blocks, uint64_t epoch);
+
   // Waits until every push queued so far is done (tests).
   void Drain();
 
@@ -102,6 +112,7 @@ class PagePusher {
   bool busy_ = false;                                                // GUARDED_BY(mu_)
   bool stop_ = false;                                                // GUARDED_BY(mu_)
   PushStats stats_;                                                  // GUARDED_BY(mu_)
+  uint64_t epoch_ = 0;  // GUARDED_BY(mu_) Forget calls so far
   std::thread thread_;
 };
 

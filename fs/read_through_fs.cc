@@ -344,6 +344,28 @@ std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& ino
   return {inode.parent, inode.name};
 }
 
+Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file) {
+  if (pusher_ == nullptr) return Error(ENOTSUP);
+  auto [id, node] = inodes_.FindBacking(static_cast<dev_t>(file.dev), static_cast<ino_t>(file.ino));
+  if (!node) return Error(ENOENT);
+  // Taken before the inode's pages are claimed for `file`: an open that finds the file changed
+  // after that forgets the old version (FinishOpen), which ends the load.
+  const uint64_t epoch = pusher_->Epoch();
+  std::vector<BlockCache::Ref> blocks;
+  {
+    std::lock_guard lock(node->mu);  // lock order: node.mu, then the cache's (PinFile)
+    if (node->opened_before && node->opened_identity != file) return Error(ESTALE);
+    // An inode open in passthrough mode is read from the store's file, not from its pages.
+    if (node->passthrough_opens > 0) return Error(EBUSY);
+    if (!cache_.PinFile(file, &blocks)) return Error(ENODATA);
+    node->opened_identity = file;
+    node->opened_before = true;
+  }
+  Result<uint64_t> loaded = pusher_->Load(id, blocks, epoch);
+  blocks.clear();  // unpinned with no inode lock held
+  return loaded;
+}
+
 void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started,
                                const OpenDone& done, bool may_wait) {
   const uint64_t ino = handle->ino;

@@ -133,8 +133,20 @@ class ReadThroughFs {
   void EnablePassthrough(BackingRegistry* registry) { registry_ = registry; }
 
   // From now on, blocks streamed in for files open in cached mode are pushed into the kernel's
-  // page cache. REQUIRES: pusher outlives this; called before the first Open.
+  // page cache (when the pusher is fed them), and LoadIntoPageCache works. REQUIRES: pusher
+  // outlives this; called before the first Open.
   void EnablePagePush(PagePusher* pusher) { pusher_ = pusher; }
+
+  // Writes all of `file`, whole in the cache, into the kernel's page cache of its inode, so that
+  // on a mount without passthrough the file's next open reads no byte through the daemon (a
+  // warmed file). The inode's pages count as `file`'s from then on, so that open keeps them
+  // (keep_cache); an open of a changed file drops them, as ever, and no page of the old file is
+  // written after it. Returns the bytes written. Errors: ENOENT when the kernel does not hold the
+  // inode (it was never looked up through the mount), ESTALE when it was last opened as another
+  // version, EBUSY when it is open in passthrough mode, ENODATA when the file is no longer whole
+  // in the cache, ENOTSUP without EnablePagePush, else the kernel's refusal or ECANCELED
+  // (PagePusher::Load).
+  Result<uint64_t> LoadIntoPageCache(const FileKey& file);
 
   // Answers through `done`: at once, or (fill on open, see FsOptions) once the file is cached,
   // on the thread that completed its last block. Never blocks on the backend.

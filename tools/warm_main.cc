@@ -1,6 +1,7 @@
 // accelfs-warm PATH...: brings files into an accelfs mount's cache before a launch (the daemon
 // fetches them at full backend parallelism), or drops them (--evict). Exit 0 only when everything
 // asked for is resident (or dropped); 1 on any failure, 2 on usage errors.
+#include <ftw.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,6 +73,24 @@ Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& 
     all = all && f.resident == f.size;
   }
   return all;
+}
+
+// A warmed file goes into the kernel's page cache on a mount without passthrough, which the daemon
+// can do only for an inode the kernel holds: every file below `paths` is looked up through the
+// mount first. Best effort: a file that cannot be (another user's mount, a rename meanwhile) is
+// warmed all the same, into the daemon's cache only.
+void LookUpThroughMount(const std::vector<std::string>& paths) {
+  constexpr int kOpenDirs = 16;
+  for (const std::string& path : paths) {
+    nftw(
+        path.c_str(),
+        [](const char* name, const struct stat*, int type, struct FTW*) {
+          struct stat target {};
+          if (type == FTW_SL) stat(name, &target);  // a symlinked file: its target too
+          return 0;
+        },
+        kOpenDirs, FTW_PHYS);
+  }
 }
 
 int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
@@ -193,6 +212,7 @@ int Main(int argc, char** argv) {
   if (!paths.ok()) return Fail(paths.error().Message());
   const Result<std::vector<MountPaths>> groups = GroupByMount(ListAccelfsMounts(), paths.value());
   if (!groups.ok()) return Fail(groups.error().Message());
+  if (!evict) LookUpThroughMount(paths.value());
   int rc = 0;
   for (const auto& [mount, relative] : groups.value()) {
     const int r = evict ? Evict(mount, relative, options) : Warm(mount, relative, options);

@@ -40,7 +40,7 @@ struct DaemonStats {
   uint64_t open_files = 0;          // file handles open (cached or passthrough)
   uint64_t passthrough_files = 0;   // of them, open in passthrough mode
   uint64_t filling_opens = 0;       // opens waiting for their file to be cached (fill on open)
-  uint64_t pushed_bytes = 0;        // bytes written into the kernel page cache (--push)
+  uint64_t pushed_bytes = 0;  // bytes written into the kernel page cache (--push, warmed files)
 };
 
 using StatsSource = std::function<DaemonStats()>;
@@ -198,7 +198,8 @@ inline constexpr std::array kStatsFields = [] {
           "waiting_requests", kGauge, kCount, "accelfs_backend_waiting_requests",
           "Backend reads held back because their file has its share of the depth in flight."),
       Row<&D::pushed_bytes>("pushed_bytes", kCounter, kBytes, "accelfs_pushed_bytes_total",
-                            "Bytes pushed into the kernel's page cache (--push)."),
+                            "Bytes pushed into the kernel's page cache (--push, and warmed "
+                            "files on a mount without passthrough)."),
       Row<&D::uptime_s>("uptime_s", kGauge, kSeconds, "accelfs_uptime_seconds",
                         "Seconds since the daemon started."),
   };

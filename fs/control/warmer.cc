@@ -492,6 +492,21 @@ void Warmer::RunJob(WarmJob& job) {
              "see the daemon's log)");
     return;
   }
+  if (options_.resident) {
+    for (const WarmJob::File& file : job.files_) {
+      {
+        std::lock_guard lock(mu_);
+        if (stopping_) break;
+      }
+      options_.resident(file.key);
+    }
+    std::unique_lock lock(mu_);
+    if (stopping_) {
+      lock.unlock();
+      Fail(job, "the daemon is stopping");
+      return;
+    }
+  }
   {
     std::lock_guard lock(job.mu_);
     job.progress_.state = "done";

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -94,6 +95,10 @@ struct WarmerOptions {
   // A job that finds no room (and sees no fetch finish) for this long fails with a message rather
   // than waiting forever: the budget is then full of blocks nobody reads or that open files pin.
   std::chrono::milliseconds no_room_timeout = std::chrono::seconds(60);
+  // Called on the warmer's thread for each file of a job, in the job's order, once all of them
+  // are whole in the cache and before the job is done; not once the warmer is stopping. (The
+  // daemon loads them into the kernel's page cache where the mount has no passthrough.)
+  std::function<void(const FileKey&)> resident;
 };
 
 struct FileResidency {

@@ -303,18 +303,22 @@ Status Daemon::BuildFilesystem() {
   auto session = FuseSession::Create(*fs_, session_options_);
   if (!session.ok()) return Failure("cannot create the FUSE session (bad -o option?)");
   session_ = std::move(session.value());
-  // Streamed blocks go into the kernel's page cache ahead of mmap faults. Stopped before the
-  // session goes.
-  if (config_.push && config_.stream_threshold > 0) {
-    PagePusher::Options push;
-    push.block_size = config_.block_size;
+  // The pusher writes warmed files into the kernel's page cache where the mount has no
+  // passthrough (StartControlPlane), and with --push streamed blocks ahead of mmap faults. Stopped
+  // before the session goes.
+  const bool push_streamed = config_.push && config_.stream_threshold > 0;
+  PagePusher::Options push;
+  push.block_size = config_.block_size;
+  if (push_streamed) {
     push.hole_every = PagePusher::HoleEvery(prefetch_.limits.ahead);
     push.pushed = [p = prefetcher_.get()](const FileKey& file) { p->Resume(file); };
-    pusher_ = std::make_unique<PagePusher>(*cache_, session_->kernel_cache(), std::move(push));
+  }
+  pusher_ = std::make_unique<PagePusher>(*cache_, session_->kernel_cache(), std::move(push));
+  if (push_streamed) {
     prefetcher_->SetFetchedHook(
         [p = pusher_.get()](const FileKey& file, uint64_t block) { p->OnFetched(file, block); });
-    fs_->EnablePagePush(pusher_.get());
   }
+  fs_->EnablePagePush(pusher_.get());
   return Status::Ok();
 }
 
@@ -353,9 +357,28 @@ Status Daemon::StartControlPlane() {
     }
     metrics_ = std::move(server.value());
   }
-  warmer_ = std::make_unique<Warmer>(
-      open(paths_->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC), *cache_,
-      WarmerOptions{config_.block_size, config_.backend_depth, std::chrono::seconds(60)});
+  WarmerOptions warm;
+  warm.block_size = config_.block_size;
+  warm.max_in_flight = config_.backend_depth;
+  // Without passthrough every read of a warmed file would go through the daemon, copied into new
+  // page cache one READ of the kernel's read-ahead (128 KiB) at a time, at a fraction of the speed
+  // of a /dev/shm copy. So the warm also writes each file into its inode's page cache, and the
+  // launch after it reads the page cache as it would a /dev/shm copy. The pages are the kernel's
+  // to reclaim. Files the kernel has not looked up have no inode to write to (accelfs-warm looks
+  // them up first).
+  warm.resident = [this](const FileKey& file) {
+    if (session_->passthrough()) return;
+    const Result<uint64_t> loaded = fs_->LoadIntoPageCache(file);
+    if (loaded.ok()) {
+      spdlog::debug("warm: {} into the page cache (inode {})", FormatBytes(loaded.value()),
+                    file.ino);
+    } else {
+      spdlog::debug("warm: inode {} not loaded into the page cache: {}", file.ino,
+                    loaded.error().Message());
+    }
+  };
+  warmer_ = std::make_unique<Warmer>(open(paths_->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC),
+                                     *cache_, std::move(warm));
   ControlSources sources;
   sources.stats = stats;
   sources.open_files = [this] {

@@ -19,41 +19,17 @@
 #include "tests/support/awaited.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
+#include "tests/support/recording_kernel.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
 namespace {
 
 using testing::FakeBackend;
+using testing::RecordingKernel;
 
 constexpr uint32_t kBlock = 64u << 10;
 constexpr uint64_t kIno = 7;
-
-// Records every Store; can fail them.
-class RecordingKernel final : public KernelCache {
- public:
-  Status Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
-    std::lock_guard lock(mu_);
-    if (fail_) return Error(ENOENT);
-    stores_[{ino, offset}].emplace_back(
-        reinterpret_cast<const uint8_t*>(data.data()),
-        reinterpret_cast<const uint8_t*>(data.data()) + data.size());
-    return Status::Ok();
-  }
-  void Fail() {
-    std::lock_guard lock(mu_);
-    fail_ = true;
-  }
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::vector<uint8_t>>> stores() const {
-    std::lock_guard lock(mu_);
-    return stores_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  bool fail_ = false;
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::vector<uint8_t>>> stores_;
-};
 
 class PagePusherTest : public ::testing::Test {
  protected:
@@ -204,6 +180,48 @@ TEST_F(PagePusherTest, FailedPushesAreCountedAndHarmless) {
   pusher_->Watch(key_, kIno);
   ASSERT_NO_FATAL_FAILURE(StreamAll(3));
   EXPECT_EQ(pusher_->Stats().failed_pushes, 3u);
+  EXPECT_EQ(pusher_->Stats().pushed_bytes, 0u);
+}
+
+// Load: a whole file, cached by a stream nobody watches, written on the calling thread.
+TEST_F(PagePusherTest, LoadWritesEveryBlockOfAWholeFileAtItsOffset) {
+  Make(64, 10);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(10));
+  EXPECT_TRUE(kernel_.stores().empty()) << "nobody watches the file";
+  std::vector<BlockCache::Ref> blocks;
+  ASSERT_TRUE(cache_->PinFile(key_, &blocks));
+  const Result<uint64_t> loaded = pusher_->Load(kIno, blocks, pusher_->Epoch());
+  ASSERT_TRUE(loaded.ok()) << loaded.error().Message();
+  EXPECT_EQ(loaded.value(), size_);
+  EXPECT_EQ(kernel_.stores().size(), 10u);
+  for (uint64_t b = 0; b < 10; ++b) ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b));
+  EXPECT_EQ(pusher_->Stats().pushed_bytes, size_);
+}
+
+TEST_F(PagePusherTest, LoadWritesNothingOnceAFileWasForgottenSinceItsEpoch) {
+  Make(64, 3);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(3));
+  std::vector<BlockCache::Ref> blocks;
+  ASSERT_TRUE(cache_->PinFile(key_, &blocks));
+  const uint64_t epoch = pusher_->Epoch();
+  pusher_->Forget(key_);  // an open found the file changed
+  const Result<uint64_t> loaded = pusher_->Load(kIno, blocks, epoch);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.error().code(), ECANCELED);
+  EXPECT_TRUE(kernel_.stores().empty());
+  EXPECT_EQ(pusher_->Stats().failed_pushes, 0u) << "a cancelled load is no failure";
+}
+
+TEST_F(PagePusherTest, LoadStopsAtTheKernelsFirstRefusal) {
+  Make(64, 3);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(3));
+  std::vector<BlockCache::Ref> blocks;
+  ASSERT_TRUE(cache_->PinFile(key_, &blocks));
+  kernel_.Fail();
+  const Result<uint64_t> loaded = pusher_->Load(kIno, blocks, pusher_->Epoch());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.error().code(), ENOENT);
+  EXPECT_EQ(pusher_->Stats().failed_pushes, 1u);
   EXPECT_EQ(pusher_->Stats().pushed_bytes, 0u);
 }
 

@@ -74,6 +74,18 @@ class ToolsTest : public MountTest {
     WriteTestFile(Src("m/config.json"), 700, 3);
   }
 
+  // Every file of MakeModel's model, read whole through the mount, equals its backing file.
+  void ExpectModelReadsAsBacking() {
+    for (const char* name : {"m/model-00001-of-00002.safetensors",
+                             "m/model-00002-of-00002.safetensors", "m/config.json"}) {
+      int err = 0;
+      const std::vector<uint8_t> via_mount = ReadWholeFile(Mnt(name), &err);
+      ASSERT_EQ(err, 0) << name;
+      const std::vector<uint8_t> backing = ReadWholeFile(Src(name), &err);
+      EXPECT_TRUE(via_mount == backing) << name;
+    }
+  }
+
   nlohmann::json StatsJson(const std::string& mount) {
     const CommandResult r = Stat({mount, "--json"});
     EXPECT_EQ(r.exit_code, 0) << Describe(r);
@@ -113,14 +125,7 @@ TEST_F(ToolsTest, WarmMakesLaterReadsNeedNoBackend) {
   const nlohmann::json before = StatsJson(mountpoint_);
   const uint64_t fetched = before["cache"].value("fetched_bytes", uint64_t{0});
   EXPECT_EQ(fetched, size);
-  for (const char* name : {"m/model-00001-of-00002.safetensors",
-                           "m/model-00002-of-00002.safetensors", "m/config.json"}) {
-    int err = 0;
-    const std::vector<uint8_t> via_mount = ReadWholeFile(Mnt(name), &err);
-    ASSERT_EQ(err, 0) << name;
-    const std::vector<uint8_t> backing = ReadWholeFile(Src(name), &err);
-    EXPECT_TRUE(via_mount == backing) << name;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectModelReadsAsBacking());
   const nlohmann::json after = StatsJson(mountpoint_);
   EXPECT_EQ(after["cache"].value("fetched_bytes", uint64_t{0}), fetched)
       << "reads after the warm went to the backend";
@@ -143,6 +148,42 @@ TEST_F(ToolsTest, WarmMakesLaterReadsNeedNoBackend) {
   EXPECT_EQ(summary.exit_code, 0) << Describe(summary);
   EXPECT_NE(summary.out.find(mountpoint_ + " <- "), std::string::npos) << summary.out;
   EXPECT_NE(summary.out.find("open files"), std::string::npos) << summary.out;
+}
+
+// Without passthrough (a mount by a user who is not root, or --no-passthrough) every read of a
+// warmed file would go through the daemon: the warm also writes the files into the kernel's page
+// cache, and the reads after it equal the backing bytes without one READ reaching the daemon.
+TEST_F(ToolsTest, WarmWithoutPassthroughFillsThePageCache) {
+  ASSERT_NO_FATAL_FAILURE(MakeModel());
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--no-passthrough"}));
+  const CommandResult warm = Warm({Mnt("m")});
+  ASSERT_EQ(warm.exit_code, 0) << Describe(warm);
+  const uint64_t size = Residency(Mnt("m")).second;
+  const nlohmann::json before = StatsJson(mountpoint_);
+  EXPECT_EQ(before.value("pushed_bytes", uint64_t{0}), size) << before.dump();
+  const uint64_t hits = before["cache"].value("hits", uint64_t{0});
+  const uint64_t misses = before["cache"].value("misses", uint64_t{0});
+  ASSERT_NO_FATAL_FAILURE(ExpectModelReadsAsBacking());
+  // And mapped, as a loader does.
+  const std::string shard = Mnt("m/model-00002-of-00002.safetensors");
+  const int fd = open(shard.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const size_t shard_size = 5 * kMiB + 17;
+  void* map = mmap(nullptr, shard_size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  EXPECT_TRUE(std::memcmp(map, Bytes(2, 0, shard_size).data(), shard_size) == 0);
+  munmap(map, shard_size);
+  const nlohmann::json after = StatsJson(mountpoint_);
+  EXPECT_EQ(after["cache"].value("hits", uint64_t{0}), hits) << "a READ reached the daemon";
+  EXPECT_EQ(after["cache"].value("misses", uint64_t{0}), misses) << "a READ reached the daemon";
+  EXPECT_FALSE(after.value("passthrough", true));
+
+  // Rewritten in the store (same size, new bytes): the next open drops the loaded pages.
+  WriteTestFile(Src("m/model-00002-of-00002.safetensors"), shard_size, 9);
+  int err = 0;
+  EXPECT_TRUE(ReadWholeFile(shard, &err) == Bytes(9, 0, shard_size)) << "old pages were served";
+  EXPECT_EQ(err, 0);
 }
 
 TEST_F(ToolsTest, EvictDropsWhatWasWarmed) {

@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "cache/backend/pread_reader.h"
 #include "cache/ram_block_store.h"
@@ -118,11 +122,17 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
 
 class WarmerCacheTest : public WarmerTest {
  protected:
-  void MakeWarmer(uint64_t budget_blocks) {
+  // `resident`: WarmerOptions::resident.
+  void MakeWarmer(uint64_t budget_blocks, std::function<void(const FileKey&)> resident = nullptr) {
     cache_ = std::make_unique<BlockCache>(store_, reader_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
-    warmer_ = std::make_unique<Warmer>(fcntl(root_fd_, F_DUPFD_CLOEXEC, 0), *cache_,
-                                       WarmerOptions{kBlock, 4, std::chrono::seconds(2)});
+    WarmerOptions options;
+    options.block_size = kBlock;
+    options.max_in_flight = 4;
+    options.no_room_timeout = std::chrono::seconds(2);
+    options.resident = std::move(resident);
+    warmer_ =
+        std::make_unique<Warmer>(fcntl(root_fd_, F_DUPFD_CLOEXEC, 0), *cache_, std::move(options));
   }
   uint64_t Resident(const std::string& relative) {
     auto r = warmer_->Residency({relative});
@@ -182,6 +192,29 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
   EXPECT_EQ(files, 1u);
   EXPECT_EQ(Resident("m/a"), 0u);
   EXPECT_EQ(Resident("m/b"), 3 * kBlock);
+}
+
+// The hook the daemon loads warmed files into the page cache with: each file once, in the job's
+// order, every one of them whole in the cache, before the job is done.
+TEST_F(WarmerCacheTest, EachFileIsReportedResidentInOrderBeforeTheJobIsDone) {
+  Write("m/a", 5 * kBlock + 123, 1);
+  Write("m/b", 3 * kBlock, 2);
+  Write("m/c", 0, 3);
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> reported;  // (size, resident bytes then)
+  MakeWarmer(64, [&](const FileKey& file) {
+    std::lock_guard lock(mu);
+    reported.emplace_back(file.size, cache_->ResidentBytes(file));
+  });
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
+  EXPECT_EQ((*job)->Progress().state, "done") << (*job)->Progress().error;
+  std::lock_guard lock(mu);
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {
+      {5 * kBlock + 123, 5 * kBlock + 123}, {3 * kBlock, 3 * kBlock}, {0, 0}};
+  EXPECT_EQ(reported, want);
 }
 
 TEST_F(WarmerCacheTest, ASetLargerThanTheBudgetIsRefusedWithWhatIsMissing) {

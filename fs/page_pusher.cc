@@ -16,12 +16,16 @@ PagePusher::PagePusher(BlockCache& cache, KernelCache& kernel, Options options)
       thread_([this] { RunGuarded("page pusher", [this] { Run(); }); }) {}
 
 PagePusher::~PagePusher() {
+  Stop();
+  thread_.join();
+}
+
+void PagePusher::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
 }
 
 void PagePusher::Watch(const FileKey& file, uint64_t ino) {

@@ -62,7 +62,12 @@ class PagePusher {
   }
   // REQUIRES: cache and kernel outlive this.
   PagePusher(BlockCache& cache, KernelCache& kernel, Options options);
-  ~PagePusher();  // stops the thread; queued pushes are dropped
+  ~PagePusher();  // Stop, and joins the thread
+
+  // Stops pushing: queued pushes are dropped, and a Load in progress ends after the block it is
+  // writing (ECANCELED), so that a daemon shutting down never waits for a whole file's load.
+  // Idempotent.
+  void Stop();
   PagePusher(const PagePusher&) = delete;
   PagePusher& operator=(const PagePusher&) = delete;
 

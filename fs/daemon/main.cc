@@ -479,6 +479,7 @@ int Daemon::ShutDown(const Status& loop) {
   // and answer the readers of what is still in flight then with an error: a hung store must not
   // keep the daemon (bounded_reader.h). Then the warmer, whose fetches have all been answered.
   reader_->Stop();
+  if (pusher_) pusher_->Stop();  // a warm's page-cache load ends after its current block
   warmer_->Stop();
   const CacheStats stats = cache_->Stats();
   const PushStats pushed = pusher_ ? pusher_->Stats() : PushStats{};

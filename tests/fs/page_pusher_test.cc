@@ -212,6 +212,18 @@ TEST_F(PagePusherTest, LoadWritesNothingOnceAFileWasForgottenSinceItsEpoch) {
   EXPECT_EQ(pusher_->Stats().failed_pushes, 0u) << "a cancelled load is no failure";
 }
 
+TEST_F(PagePusherTest, LoadWritesNothingOnceThePusherStopped) {
+  Make(64, 3);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(3));
+  std::vector<BlockCache::Ref> blocks;
+  ASSERT_TRUE(cache_->PinFile(key_, &blocks));
+  pusher_->Stop();  // the daemon is shutting down
+  const Result<uint64_t> loaded = pusher_->Load(kIno, blocks, pusher_->Epoch());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.error().code(), ECANCELED);
+  EXPECT_TRUE(kernel_.stores().empty());
+}
+
 TEST_F(PagePusherTest, LoadStopsAtTheKernelsFirstRefusal) {
   Make(64, 3);
   ASSERT_NO_FATAL_FAILURE(StreamAll(3));

@@ -1,7 +1,7 @@
 // accelfs-warm PATH...: brings files into an accelfs mount's cache before a launch (the daemon
 // fetches them at full backend parallelism), or drops them (--evict). Exit 0 only when everything
 // asked for is resident (or dropped); 1 on any failure, 2 on usage errors.
-#include <ftw.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 
+#include "fs/common/collect_files.h"
 #include "fs/common/control_protocol.h"
 #include "fs/common/format.h"
 #include "fs/common/names.h"
@@ -76,26 +77,21 @@ Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& 
 }
 
 // A warmed file goes into the kernel's page cache on a mount without passthrough, which the daemon
-// can do only for an inode the kernel holds: every file below `paths` is looked up through the
-// mount first. Best effort: a file that cannot be (another user's mount, a rename meanwhile) is
-// warmed all the same, into the daemon's cache only.
-void LookUpThroughMount(const std::vector<std::string>& paths) {
-  constexpr int kOpenDirs = 16;
-  for (const std::string& path : paths) {
-    nftw(
-        path.c_str(),
-        [](const char* name, const struct stat*, int type, struct FTW*) {
-          struct stat target {};
-          if (type == FTW_SL) stat(name, &target);  // a symlinked file: its target too
-          return 0;
-        },
-        kOpenDirs, FTW_PHYS);
-  }
+// can do only for an inode the kernel holds: every file the warm names is looked up through the
+// mount first, walked as the daemon walks SOURCE (never leaving the mount). Best effort: a path
+// that cannot be walked (another user's mount, a rename meanwhile, one the daemon will refuse)
+// is warmed all the same, or refused by the daemon with its own message.
+void LookUpThroughMount(const AccelfsMount& mount, const std::vector<std::string>& relative) {
+  const int root = open(mount.mountpoint.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) return;
+  for (const std::string& path : relative) (void)CollectFiles(root, {path});
+  close(root);
 }
 
 int Warm(const AccelfsMount& mount, const std::vector<std::string>& paths, const Options& options) {
   auto client = ControlClient::Connect(mount);
   if (!client.ok()) return Fail(client.error().Message());
+  LookUpThroughMount(mount, paths);
   auto first = client->Call(ControlRequest{"warm", paths, !options.no_wait});
   if (!first.ok()) return Fail(mount.mountpoint + ": " + first.error().Message());
   const WarmReply start = WarmReply::FromJson(*first);
@@ -212,7 +208,6 @@ int Main(int argc, char** argv) {
   if (!paths.ok()) return Fail(paths.error().Message());
   const Result<std::vector<MountPaths>> groups = GroupByMount(ListAccelfsMounts(), paths.value());
   if (!groups.ok()) return Fail(groups.error().Message());
-  if (!evict) LookUpThroughMount(paths.value());
   int rc = 0;
   for (const auto& [mount, relative] : groups.value()) {
     const int r = evict ? Evict(mount, relative, options) : Warm(mount, relative, options);

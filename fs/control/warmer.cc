@@ -1,17 +1,12 @@
 #include "fs/control/warmer.h"
 #include "cache/guard.h"
-#include "fs/common/names.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <set>
 
 #include "cache/block.h"
 #include "fs/common/format.h"
@@ -21,8 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Directories nest at most this deep below a warmed path (a model tree is a few levels).
-constexpr int kMaxDepth = 32;
 // How long the job sleeps when the budget has no room, unless a fetch finishes first.
 constexpr std::chrono::milliseconds kRoomPoll{100};
 // Verification: blocks that were in flight for someone else, or whose fetch failed, are asked for
@@ -32,140 +25,26 @@ constexpr std::chrono::milliseconds kRoomPoll{100};
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
-std::string Describe(const std::string& path) {
-  return path.empty() ? "the mount's root" : "'" + EscapeName(path) + "'";
-}
-
-std::string Join(const std::string& dir, const std::string& name) {
-  return dir.empty() ? name : dir + "/" + name;
-}
-
-// Appends the regular files below directory `dir_fd` (path `dir`) in sorted name order.
-Status WalkDir(int root_fd, int dir_fd, const std::string& dir, int depth,
-               std::vector<FoundFile>* out, std::set<std::pair<dev_t, ino_t>>* seen) {
-  if (depth > kMaxDepth) {
-    return Error(ELOOP,
-                 Describe(dir) + ": directories nest deeper than " + std::to_string(kMaxDepth));
-  }
-  const int fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return Error(err, Describe(dir) + ": " + std::strerror(err));
-  }
-  DIR* d = fdopendir(fd);
-  if (d == nullptr) {
-    const int err = errno;
-    close(fd);
-    return Error(err, Describe(dir) + ": " + std::strerror(err));
-  }
-  std::vector<std::string> names;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  Status status;
-  for (const auto& name : names) {
-    const std::string path = Join(dir, name);
-    struct stat st {};
-    if (fstatat(dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // vanished
-    if (S_ISDIR(st.st_mode)) {
-      const int sub = openat(dirfd(d), name.c_str(), O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
-      if (sub < 0) continue;
-      status = WalkDir(root_fd, sub, path, depth + 1, out, seen);
-      close(sub);
-      if (!status.ok()) break;
-      continue;
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;  // FIFOs, devices, sockets
-    // A symlink is followed only while it stays below the root.
-    Result<int> file = OpenBeneath(root_fd, path);
-    if (!file.ok()) continue;
-    if (fstat(*file, &st) != 0 || !S_ISREG(st.st_mode) ||
-        !seen->insert({st.st_dev, st.st_ino}).second) {
-      close(*file);
-      continue;
-    }
-    out->emplace_back(path, *file, st);
-  }
-  closedir(d);
-  return status;
-}
-
 // Opens the file found at `path` for the backend, checking that it is still what was measured.
 Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& path,
                                                const FileKey& key) {
   Result<int> fd = OpenBeneath(root_fd, path);
-  if (!fd.ok()) return Error(fd.error().code(), Describe(path) + ": " + fd.error().Message());
+  if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
   struct stat st {};
   Result<std::shared_ptr<BackingFile>> backing =
       OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
   close(*fd);
   if (!backing.ok()) {
-    return Error(backing.error().code(), Describe(path) + ": " + backing.error().Message());
+    return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
   if (FileKeyFromStat(st) != key) {
-    return Error(ESTALE, Describe(path) + " changed while being warmed; run accelfs-warm again");
+    return Error(ESTALE,
+                 DescribePath(path) + " changed while being warmed; run accelfs-warm again");
   }
   return backing;
 }
 
 }  // namespace
-
-Result<int> OpenBeneath(int root_fd, const std::string& relative) {
-  struct open_how how {};
-  how.flags = O_PATH | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-  const char* path = relative.empty() ? "." : relative.c_str();
-  const long fd = syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
-  if (fd < 0) return Error(errno);
-  return static_cast<int>(fd);
-}
-
-FoundFile::~FoundFile() {
-  if (fd >= 0) close(fd);
-}
-
-FoundFile::FoundFile(FoundFile&& other) noexcept
-    : path(std::move(other.path)), fd(other.fd), st(other.st) {
-  other.fd = -1;
-}
-
-Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths) {
-  std::vector<FoundFile> files;
-  std::set<std::pair<dev_t, ino_t>> seen;
-  for (const auto& path : paths) {
-    Result<int> fd = OpenBeneath(root_fd, path);
-    if (!fd.ok()) {
-      const int err = fd.error().code();
-      return Error(err,
-                   Describe(path) + (err == EXDEV ? ": leaves the mount (.. or a symlink outside)"
-                                     : err == ENOENT ? ": no such file or directory"
-                                                     : ": " + fd.error().Message()));
-    }
-    struct stat st {};
-    if (fstat(*fd, &st) != 0) {
-      const int err = errno;
-      close(*fd);
-      return Error(err, Describe(path) + ": " + std::strerror(err));
-    }
-    if (S_ISDIR(st.st_mode)) {
-      Status s = WalkDir(root_fd, *fd, path, 0, &files, &seen);
-      close(*fd);
-      if (!s.ok()) return s.error();
-    } else if (S_ISREG(st.st_mode)) {
-      if (seen.insert({st.st_dev, st.st_ino}).second) {
-        files.emplace_back(path, *fd, st);
-      } else {
-        close(*fd);
-      }
-    } else {
-      close(*fd);
-      return Error(EINVAL, Describe(path) + ": not a regular file or directory");
-    }
-  }
-  return files;
-}
 
 WarmProgress WarmJob::Progress() const {
   std::lock_guard lock(mu_);
@@ -451,7 +330,7 @@ void Warmer::RunJob(WarmJob& job) {
       timed_out = job.timed_out_;
     }
     if (timed_out) {
-      Fail(job, Describe(job.files_[*timed_out].path) +
+      Fail(job, DescribePath(job.files_[*timed_out].path) +
                     ": the store did not answer a read within the backend timeout "
                     "(--backend-timeout); accelfs-stat shows the stuck reads");
       return;
@@ -486,7 +365,7 @@ void Warmer::RunJob(WarmJob& job) {
   }
   if (!missing.empty()) {
     Fail(job,
-         Describe(missing.front()) +
+         DescribePath(missing.front()) +
              (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
              " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
              "see the daemon's log)");

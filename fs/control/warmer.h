@@ -24,31 +24,9 @@
 #include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/result.h"
+#include "fs/common/collect_files.h"
 
 namespace accelfs {
-
-// Opens `relative` (a path below the directory `root_fd`; "" is the root itself) as an O_PATH
-// descriptor, refusing with EXDEV anything that leaves it: "..", absolute paths, symlinks that
-// point outside (openat2 with RESOLVE_BENEATH), and magic links.
-Result<int> OpenBeneath(int root_fd, const std::string& relative);
-
-// A regular file found below the root. Owns `fd` (O_PATH).
-struct FoundFile {
-  FoundFile(std::string path, int fd, const struct stat& st)
-      : path(std::move(path)), fd(fd), st(st) {}
-  ~FoundFile();
-  FoundFile(FoundFile&& other) noexcept;
-  FoundFile& operator=(FoundFile&&) = delete;
-  std::string path;  // relative to the root, as found
-  int fd = -1;
-  struct stat st {};
-};
-
-// The regular files `paths` name, in the order loaders read them: each path in turn, a directory's
-// files in sorted name order (so shards -00001-of-N .. N go in order), its subdirectories walked in
-// place (symlinked directories are not followed; symlinked files are, when they stay below the
-// root). A file named twice counts once. On failure, the error, with one line naming the path.
-Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths);
 
 struct WarmProgress {
   std::string state = "queued";  // queued, running, done, failed

@@ -1,0 +1,42 @@
+// Walking a tree below a root directory without ever leaving it: the files accelfs-warm names,
+// resolved by the daemon below SOURCE and by the tool below the mountpoint (so that the kernel
+// looks every one of them up through the mount).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/result.h"
+
+namespace accelfs {
+
+// Opens `relative` (a path below the directory `root_fd`; "" is the root itself) as an O_PATH
+// descriptor, refusing with EXDEV anything that leaves it: "..", absolute paths, symlinks that
+// point outside (openat2 with RESOLVE_BENEATH), and magic links.
+Result<int> OpenBeneath(int root_fd, const std::string& relative);
+
+// A regular file found below the root. Owns `fd` (O_PATH).
+struct FoundFile {
+  FoundFile(std::string path, int fd, const struct stat& st)
+      : path(std::move(path)), fd(fd), st(st) {}
+  ~FoundFile();
+  FoundFile(FoundFile&& other) noexcept;
+  FoundFile& operator=(FoundFile&&) = delete;
+  std::string path;  // relative to the root, as found
+  int fd = -1;
+  struct stat st {};
+};
+
+// The regular files `paths` name, in the order loaders read them: each path in turn, a directory's
+// files in sorted name order (so shards -00001-of-N .. N go in order), its subdirectories walked in
+// place (symlinked directories are not followed; symlinked files are, when they stay below the
+// root). A file named twice counts once. On failure, the error, with one line naming the path.
+Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::string>& paths);
+
+// `path` (relative to the root) for a message: quoted and escaped, or "the mount's root".
+std::string DescribePath(const std::string& path);
+
+}  // namespace accelfs

@@ -655,15 +655,18 @@ case_user() {
   fuse_mode_old=
 }
 
-# user warmed BACKEND LOADER: --cold-repeats runs, each on a new daemon run as the user (page
-# cache dropped, memory primed), then accelfs-warm of the mount as the user (the gate a launch
-# waits for; timed), then the loader with nothing dropped or primed, then at once the same loader
-# on the /dev/shm copy. Its goal is the median of the pairs' ratios: the tmpfs rows at the start of
-# a run meet other memory than a load beside the warm's fresh pages (a 4 GiB mmap load of the copy
-# ran at 4.8 GB/s there and at 1.3-1.5 GB/s here, in pairs whose read() loads matched).
+# user warmed BACKEND LOADER: pairs (--cold-repeats rounded up to even), each on a new daemon run
+# as the user (page cache dropped, memory primed), then accelfs-warm of the mount as the user (the
+# gate a launch waits for; timed), then, with nothing dropped or primed, the loader through the
+# mount and the same loader on the /dev/shm copy, the mount first in every other pair (what runs
+# right after the warm meets the memory the prime freed going back to the host). Its goal is the
+# median of the pairs' ratios: the tmpfs rows at the start of a run meet other memory than a load
+# beside the warm's fresh pages (a 4 GiB mmap load of the copy ran at 4.8 GB/s there and at
+# 1.0-1.5 GB/s here).
 case_user_warmed() {
   local backend=$1 l=$2 i start end runs=() peers=() ratios=() warm_secs=() bytes='' rss=''
-  for ((i = 0; i < cold_repeats; i++)); do
+  local pairs=$(((cold_repeats + 1) / 2 * 2)) mount_gbps copy_gbps side
+  for ((i = 0; i < pairs; i++)); do
     new_daemon_cold
     prime_next=0
     prime_memory
@@ -671,24 +674,30 @@ case_user_warmed() {
     "${as_user[@]}" "$warm_bin" "$user_mnt" > /dev/null || die "accelfs-warm of $user_mnt as a user failed"
     end=$(date +%s%N)
     warm_secs+=("$(awk -v s="$start" -v e="$end" 'BEGIN {printf "%.2f", (e - s) / 1e9}')")
-    # shellcheck disable=SC2086
-    measure "$backend" 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$user_mnt"
-    [[ $m_gbps != - ]] || return 0
-    runs+=("$m_gbps $m_secs")
-    [[ -z $m_bytes ]] || { [[ -n $bytes ]] && ((bytes >= m_bytes)); } || bytes=$m_bytes
-    rss=$(daemon_hwm_kib)
-    local mount_gbps=$m_gbps
-    # shellcheck disable=SC2086
-    measure tmpfs 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$shm"
-    [[ $m_gbps != - ]] || return 0
-    peers+=("$m_gbps")
-    ratios+=("$(ratio "$mount_gbps" "$m_gbps")")
+    for side in $( ((i % 2 == 0)) && echo "mount copy" || echo "copy mount"); do
+      if [[ $side == mount ]]; then
+        # shellcheck disable=SC2086
+        measure "$backend" 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$user_mnt"
+        [[ $m_gbps != - ]] || return 0
+        runs+=("$m_gbps $m_secs")
+        [[ -z $m_bytes ]] || { [[ -n $bytes ]] && ((bytes >= m_bytes)); } || bytes=$m_bytes
+        rss=$(daemon_hwm_kib)
+        mount_gbps=$m_gbps
+      else
+        # shellcheck disable=SC2086
+        measure tmpfs 0 "${as_user[@]}" "$loader" ${loader_args[$l]} "$shm"
+        [[ $m_gbps != - ]] || return 0
+        copy_gbps=$m_gbps
+      fi
+    done
+    peers+=("$copy_gbps")
+    ratios+=("$(ratio "$mount_gbps" "$copy_gbps")")
   done
-  local mid=$(((cold_repeats + 1) / 2))
-  read -r m_gbps m_secs < <(printf '%s\n' "${runs[@]}" | sort -n -k1,1 | sed -n "${mid}p")
-  PAIRED["$backend|user warmed|$l"]=$(printf '%s\n' "${ratios[@]}" | sort -n | sed -n "${mid}p")
+  read -r m_gbps m_secs < <(printf '%s\n' "${runs[@]}" | sort -n -k1,1 | sed -n "$((pairs / 2))p")
+  PAIRED["$backend|user warmed|$l"]=$(printf '%s\n' "${ratios[@]}" | sort -n |
+    awk '{r[NR] = $1} END {printf "%.2f", NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2}')
   record "$backend" "user warmed" "$l" "$m_gbps" "$m_secs" "$bytes" "$rss" \
-    "median of $cold_repeats: $(printf '%s\n' "${runs[@]}" | cut -d' ' -f1 | sort -n | paste -sd' ') GB/s; the /dev/shm copy right after each: $(printf '%s ' "${peers[@]}")GB/s, ratios $(printf '%s ' "${ratios[@]}")(median ${PAIRED["$backend|user warmed|$l"]}); accelfs-warm $(printf '%s ' "${warm_secs[@]}")s"
+    "$pairs runs: $(printf '%s\n' "${runs[@]}" | cut -d' ' -f1 | paste -sd' ') GB/s, the /dev/shm copy beside each (the mount first in runs 1, 3, ...): $(printf '%s ' "${peers[@]}")GB/s, ratios $(printf '%s ' "${ratios[@]}")(median ${PAIRED["$backend|user warmed|$l"]}); accelfs-warm $(printf '%s ' "${warm_secs[@]}")s"
 }
 
 # lone file: NET over a directory holding one model.safetensors of --lone-mib MiB (generated once

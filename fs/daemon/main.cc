@@ -42,6 +42,7 @@
 #include "fs/control/metrics.h"
 #include "fs/control/warmer.h"
 #include "fs/daemon/config.h"
+#include "fs/daemon/memory_limit.h"
 #include "fs/daemon/mount_checks.h"
 #include "fs/fuse_adapter.h"
 #include "fs/page_pusher.h"
@@ -368,6 +369,13 @@ Status Daemon::StartControlPlane() {
   // them up first).
   warm.resident = [this](const FileKey& file) {
     if (session_->passthrough()) return;
+    // The pages are charged to the daemon's memory cgroup, beside its cache: in a container near
+    // its limit they would only push out other pages, or themselves.
+    if (!CgroupHasRoom(OwnCgroupMemory(), file.size, kDaemonRoom)) {
+      spdlog::debug("warm: inode {} not loaded into the page cache: the memory cgroup has no room",
+                    file.ino);
+      return;
+    }
     const Result<uint64_t> loaded = fs_->LoadIntoPageCache(file);
     if (loaded.ok()) {
       spdlog::debug("warm: {} into the page cache (inode {})", FormatBytes(loaded.value()),

@@ -128,6 +128,13 @@ std::optional<CgroupMemory> OwnCgroupMemory() {
   return ReadCgroupMemory(CgroupMemoryDirs(*cgroup, ReadMountInfo()));
 }
 
+bool CgroupHasRoom(const std::optional<CgroupMemory>& cgroup, uint64_t bytes, uint64_t room) {
+  if (!cgroup) return true;
+  if (cgroup->usage >= cgroup->limit) return false;
+  const uint64_t free = cgroup->limit - cgroup->usage;  // subtracted, never summed: no overflow
+  return free >= room && free - room >= bytes;
+}
+
 void ReadMemInfo(uint64_t* available, uint64_t* total) {
   *available = *total = 0;
   std::ifstream in("/proc/meminfo");

@@ -38,6 +38,11 @@ std::optional<CgroupMemory> ReadCgroupMemory(const std::vector<std::string>& dir
 // This process's: /proc/self/cgroup and /proc/self/mountinfo.
 std::optional<CgroupMemory> OwnCgroupMemory();
 
+// Whether `bytes` more memory fit in `cgroup` beside what it holds now, with `room` to spare; true
+// when no limit applies. (A warm's load into the page cache is charged to the daemon's cgroup: at
+// its limit the pages would only push out others, or themselves.)
+bool CgroupHasRoom(const std::optional<CgroupMemory>& cgroup, uint64_t bytes, uint64_t room);
+
 // MemAvailable and MemTotal in bytes; 0 when /proc/meminfo cannot be read.
 void ReadMemInfo(uint64_t* available, uint64_t* total);
 

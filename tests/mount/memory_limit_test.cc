@@ -2,7 +2,8 @@
 // limit, not the host's MemAvailable, and a model larger than the limit loads through it with
 // every byte right and no OOM kill (before: the host's half of MemAvailable, the cache's tmpfs
 // pages charged to the cgroup, oom_kill 1 and a stale mount). An explicit --cache-size that does
-// not fit is refused with one line. Real cgroups (v2, or v1's memory controller): needs root.
+// not fit is refused with one line. A warm on a mount without passthrough loads the page cache
+// only where the cgroup has room for it. Real cgroups (v2, or v1's memory controller): needs root.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 #include <string_view>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/mount/mount_fixture.h"
 
@@ -166,6 +169,32 @@ TEST_F(MemoryLimitTest, AnExplicitCacheSizeOverTheLimitIsRefusedWithOneLine) {
     EXPECT_NE(r.err.find("memory cgroup"), std::string::npos) << r.err;
     EXPECT_FALSE(IsMounted(mountpoint_));
   }
+}
+
+// The warm's pages would be charged to the daemon's cgroup beside its cache: a model that fits the
+// cache but not, a second time, what the cgroup has left is warmed into the cache only, and reads
+// right, with no OOM kill.
+TEST_F(MemoryLimitTest, AWarmWithoutPassthroughLoadsThePageCacheOnlyWhereTheCgroupHasRoom) {
+  constexpr uint64_t kWarmed = 400 * kMiB;  // with the cache's 420 MiB, twice is over the limit
+  WriteTestFile(Src("model.safetensors"), kWarmed, 9);
+  const CommandResult start = StartInCgroup({"--no-passthrough", "--cache-size", "420M"});
+  ASSERT_EQ(start.exit_code, 0) << start.err;
+  ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
+  const CommandResult warm =
+      RunCommand({TestBinary(ACCELFS_WARM), Mnt("model.safetensors")}, std::chrono::seconds(60));
+  ASSERT_EQ(warm.exit_code, 0) << warm.out << warm.err;
+  const CommandResult stat =
+      RunCommand({TestBinary(ACCELFS_STAT), mountpoint_, "--json"}, std::chrono::seconds(60));
+  ASSERT_EQ(stat.exit_code, 0) << stat.err;
+  const nlohmann::json j = nlohmann::json::parse(stat.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << stat.out;
+  ASSERT_EQ(j["mounts"].size(), 1u) << stat.out;
+  EXPECT_EQ(j["mounts"][0].value("pushed_bytes", uint64_t{1}), 0u) << stat.out;
+  int err = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt("model.safetensors"), &err) == Bytes(9, 0, kWarmed));
+  EXPECT_EQ(err, 0);
+  EXPECT_EQ(cgroup_.OomKills(), 0);
+  EXPECT_TRUE(IsAccelfsMounted(mountpoint_));
 }
 
 }  // namespace

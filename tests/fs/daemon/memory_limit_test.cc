@@ -71,6 +71,19 @@ TEST(CgroupMemoryDirsTest, NothingWithoutAMemoryHierarchy) {
   EXPECT_TRUE(CgroupMemoryDirs("garbage\n::\n", {}).empty());
 }
 
+TEST(CgroupHasRoomTest, RoomIsWhatTheLimitLeavesLessTheDaemonsShare) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  constexpr uint64_t kRoom = 128 << 20;
+  const CgroupMemory half_used{2 * kGiB, kGiB, "memory.max"};
+  EXPECT_TRUE(CgroupHasRoom(std::nullopt, uint64_t{1} << 62, kRoom)) << "no limit: always room";
+  EXPECT_TRUE(CgroupHasRoom(half_used, kGiB - kRoom, kRoom));
+  EXPECT_FALSE(CgroupHasRoom(half_used, kGiB - kRoom + 1, kRoom));
+  EXPECT_FALSE(CgroupHasRoom(half_used, UINT64_MAX, kRoom)) << "no overflow of bytes + room";
+  EXPECT_FALSE(CgroupHasRoom(CgroupMemory{kGiB, kGiB - 1, "memory.max"}, 0, kRoom));
+  EXPECT_FALSE(CgroupHasRoom(CgroupMemory{kGiB, 2 * kGiB, "memory.max"}, 0, 0)) << "over the limit";
+  EXPECT_TRUE(CgroupHasRoom(CgroupMemory{kGiB, kGiB - kRoom, "memory.max"}, 0, kRoom));
+}
+
 TEST(ParseMemoryLimitTest, Values) {
   EXPECT_EQ(ParseMemoryLimit("1610612736\n"), 1610612736u);
   EXPECT_EQ(ParseMemoryLimit("max\n"), std::nullopt);

@@ -3,6 +3,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 
 #include <sys/ioctl.h>
@@ -64,6 +65,7 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache {
   std::atomic<bool> kernel_offers_passthrough{false};  // seen in the INIT request
   std::atomic<bool> passthrough{false};                // agreed in our INIT reply
   std::atomic<uint64_t> read_errors{0};
+  std::atomic<uint64_t> descriptor_errors{0};  // EMFILE and ENFILE answers
   // Set once the kernel has processed our INIT reply (it does so inside the reply's write), or
   // when the session is being unmounted.
   std::mutex init_mu;
@@ -143,7 +145,25 @@ FuseSession::Impl& Ctx(fuse_req_t req) {
   return *static_cast<FuseSession::Impl*>(fuse_req_userdata(req));
 }
 
-void ReplyErr(fuse_req_t req, Error error) { fuse_reply_err(req, ToErrno(error)); }
+void ReplyErr(fuse_req_t req, Error error) {
+  const int err = ToErrno(error);
+  if (err == EMFILE || err == ENFILE) {
+    // Out of descriptors: every later LOOKUP and OPEN fails the same way until some are given
+    // back, so the log names the limit to raise. Rate-limited.
+    const uint64_t n = Ctx(req).descriptor_errors.fetch_add(1, std::memory_order_relaxed);
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    if (n < 3 || n % 10000 == 0) {
+      spdlog::warn(
+          "out of file descriptors ({}): {} requests failed so far; raise the open file limit "
+          "(LimitNOFILE= in a unit, ulimit -Hn, docker --ulimit nofile=)",
+          err == EMFILE ? fmt::format("EMFILE, this process's limit is {}", limit.rlim_cur)
+                        : std::string("ENFILE, the system's file table is full"),
+          n + 1);
+    }
+  }
+  fuse_reply_err(req, err);
+}
 
 fuse_entry_param ToEntry(const FuseSession::Impl& ctx, const EntryOut& out) {
   fuse_entry_param e{};

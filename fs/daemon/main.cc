@@ -7,6 +7,7 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/sinks/systemd_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
@@ -63,6 +64,25 @@ unsigned UsableCpus() {
   return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? static_cast<unsigned>(CPU_COUNT(&cpus))
                                                         : std::thread::hardware_concurrency();
 }
+
+// Every inode the kernel knows holds an O_PATH descriptor of its backing file here, and every open
+// file one more, so a tree of a few thousand files outgrows the soft limit of 1024 that systemd
+// (DefaultLimitNOFILE=1024:524288) and most shells give a process: every LOOKUP then failed EMFILE,
+// a listing of the mount's root too. The hard limit is the real bound, and nothing here uses
+// select(), so the soft limit goes up to it. Returns the limit now.
+rlim_t RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return RLIM_INFINITY;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t soft = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return soft;
+  }
+  return limit.rlim_cur;
+}
+
+// Below this the start-up report warns: a model store of a few thousand files would run out.
+constexpr rlim_t kFewDescriptors = 65536;
 
 int Fail(const std::string& line) {
   std::fprintf(stderr, "accelfs: %s\n", line.c_str());
@@ -137,6 +157,7 @@ class Daemon {
 
   // The daemon's exit code. Prints one line to stderr when it cannot start.
   int Run() {
+    open_file_limit_ = RaiseOpenFileLimit();
     for (Status (Daemon::*phase)() : {&Daemon::Check, &Daemon::BuildCache, &Daemon::BuildFilesystem,
                                       &Daemon::StartControlPlane, &Daemon::Mount}) {
       if (Status s = (this->*phase)(); !s.ok()) return Fail(s.error().Message());
@@ -181,6 +202,7 @@ class Daemon {
   std::unique_ptr<Warmer> warmer_;
   std::unique_ptr<ControlServer> control_;
   std::thread starter_;
+  rlim_t open_file_limit_ = RLIM_INFINITY;
 };
 
 Status Daemon::Check() {
@@ -453,6 +475,13 @@ void Daemon::ReportStarted(const std::string& readahead) const {
       paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
       config_.cache_size_origin, store_name_, FormatBytes(config_.block_size), backend_kind_,
       config_.backend_depth, readahead);
+  if (open_file_limit_ != RLIM_INFINITY && open_file_limit_ < kFewDescriptors) {
+    spdlog::warn(
+        "open file limit {}: each file the kernel knows holds a descriptor here, so a tree of more "
+        "files than that gets EMFILE; raise it (LimitNOFILE= in a unit, ulimit -Hn, docker "
+        "--ulimit nofile=)",
+        open_file_limit_);
+  }
   if (session_->passthrough()) {
     spdlog::info(
         "passthrough on: fully cached files are read by the kernel from the cache, without the "

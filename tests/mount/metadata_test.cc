@@ -3,12 +3,14 @@
 // tree fails with EROFS, leaving the backing tree as it was.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/time.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -348,6 +350,48 @@ TEST_F(MetadataTest, EveryChangeFailsWithErofsAndTheBackingTreeStaysTheSame) {
   expect_erofs("removexattr", removexattr(file.c_str(), "user.test"));
   expect_erofs("mknod", mknod(Mnt("fifo").c_str(), S_IFIFO | 0644, 0));
   EXPECT_EQ(Snapshot(source_, ""), before);
+}
+
+// A tree of more files than the soft limit of 1024 descriptors that systemd (DefaultLimitNOFILE
+// 1024:524288) and most shells start a process with. Every inode the kernel knows holds an O_PATH
+// descriptor in the daemon, so before the daemon raised its soft limit to the hard one, a walk
+// of 3000 files ran it out of descriptors: each LOOKUP after that failed EMFILE, a listing of the
+// mount's root too, and not one of the files could be read.
+class ManyFilesTest : public MountTest {};
+
+TEST_F(ManyFilesTest, MoreFilesThanTheUsualSoftDescriptorLimitAllReadRight) {
+  constexpr int kFiles = 3000;
+  MakeDir(Src("tree"));
+  for (int i = 0; i < kFiles; ++i) {
+    WriteTestFile(Src("tree/f" + std::to_string(i)), 64 + i % 100, 1000 + i);
+  }
+  // Started with the soft limit of a systemd service; this process's own goes back at once.
+  rlimit own{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  rlimit low = own;
+  low.rlim_cur = std::min<rlim_t>(1024, own.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  StartMount();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &own), 0);
+  if (HasFatalFailure()) return;
+
+  int failed = 0;
+  std::string first_failure;
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string name = "tree/f" + std::to_string(i);
+    int error = 0;
+    const std::vector<uint8_t> got = ReadWholeFile(Mnt(name), &error);
+    int backing_error = 0;
+    const std::vector<uint8_t> want = ReadWholeFile(Src(name), &backing_error);
+    ASSERT_EQ(backing_error, 0) << name;
+    if (error != 0 || got != want) {
+      if (failed++ == 0) first_failure = name + ": " + (error ? std::strerror(error) : "content");
+    }
+  }
+  EXPECT_EQ(failed, 0) << "first: " << first_failure;
+  int error = 0;
+  EXPECT_EQ(ListDir(Mnt("tree"), &error).size(), kFiles + 2u) << std::strerror(error);
+  EXPECT_EQ(ListDir(mountpoint_, &error).count("tree"), 1u) << std::strerror(error);
 }
 
 }  // namespace

@@ -525,6 +525,7 @@ Status FuseSession::Loop() {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 1);
   fuse_loop_cfg_set_max_threads(config, impl_->options.max_threads);
+  fuse_loop_cfg_set_idle_threads(config, impl_->options.max_idle_threads);
   const int rc = fuse_session_loop_mt(impl_->session, config);
   fuse_loop_cfg_destroy(config);
   return rc < 0 ? Status(Error(-rc)) : Status::Ok();

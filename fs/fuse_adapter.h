@@ -20,7 +20,14 @@ struct SessionOptions {
   // Readahead READs are background requests; the kernel's default of 12 caps a cold read's
   // parallelism (docs/DESIGN.md section 2).
   unsigned max_background = 64;
-  unsigned max_threads = 16;
+  // Threads serving requests: more start while all are busy, up to max_threads, and those beyond
+  // max_idle_threads end when idle. A LOOKUP, OPEN or READDIR waits in the store's own call
+  // (fstatat, open, getdents), and a store that stops answering (an NFS server gone, a stuck
+  // S3-FUSE request) holds each such thread: with 16 in all, 16 waiting calls stopped every
+  // read of every file. Each caller waiting holds one, so the cap is what a node's loaders could
+  // have waiting at once, many times over; reads go on with the threads left.
+  unsigned max_threads = 1024;
+  unsigned max_idle_threads = 16;
   // Offer FUSE passthrough to the kernel (fully cached files then never reach the daemon). Only
   // useful when the cache's store keeps files (FileBlockStore).
   bool passthrough = false;

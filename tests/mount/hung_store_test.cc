@@ -224,5 +224,74 @@ TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
   EXPECT_EQ(other.exit_code, 0) << other.err;
 }
 
+// The whole store stops answering (an NFS server gone; NET stopped with SIGSTOP), with one file
+// open and cached: every LOOKUP and OPEN that reaches the store now blocks the daemon thread that
+// serves it, 40 of them here, each for another name. Reads of the open file go on from the cache
+// (in cached mode, so that each needs a daemon thread too), and the blocked callers finish once
+// the store answers again. Before, 16 threads served the mount: 16 blocked calls, and every read
+// of every file waited for the store.
+TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--no-passthrough"}));
+  const std::string path = M("model-00001-of-00002.safetensors");
+  const ReadOutcome first = ReadAndCheck(path, 1, kShard);  // cached now
+  ASSERT_EQ(first.err, 0) << std::strerror(first.err);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);  // each read asks the daemon
+  struct stat st {};
+  ASSERT_EQ(stat(M("model-00002-of-00002.safetensors").c_str(), &st), 0);
+  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);
+
+  ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
+  struct Resume {  // whatever happens below, the store answers again before TearDown
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{net_.pid()};
+  // Opens of files looked up before the stop (one OPEN each, however many for one file) and
+  // stats of names never looked up (one LOOKUP per name).
+  constexpr int kBlocked = 40;
+  std::vector<std::future<int>> blocked;
+  for (int i = 0; i < kBlocked; ++i) {
+    blocked.push_back(std::async(std::launch::async, [this, i] {
+      if (i % 2 == 1) {
+        struct stat st {};
+        return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
+      }
+      const int other =
+          open(M(i % 4 == 0 ? "model-00002-of-00002.safetensors" : "config.json").c_str(),
+               O_RDONLY | O_CLOEXEC);
+      if (other < 0) return errno;
+      close(other);
+      return 0;
+    }));
+  }
+  std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
+  EXPECT_NE(blocked[0].wait_for(0s), std::future_status::ready) << "the store did not hang";
+
+  auto reread = std::async(std::launch::async, [fd] {
+    std::vector<uint8_t> got(kMiB), want(kMiB);
+    for (uint64_t at = 0; at < kShard; at += kMiB) {
+      if (PreadFully(fd, got.data(), kMiB, at) != static_cast<int64_t>(kMiB)) return false;
+      FillBytes(1, at, want.data(), kMiB);
+      if (got != want) return false;
+    }
+    return true;
+  });
+  // A bound for a hang, not a time goal: a read of 48 MiB from the cache takes well under 1 s.
+  const bool answered = reread.wait_for(60s) == std::future_status::ready;
+  EXPECT_TRUE(answered) << "reads of an open, cached file waited for the hung store";
+  kill(net_.pid(), SIGCONT);
+  if (answered) {
+    EXPECT_TRUE(reread.get()) << "a wrong byte";
+  }
+  for (int i = 0; i < kBlocked; ++i) {
+    ASSERT_EQ(blocked[i].wait_for(60s), std::future_status::ready) << "call " << i;
+    EXPECT_EQ(blocked[i].get(), i % 2 == 1 ? ENOENT : 0) << "call " << i;
+  }
+  if (!answered) reread.wait();
+  close(fd);
+  EXPECT_FALSE(ProcessGone(daemon_.pid()));
+}
+
 }  // namespace
 }  // namespace accelfs::testing

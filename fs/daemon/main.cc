@@ -516,8 +516,16 @@ void Daemon::ReportStarted(const std::string& readahead) const {
 
 int Daemon::ShutDown(const Status& loop, bool stuck) {
   NotifySystemd("STOPPING=1");
-  metrics_.reset();  // no scrape from here on
   spdlog::info("unmounting {}", paths_->mountpoint);
+  if (stuck) {
+    // Threads waiting on the store keep the process, and with it the connection, alive until the
+    // store answers (a wait behind a lock in the store's own filesystem is not even killable).
+    // The callers waiting on those threads are answered first, before any step below that could
+    // wait on the store too (a warm's walk of it, say).
+    session_->Unmount();
+    session_->AbortConnection();
+  }
+  metrics_.reset();  // no scrape from here on
   if (control_) control_->Stop();
   // Finish what the backend has in flight (those READs get their replies) within a grace period,
   // and answer the readers of what is still in flight then with an error: a hung store must not
@@ -535,10 +543,6 @@ int Daemon::ShutDown(const Status& loop, bool stuck) {
   pusher_.reset();
   cache_->Shutdown();
   session_->Unmount();  // also ends a starter still waiting for INIT
-  // Threads waiting on the store keep the process, and with it the connection, alive until the
-  // store answers (a wait behind a lock in the store's own filesystem is not even killable): the
-  // callers waiting on those threads are answered now instead.
-  if (stuck) session_->AbortConnection();
   starter_.join();
   if (const uint64_t left = bounded_->Stats().abandoned; left > 0 || stuck) {
     // Reads that never returned still own their buffers and callbacks, and threads waiting on the

@@ -113,6 +113,7 @@ Result<std::shared_ptr<Inode>> ReadThroughFs::Find(uint64_t ino) const {
 }
 
 Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto dir = Find(parent);
   if (!dir.ok()) return dir.error();
   if (name.find('/') != std::string_view::npos) return Error(EINVAL);
@@ -140,6 +141,7 @@ Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
 void ReadThroughFs::Forget(uint64_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
 
 Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   struct stat st {};
@@ -148,6 +150,7 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
 }
 
 Result<std::string> ReadThroughFs::ReadLink(uint64_t ino) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   if (!S_ISLNK((*inode)->mode)) return Error(EINVAL);
@@ -160,6 +163,7 @@ Result<std::string> ReadThroughFs::ReadLink(uint64_t ino) {
 }
 
 Result<struct statvfs> ReadThroughFs::StatFs(uint64_t ino) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   struct statvfs st {};
@@ -197,6 +201,7 @@ Result<std::string> ReadSized(Fn fn) {
 }  // namespace
 
 Result<std::string> ReadThroughFs::GetXattr(uint64_t ino, const std::string& name) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   // An O_PATH descriptor of a symlink cannot reach the link's own xattrs (user.* are not allowed
@@ -208,6 +213,7 @@ Result<std::string> ReadThroughFs::GetXattr(uint64_t ino, const std::string& nam
 }
 
 Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   if (S_ISLNK((*inode)->mode)) return std::string();
@@ -216,6 +222,7 @@ Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
 }
 
 void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0) {
     return done(Error(EROFS));
   }
@@ -531,6 +538,7 @@ void ReadThroughFs::CountPassthroughOpen(Inode& node) {
 }
 
 void ReadThroughFs::Release(uint64_t fh) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   std::unique_ptr<Handle> handle = TakeHandle(handles_mu_, handles_, fh);
   if (!handle) return;
   int close_backing = 0;  // the inode's backing file, unregistered after node.mu
@@ -572,6 +580,7 @@ std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
 }
 
 Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   const int fd = openat((*inode)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -603,6 +612,7 @@ Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
 }
 
 Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit) {
+  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto* handle = reinterpret_cast<DirHandle*>(dh);
   for (uint64_t i = offset; i < handle->entries.size(); ++i) {
     const DirEntry& e = handle->entries[i];

@@ -21,6 +21,7 @@
 #include "cache/block_cache.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
+#include "fs/calls_in_progress.h"
 #include "fs/inode_table.h"
 #include "fs/page_pusher.h"
 #include "fs/shard_opener.h"
@@ -169,6 +170,9 @@ class ReadThroughFs {
   size_t filling_opens() const { return filling_opens_.load(std::memory_order_relaxed); }
   // One entry per open file handle.
   std::vector<OpenFileInfo> OpenFiles();
+  // The calls into SOURCE's filesystem in progress now (lookups, opens, listings, stats, closes):
+  // each holds a thread serving the mount while it waits.
+  CallsInProgress::Snapshot store_calls() const { return store_calls_.Now(); }
 
  private:
   struct Handle;
@@ -203,6 +207,7 @@ class ReadThroughFs {
   BackingRegistry* registry_ = nullptr;
   PagePusher* pusher_ = nullptr;
   std::atomic<size_t> open_files_{0};
+  CallsInProgress store_calls_;
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
   // Held while a fill round makes its Gets (RunFill), so that rounds are queued whole. Taken

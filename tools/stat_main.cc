@@ -109,6 +109,14 @@ void PrintSummary(const Sample& s) {
         static_cast<unsigned long long>(stuck),
         static_cast<unsigned long long>(st.timed_out_requests));
   }
+  // A lookup or open takes microseconds of a healthy store; one waiting a second is worth a line.
+  if (st.store_calls > 0 && st.oldest_store_call_s >= 1) {
+    std::printf(
+        "  store      %llu calls waiting on SOURCE's filesystem, the oldest for %s (a hung "
+        "store?)\n",
+        static_cast<unsigned long long>(st.store_calls),
+        FormatDuration(st.oldest_store_call_s).c_str());
+  }
   if (c.verified_bytes > 0 || c.verify_failed_blocks > 0 || c.fallback_blocks > 0) {
     std::printf(
         "  cache dir  %s checked after a restart, %llu blocks failed their check (fetched "

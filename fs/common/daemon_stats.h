@@ -41,6 +41,10 @@ struct DaemonStats {
   uint64_t passthrough_files = 0;   // of them, open in passthrough mode
   uint64_t filling_opens = 0;       // opens waiting for their file to be cached (fill on open)
   uint64_t pushed_bytes = 0;  // bytes written into the kernel page cache (--push, warmed files)
+  // Calls into SOURCE's filesystem (lookups, opens, listings, stats) in progress now, and how long
+  // the oldest has waited: a store that stopped answering shows here.
+  uint64_t store_calls = 0;
+  double oldest_store_call_s = 0;
 };
 
 using StatsSource = std::function<DaemonStats()>;
@@ -200,6 +204,12 @@ inline constexpr std::array kStatsFields = [] {
       Row<&D::pushed_bytes>("pushed_bytes", kCounter, kBytes, "accelfs_pushed_bytes_total",
                             "Bytes pushed into the kernel's page cache (--push, and warmed "
                             "files on a mount without passthrough)."),
+      Row<&D::store_calls>("store_calls", kGauge, kCount, "accelfs_store_calls_in_progress",
+                           "Calls into SOURCE's filesystem (lookups, opens, listings, stats) in "
+                           "progress: each holds a thread serving the mount while it waits."),
+      Row<&D::oldest_store_call_s>("oldest_store_call_s", kGauge, kSeconds,
+                                   "accelfs_store_call_oldest_seconds",
+                                   "Seconds the oldest call into SOURCE's filesystem has waited."),
       Row<&D::uptime_s>("uptime_s", kGauge, kSeconds, "accelfs_uptime_seconds",
                         "Seconds since the daemon started."),
   };

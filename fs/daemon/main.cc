@@ -371,6 +371,9 @@ DaemonStats Daemon::Snapshot() const {
   s.passthrough_files = fs_->passthrough_files();
   s.filling_opens = fs_->filling_opens();
   s.pushed_bytes = pusher_ ? pusher_->Stats().pushed_bytes : 0;
+  const CallsInProgress::Snapshot store_calls = fs_->store_calls();
+  s.store_calls = store_calls.count;
+  s.oldest_store_call_s = store_calls.oldest_seconds;
   return s;
 }
 

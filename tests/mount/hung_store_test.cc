@@ -267,6 +267,18 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   }
   std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
   EXPECT_NE(blocked[0].wait_for(0s), std::future_status::ready) << "the store did not hang";
+  // accelfs-stat (the control socket, not the mount) shows the calls waiting on the store.
+  std::string shown;
+  for (int i = 0; i < 50 && shown.find("calls waiting on SOURCE") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(100ms);
+    shown = RunCommand({TestBinary(ACCELFS_STAT), mountpoint_}).out;
+  }
+  EXPECT_NE(shown.find("calls waiting on SOURCE"), std::string::npos) << shown;
+  const nlohmann::json j = nlohmann::json::parse(
+      RunCommand({TestBinary(ACCELFS_STAT), mountpoint_, "--json"}).out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_GE(j["mounts"][0].value("store_calls", 0), 2) << j.dump();
+  EXPECT_GE(j["mounts"][0].value("oldest_store_call_s", 0.0), 1.0) << j.dump();
 
   auto reread = std::async(std::launch::async, [fd] {
     std::vector<uint8_t> got(kMiB), want(kMiB);

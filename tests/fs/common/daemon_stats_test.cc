@@ -34,15 +34,17 @@ std::string Where(const StatField& f) { return Section(f.section) + "." + std::s
 DaemonStats Distinct() {
   DaemonStats s;
   auto& [source, mountpoint, store, passthrough, uptime_s, cache, depth, depth_limit, stuck,
-         timed_out, waiting, open_files, passthrough_files, filling_opens, pushed_bytes] = s;
+         timed_out, waiting, open_files, passthrough_files, filling_opens, pushed_bytes,
+         store_calls, oldest_store_call_s] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
   passthrough = true;
   uptime_s = 12.5;
+  oldest_store_call_s = 3.25;
   uint64_t next = 1001;
   for (uint64_t* field : {&stuck, &timed_out, &waiting, &open_files, &passthrough_files,
-                          &filling_opens, &pushed_bytes}) {
+                          &filling_opens, &pushed_bytes, &store_calls}) {
     *field = next++;
   }
   depth = static_cast<uint32_t>(next++);
@@ -58,7 +60,7 @@ DaemonStats Distinct() {
   }
   return s;
 }
-constexpr size_t kNumericFields = 10 + 19;  // DaemonStats' own numbers, CacheStats'
+constexpr size_t kNumericFields = 12 + 19;  // DaemonStats' own numbers, CacheStats'
 
 double AsDouble(StatValue v) {
   return std::visit([](auto x) { return static_cast<double>(x); }, v);
@@ -80,9 +82,11 @@ TEST(DaemonStatsTest, TableCoversEveryFieldOnce) {
     EXPECT_TRUE(fresh) << Where(f) << " reads the same field as " << it->second;
     EXPECT_NE(it->first, 0) << Where(f) << " reads a field Distinct() leaves 0";
   }
-  // uptime_s is the one double; the JSON keeps it a float and every other number an integer.
+  // The seconds are doubles; the JSON keeps them floats and every other number an integer.
   for (const StatField& f : kStatsFields) {
-    EXPECT_EQ(std::holds_alternative<double>(f.get(s)), f.key == "uptime_s") << Where(f);
+    EXPECT_EQ(std::holds_alternative<double>(f.get(s)),
+              f.key == "uptime_s" || f.key == "oldest_store_call_s")
+        << Where(f);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #define FUSE_USE_VERSION 312
 #include <dirent.h>
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -595,8 +596,15 @@ void FuseSession::AbortConnection() {
     }
   }
   closedir(dir);
-  for (const int fd : fds) close(fd);
-  spdlog::info("closed {} descriptors of /dev/fuse: the kernel answers the calls still waiting",
+  // Each is replaced by /dev/null rather than closed: the threads still inside the session hold
+  // these numbers, and a number closed here could be given to a file opened meanwhile, which
+  // their late replies would then be written into.
+  const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  for (const int fd : fds) {
+    if (null_fd < 0 || dup3(null_fd, fd, O_CLOEXEC) < 0) close(fd);
+  }
+  if (null_fd >= 0) close(null_fd);
+  spdlog::info("let go of {} descriptors of /dev/fuse: the kernel answers the calls still waiting",
                fds.size());
 }
 

@@ -50,9 +50,10 @@ class FuseSession {
   // still waits; it must end the process (the session cannot be destroyed under the loop).
   Status Loop(std::chrono::milliseconds grace, const std::function<void()>& stuck);
   void Unmount();
-  // Closes every descriptor of /dev/fuse this process holds (the session's and each serving
-  // thread's clone); the kernel aborts the connection when the last one goes, answering every
-  // request still waiting ECONNABORTED. For a shutdown whose own threads cannot end.
+  // Lets go of every descriptor of /dev/fuse this process holds (the session's and each serving
+  // thread's clone, each pointed at /dev/null); the kernel aborts the connection when the last
+  // one goes, answering every request still waiting ECONNABORTED. For a shutdown whose own
+  // threads cannot end.
   void AbortConnection();
   // Blocks until the kernel has processed the INIT reply (true: the mount answers requests and its
   // read_ahead_kb may be tuned) or Unmount was called (false). Unlike a stat of the mount, this

@@ -266,7 +266,12 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
     }));
   }
   std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
-  EXPECT_NE(blocked[0].wait_for(0s), std::future_status::ready) << "the store did not hang";
+  // (Shard 2's open may be answered: its backing file can be open already, for the next-shard
+  // fetch that shard 1's open started.)
+  const auto waiting = std::count_if(blocked.begin(), blocked.end(), [](std::future<int>& b) {
+    return b.wait_for(0s) != std::future_status::ready;
+  });
+  EXPECT_GE(waiting, kBlocked - kBlocked / 4) << "the store did not hang";
   // accelfs-stat (the control socket, not the mount) shows the calls waiting on the store.
   std::string shown;
   for (int i = 0; i < 50 && shown.find("calls waiting on SOURCE") == std::string::npos; ++i) {
@@ -329,7 +334,9 @@ TEST_F(HungStoreTest, SigtermEndsTheDaemonWhileCallsWaitOnAStoppedStore) {
     }));
   }
   std::this_thread::sleep_for(1s);
-  ASSERT_NE(blocked[0].wait_for(0s), std::future_status::ready) << "the store did not hang";
+  ASSERT_TRUE(std::none_of(blocked.begin(), blocked.end(), [](std::future<int>& b) {
+    return b.wait_for(0s) == std::future_status::ready;
+  })) << "the store did not hang";
   const auto begin = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(daemon_.pid(), SIGTERM), 0);
   // Within seconds the mount is gone and every waiting caller has its answer, an error. The

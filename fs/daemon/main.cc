@@ -550,8 +550,8 @@ int Daemon::ShutDown(const Status& loop, bool stuck) {
   if (const uint64_t left = bounded_->Stats().abandoned; left > 0 || stuck) {
     // Reads that never returned still own their buffers and callbacks, and threads waiting on the
     // store are still inside the session: nothing they may touch can be freed, so the process
-    // ends here, without destructors. The kernel ends their waits with it (they are killable); a
-    // --cache-dir keeps what was committed.
+    // ends here, without destructors. The kernel ends the killable waits with it, the others
+    // when the store answers; a --cache-dir keeps what was committed.
     if (left > 0) {
       spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
     }

@@ -368,6 +368,10 @@ TEST_F(ManyFilesTest, MoreFilesThanTheUsualSoftDescriptorLimitAllReadRight) {
   // Started with the soft limit of a systemd service; this process's own goes back at once.
   rlimit own{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_max != RLIM_INFINITY && own.rlim_max < 4 * kFiles) {
+    GTEST_SKIP() << "the hard open file limit here (" << own.rlim_max << ") cannot hold a "
+                 << kFiles << "-file tree's descriptors, whatever the daemon does";
+  }
   rlimit low = own;
   low.rlim_cur = std::min<rlim_t>(1024, own.rlim_max);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);

@@ -1,8 +1,6 @@
 #include "fs/fuse_adapter.h"
 
 #define FUSE_USE_VERSION 312
-#include <dirent.h>
-#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -14,13 +12,8 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <string_view>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "cache/guard.h"
 #include "fs/errno_map.h"
@@ -528,44 +521,13 @@ bool FuseSession::passthrough() const { return impl_->Enabled(); }
 
 KernelCache& FuseSession::kernel_cache() { return *impl_; }
 
-Status FuseSession::Loop(std::chrono::milliseconds grace, const std::function<void()>& stuck) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool returned = false;  // GUARDED_BY(mu)
-  bool fired = false;     // GUARDED_BY(mu)
-  // Told to exit by a signal handler or a reader of /dev/fuse: seen by polling.
-  std::thread watchdog([&] {
-    std::unique_lock lock(mu);
-    while (!returned && !fuse_session_exited(impl_->session)) {
-      cv.wait_for(lock, std::chrono::milliseconds(50));
-    }
-    if (cv.wait_for(lock, grace, [&] { return returned; })) return;
-    fired = true;
-    lock.unlock();
-    spdlog::warn(
-        "threads serving the mount did not return {} ms after the end began: calls to "
-        "the store are hung; shutting down without them",
-        grace.count());
-    stuck();
-  });
+Status FuseSession::Loop() {
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 1);
   fuse_loop_cfg_set_max_threads(config, impl_->options.max_threads);
   fuse_loop_cfg_set_idle_threads(config, impl_->options.max_idle_threads);
   const int rc = fuse_session_loop_mt(impl_->session, config);
   fuse_loop_cfg_destroy(config);
-  bool too_late;
-  {
-    std::lock_guard lock(mu);
-    returned = true;
-    too_late = fired;
-  }
-  cv.notify_all();
-  if (too_late) {
-    // `stuck` is shutting the daemon down and ends the process; nothing here may run beside it.
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-  watchdog.join();
   return rc < 0 ? Status(Error(-rc)) : Status::Ok();
 }
 
@@ -581,31 +543,6 @@ void FuseSession::Unmount() {
     fuse_session_unmount(impl_->session);
     impl_->mounted = false;
   }
-}
-
-void FuseSession::AbortConnection() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  std::vector<int> fds;
-  while (const dirent* entry = readdir(dir)) {
-    char target[32] = {};
-    const std::string link = std::string("/proc/self/fd/") + entry->d_name;
-    const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
-    if (n > 0 && std::string_view(target, static_cast<size_t>(n)) == "/dev/fuse") {
-      fds.push_back(std::atoi(entry->d_name));
-    }
-  }
-  closedir(dir);
-  // Each is replaced by /dev/null rather than closed: the threads still inside the session hold
-  // these numbers, and a number closed here could be given to a file opened meanwhile, which
-  // their late replies would then be written into.
-  const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-  for (const int fd : fds) {
-    if (null_fd < 0 || dup3(null_fd, fd, O_CLOEXEC) < 0) close(fd);
-  }
-  if (null_fd >= 0) close(null_fd);
-  spdlog::info("let go of {} descriptors of /dev/fuse: the kernel answers the calls still waiting",
-               fds.size());
 }
 
 }  // namespace accelfs

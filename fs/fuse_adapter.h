@@ -2,8 +2,6 @@
 // convert arguments, call ReadThroughFs, and reply.
 #pragma once
 
-#include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,18 +41,9 @@ class FuseSession {
 
   Status Mount();
   // Serves requests on a thread pool until unmounted or signalled. Its error: what ended the loop,
-  // when not an unmount. The loop ends only once every serving thread has returned, and one
-  // waiting in a call to a store that stopped answering (open on a dead NFS server) neither
-  // returns nor can be cancelled: its wait ends with the process. So if the loop has not ended
-  // `grace` after the session was told to exit, `stuck` runs on another thread while the loop
-  // still waits; it must end the process (the session cannot be destroyed under the loop).
-  Status Loop(std::chrono::milliseconds grace, const std::function<void()>& stuck);
+  // when not an unmount.
+  Status Loop();
   void Unmount();
-  // Lets go of every descriptor of /dev/fuse this process holds (the session's and each serving
-  // thread's clone, each pointed at /dev/null); the kernel aborts the connection when the last
-  // one goes, answering every request still waiting ECONNABORTED. For a shutdown whose own
-  // threads cannot end.
-  void AbortConnection();
   // Blocks until the kernel has processed the INIT reply (true: the mount answers requests and its
   // read_ahead_kb may be tuned) or Unmount was called (false). Unlike a stat of the mount, this
   // never leaves a thread of the daemon waiting on its own mount, which a SIGKILL could not end.

@@ -84,10 +84,6 @@ rlim_t RaiseOpenFileLimit() {
 // Below this the start-up report warns: a model store of a few thousand files would run out.
 constexpr rlim_t kFewDescriptors = 8192;
 
-// How long the session loop may take to end once told to, before the daemon shuts down without
-// the threads that wait on a hung store (FuseSession::Loop); the backend's own grace is as long.
-constexpr std::chrono::milliseconds kStuckGrace{2000};
-
 int Fail(const std::string& line) {
   std::fprintf(stderr, "accelfs: %s\n", line.c_str());
   return 1;
@@ -166,8 +162,7 @@ class Daemon {
                                       &Daemon::StartControlPlane, &Daemon::Mount}) {
       if (Status s = (this->*phase)(); !s.ok()) return Fail(s.error().Message());
     }
-    return ShutDown(
-        session_->Loop(kStuckGrace, [this] { ShutDown(Status::Ok(), /*stuck=*/true); }));
+    return ShutDown(session_->Loop());
   }
 
  private:
@@ -176,9 +171,7 @@ class Daemon {
   Status BuildFilesystem();    // the FUSE-free core, the FUSE session, the page pusher
   Status StartControlPlane();  // stats, --metrics, the warmer and the control socket
   Status Mount();              // the mount, then the starter that tunes it and reports ready
-  // After the session loop ends, or (stuck) on the loop's watchdog while threads serving the
-  // mount wait on a hung store: stop, drain, unmount. A stuck shutdown ends the process.
-  int ShutDown(const Status& loop, bool stuck = false);
+  int ShutDown(const Status& loop);  // after the session loop ends: stop, drain, unmount
   Status OpenStore();
   void MakeBackend();
   DaemonStats Snapshot() const;
@@ -517,18 +510,10 @@ void Daemon::ReportStarted(const std::string& readahead) const {
       config_.attr_timeout, config_.entry_timeout, session_options_.max_background);
 }
 
-int Daemon::ShutDown(const Status& loop, bool stuck) {
+int Daemon::ShutDown(const Status& loop) {
   NotifySystemd("STOPPING=1");
-  spdlog::info("unmounting {}", paths_->mountpoint);
-  if (stuck) {
-    // Threads waiting on the store keep the process, and with it the connection, alive until the
-    // store answers (a wait behind a lock in the store's own filesystem is not even killable).
-    // The callers waiting on those threads are answered first, before any step below that could
-    // wait on the store too (a warm's walk of it, say).
-    session_->Unmount();
-    session_->AbortConnection();
-  }
   metrics_.reset();  // no scrape from here on
+  spdlog::info("unmounting {}", paths_->mountpoint);
   if (control_) control_->Stop();
   // Finish what the backend has in flight (those READs get their replies) within a grace period,
   // and answer the readers of what is still in flight then with an error: a hung store must not
@@ -547,14 +532,11 @@ int Daemon::ShutDown(const Status& loop, bool stuck) {
   cache_->Shutdown();
   session_->Unmount();  // also ends a starter still waiting for INIT
   starter_.join();
-  if (const uint64_t left = bounded_->Stats().abandoned; left > 0 || stuck) {
-    // Reads that never returned still own their buffers and callbacks, and threads waiting on the
-    // store are still inside the session: nothing they may touch can be freed, so the process
-    // ends here, without destructors. The kernel ends the killable waits with it, the others
-    // when the store answers; a --cache-dir keeps what was committed.
-    if (left > 0) {
-      spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
-    }
+  if (const uint64_t left = bounded_->Stats().abandoned; left > 0) {
+    // Reads that never returned still own their buffers and callbacks: nothing they may write
+    // into can be freed, so the process ends here, without destructors. The kernel ends the
+    // reads with it (their waits are killable); a --cache-dir keeps what was committed.
+    spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
     spdlog::default_logger()->flush();
     std::fflush(nullptr);
     _exit(loop.ok() ? 0 : 1);

@@ -310,58 +310,5 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   EXPECT_FALSE(ProcessGone(daemon_.pid()));
 }
 
-// SIGTERM while calls wait on a store that stopped answering: the session loop cannot end (its
-// threads waiting on the store neither return nor can be cancelled), so after 2 s the daemon shuts
-// down beside it and closes its /dev/fuse descriptors. Before, the daemon lived on, mounted, with
-// its callers waiting, until the store answered.
-TEST_F(HungStoreTest, SigtermEndsTheDaemonWhileCallsWaitOnAStoppedStore) {
-  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
-  struct stat st {};
-  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);
-  ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
-  struct Resume {
-    pid_t pid;
-    ~Resume() { kill(pid, SIGCONT); }
-  } resume{net_.pid()};
-  std::vector<std::future<int>> blocked;
-  for (int i = 0; i < 8; ++i) {
-    blocked.push_back(std::async(std::launch::async, [this, i] {
-      const int fd = i % 2 == 0 ? open(M("config.json").c_str(), O_RDONLY | O_CLOEXEC)
-                                : open(M("missing-" + std::to_string(i)).c_str(), O_RDONLY);
-      if (fd < 0) return errno;
-      close(fd);
-      return 0;
-    }));
-  }
-  std::this_thread::sleep_for(1s);
-  ASSERT_TRUE(std::none_of(blocked.begin(), blocked.end(), [](std::future<int>& b) {
-    return b.wait_for(0s) == std::future_status::ready;
-  })) << "the store did not hang";
-  const auto begin = std::chrono::steady_clock::now();
-  ASSERT_EQ(kill(daemon_.pid(), SIGTERM), 0);
-  // Within seconds the mount is gone and every waiting caller has its answer, an error. The
-  // process itself can outlive that until the store answers: a thread of it waiting behind a
-  // lock in the store's filesystem cannot be killed, and the process ends with its last thread.
-  bool answered = true;
-  for (auto& b : blocked) answered = answered && b.wait_for(30s) == std::future_status::ready;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  EXPECT_TRUE(answered) << "callers still wait on the ended daemon\n" << daemon_.Log();
-  std::printf("every waiting caller answered %.2f s after SIGTERM\n", seconds);
-  EXPECT_LT(seconds, 10) << "a few seconds, whatever the store does";
-  for (auto& b : blocked) {
-    if (b.wait_for(0s) == std::future_status::ready) {
-      EXPECT_NE(b.get(), 0) << "an answer from an ending daemon";
-    }
-  }
-  for (int i = 0; i < 100 && IsAccelfsMounted(mountpoint_); ++i) std::this_thread::sleep_for(100ms);
-  EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
-  kill(net_.pid(), SIGCONT);
-  int status = 0;
-  EXPECT_TRUE(daemon_.Wait(kExitWait, &status)) << "the daemon outlived the store's answer";
-  EXPECT_NE(daemon_.Log().find("did not return"), std::string::npos) << daemon_.Log();
-  EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
-}
-
 }  // namespace
 }  // namespace accelfs::testing

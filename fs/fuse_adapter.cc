@@ -151,9 +151,9 @@ void ReplyErr(fuse_req_t req, Error error) {
     // Out of descriptors: every later LOOKUP and OPEN fails the same way until some are given
     // back, so the log names the limit to raise. Rate-limited.
     const uint64_t n = Ctx(req).descriptor_errors.fetch_add(1, std::memory_order_relaxed);
-    rlimit limit{};
-    getrlimit(RLIMIT_NOFILE, &limit);
     if (n < 3 || n % 10000 == 0) {
+      rlimit limit{};
+      getrlimit(RLIMIT_NOFILE, &limit);
       spdlog::warn(
           "out of file descriptors ({}): {} requests failed so far; raise the open file limit "
           "(LimitNOFILE= in a unit, ulimit -Hn, docker --ulimit nofile=)",

@@ -531,6 +531,8 @@ Status FuseSession::Loop() {
   return rc < 0 ? Status(Error(-rc)) : Status::Ok();
 }
 
+bool FuseSession::Exiting() const { return fuse_session_exited(impl_->session) != 0; }
+
 bool FuseSession::WaitInitialized() {
   std::unique_lock lock(impl_->init_mu);
   impl_->init_cv.wait(lock, [&] { return impl_->init_done || impl_->init_abandoned; });

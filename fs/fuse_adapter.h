@@ -44,6 +44,8 @@ class FuseSession {
   // when not an unmount.
   Status Loop();
   void Unmount();
+  // Whether the loop was asked to end: a signal, or the kernel ending the mount. Any thread.
+  bool Exiting() const;
   // Blocks until the kernel has processed the INIT reply (true: the mount answers requests and its
   // read_ahead_kb may be tuned) or Unmount was called (false). Unlike a stat of the mount, this
   // never leaves a thread of the daemon waiting on its own mount, which a SIGKILL could not end.

@@ -110,7 +110,7 @@ case "${1:-}" in
     configure_tests build-tsan -DACCELFS_SANITIZE=thread
     cmake --build build-tsan -j"$jobs"
     run_tests build-tsan -L 'unit|component'
-    run_tests build-tsan -R '^(HungStoreTest|NamesMountTest|PassthroughTest|LifecycleTest)\.'
+    run_tests build-tsan -R '^(HungStoreTest|StoppedStoreTest|NamesMountTest|PassthroughTest|LifecycleTest)\.'
     # Every parser of outside input under libFuzzer, a bounded run over its committed corpus.
     CC=clang-14 CXX=clang++-14 configure build-fuzz -DACCELFS_FUZZ=ON -DACCELFS_TESTS=OFF \
       -DACCELFS_WERROR=ON -DACCELFS_SANITIZE=address,undefined

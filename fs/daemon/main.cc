@@ -43,6 +43,7 @@
 #include "fs/control/metrics.h"
 #include "fs/control/warmer.h"
 #include "fs/daemon/config.h"
+#include "fs/daemon/exit_deadline.h"
 #include "fs/daemon/memory_limit.h"
 #include "fs/daemon/mount_checks.h"
 #include "fs/fuse_adapter.h"
@@ -178,6 +179,8 @@ class Daemon {
   void ReportStarted(const std::string& readahead) const;
 
   const Config& config_;
+  // First, so that it outlives every other member: their destructors may wait on a hung store.
+  std::optional<ExitDeadline> deadline_;
   std::optional<CheckedPaths> paths_;
   std::optional<gid_t> control_group_;
   // Where cached blocks live.
@@ -445,6 +448,12 @@ Status Daemon::Mount() {
   if (!session_->Mount().ok()) {
     return Failure("cannot mount on '" + config_.mountpoint + "' (see the message above)");
   }
+  // From a signal or the mount's end on, the exit is bounded (exit_deadline.h). The session is
+  // asked until ShutDown arms the deadline, before it ends the session.
+  ExitDeadline::Options deadline;
+  deadline.mountpoint = paths_->mountpoint;
+  deadline_.emplace(std::move(deadline));
+  deadline_->Watch([session = session_.get()] { return session->Exiting(); });
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
   // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,
   // reports and tells the parent we are ready. Unmounted first (a signal during start): it just
@@ -511,6 +520,7 @@ void Daemon::ReportStarted(const std::string& readahead) const {
 }
 
 int Daemon::ShutDown(const Status& loop) {
+  deadline_->Arm();
   NotifySystemd("STOPPING=1");
   metrics_.reset();  // no scrape from here on
   spdlog::info("unmounting {}", paths_->mountpoint);

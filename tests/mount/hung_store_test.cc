@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -208,6 +209,91 @@ TEST_F(HungStoreTest, UnmountEndsTheDaemonWhileTheStoreHangs) {
     EXPECT_EQ(u.exit_code, 0) << u.err;
   });
   EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
+}
+
+// The whole store stops answering (NET stopped with SIGSTOP: an NFS server gone) while callers
+// wait in lookups and opens that reached it, or while accelfs-warm waits in the daemon's own look
+// at the files: SIGTERM ends the daemon within seconds all the same, the mount is gone, and each
+// waiting caller is answered with an error instead of waiting for the store. Before, each waiting
+// call held a thread that the exit joins (libfuse's loop joins the threads serving the mount, the
+// control server its connections): the daemon lived, mounted, until the store answered again.
+class StoppedStoreTest : public HungStoreTest {
+ protected:
+  void StopStore() {
+    ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
+    stopped_ = true;
+  }
+  void TearDown() override {
+    if (stopped_) kill(net_.pid(), SIGCONT);
+    HungStoreTest::TearDown();
+  }
+  // SIGTERM, then: the daemon gone within seconds, with the deadline's line, and no mount left.
+  void ExpectSigtermEndsTheDaemon() {
+    const auto begin = std::chrono::steady_clock::now();
+    ASSERT_EQ(kill(daemon_.pid(), SIGTERM), 0);
+    int status = 0;
+    ASSERT_TRUE(daemon_.Wait(kExitWait, &status)) << "the daemon outlived SIGTERM\n"
+                                                  << daemon_.Log();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::printf("daemon gone %.2f s after SIGTERM, the store stopped\n", seconds);
+    EXPECT_LT(seconds, 10) << "a few seconds, whatever the store does";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_NE(daemon_.Log().find("did not stop within"), std::string::npos) << daemon_.Log();
+    EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
+  }
+  bool stopped_ = false;
+};
+
+TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileLookupsAndOpensWaitOnTheStore) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  struct stat st {};
+  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // looked up: its OPEN goes to the store
+  ASSERT_NO_FATAL_FAILURE(StopStore());
+  constexpr int kWaiting = 8;
+  std::vector<std::future<int>> waiting;
+  for (int i = 0; i < kWaiting; ++i) {
+    waiting.push_back(std::async(std::launch::async, [this, i] {
+      if (i % 2 == 1) {
+        struct stat st {};
+        return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
+      }
+      const int fd = open(M("config.json").c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return errno;
+      close(fd);
+      return 0;
+    }));
+  }
+  std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
+  for (int i = 0; i < kWaiting; ++i) {
+    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon());
+  for (int i = 0; i < kWaiting; ++i) {
+    ASSERT_EQ(waiting[i].wait_for(30s), std::future_status::ready) << "call " << i << " waits on";
+    const int err = waiting[i].get();
+    std::printf("call %d: %s\n", i, std::strerror(err));
+    EXPECT_NE(err, 0) << "call " << i << " was answered as if the store had answered";
+  }
+}
+
+TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  struct stat st {};
+  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
+  ASSERT_NO_FATAL_FAILURE(StopStore());
+  // The daemon looks at the file in the store on the control connection's thread.
+  auto warm = std::async(std::launch::async, [&] {
+    return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
+  });
+  std::this_thread::sleep_for(1s);
+  ASSERT_NE(warm.wait_for(0s), std::future_status::ready) << warm.get().err;
+  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon());
+  ASSERT_EQ(warm.wait_for(60s), std::future_status::ready);
+  const CommandResult w = warm.get();
+  EXPECT_FALSE(w.timed_out);
+  EXPECT_NE(w.exit_code, 0) << w.out;
+  EXPECT_EQ(std::count(w.err.begin(), w.err.end(), '\n'), 1) << w.err;
 }
 
 // accelfs-warm of a hung file fails with one line after the timeout, instead of waiting forever.

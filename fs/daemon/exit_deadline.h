@@ -1,0 +1,66 @@
+// A bound on the daemon's exit, whatever the store does. A thread that waits inside a call into
+// SOURCE's own filesystem (a lookup on an NFS server gone, an open on a stopped S3-FUSE process)
+// can be neither woken nor joined, and every orderly way out joins some thread: libfuse's loop
+// joins the threads serving the mount, the control server its connections, the filesystem its
+// shard opener. So once the daemon is asked to stop (SIGTERM, SIGINT, SIGHUP, an unmount), the
+// orderly exit gets `grace`; past it this detaches the mount, answers the requests still waiting
+// on it (their callers get ENOTCONN instead of waiting for the store), logs one line and ends the
+// process without destructors. Nothing of the daemon's is touched on that path, so it is safe
+// beside whatever the other threads are doing. A --cache-dir keeps what was committed: blocks
+// are committed one by one, as after a kill -9.
+//
+// Thread safety: Watch, Arm and the destructor are called from one thread (the daemon's main
+// thread); `stopping` runs on this class's own thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace accelfs {
+
+class ExitDeadline {
+ public:
+  struct Options {
+    std::string mountpoint;  // canonical path of the mount, fuse.accelfs
+    // Longer than an orderly exit ever takes with a store that answers: that waits at most the
+    // backend's stop grace (2 s, BoundedReaderOptions::stop_grace) for reads in flight, and the
+    // rest of it takes milliseconds. Short enough that a stop is "within seconds".
+    std::chrono::milliseconds grace{5'000};
+    int exit_code = 0;  // the daemon was asked to stop, and did
+  };
+
+  explicit ExitDeadline(Options options);  // starts its thread, which waits for Watch or Arm
+  ~ExitDeadline();                         // ends the watch; an exit that got here was orderly
+  ExitDeadline(const ExitDeadline&) = delete;
+  ExitDeadline& operator=(const ExitDeadline&) = delete;
+
+  // Starts the watch: `stopping` is asked every kPoll until it says the daemon was asked to stop
+  // (the FUSE session's exit flag: a signal, or the kernel ending the mount), and the grace
+  // starts then. REQUIRES: what `stopping` reads lives until Arm or the destructor returns.
+  void Watch(std::function<bool()> stopping);
+  // Starts the grace now, unless it has started already; `stopping` is not called again.
+  void Arm();
+
+  static constexpr std::chrono::milliseconds kPoll{100};
+
+ private:
+  void Run();
+  // The way out past the deadline. Never returns.
+  [[noreturn]] void Expire() const;
+
+  const Options options_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::function<bool()> stopping_;                  // GUARDED_BY(mu_)
+  bool armed_ = false;                              // GUARDED_BY(mu_)
+  bool done_ = false;                               // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point deadline_;  // GUARDED_BY(mu_), once armed_
+  std::thread thread_;  // last: it starts once the fields above are ready
+};
+
+}  // namespace accelfs

@@ -108,7 +108,9 @@ case "${1:-}" in
     # ThreadSanitizer: the unit and component tiers, and the mount tests of the paths with the
     # most threads (hung store and shutdown, names over the control channel, passthrough, signals).
     configure_tests build-tsan -DACCELFS_SANITIZE=thread
-    cmake --build build-tsan -j"$jobs"
+    cmake --build build-tsan -j"$jobs" --target accelfs_unit_component_tests \
+      accelfs_mount_hung_store_test accelfs_mount_names_test accelfs_mount_passthrough_test \
+      accelfs_mount_lifecycle_test
     run_tests build-tsan -L 'unit|component'
     run_tests build-tsan -R '^(HungStoreTest|StoppedStoreTest|NamesMountTest|PassthroughTest|LifecycleTest)\.'
     # Every parser of outside input under libFuzzer, a bounded run over its committed corpus.

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -100,6 +101,27 @@ class HungStoreTest : public MountTest {
   }
 
   std::string M(const std::string& name) const { return Mnt(name); }
+
+  // `count` calls that reach the store, each on a thread of its own: stats of names never looked
+  // up (odd i: one LOOKUP each) and opens of `opened(i)`, looked up before (even i: one OPEN
+  // each). Each answers 0 or its errno.
+  std::vector<std::future<int>> CallsOnTheStore(int count,
+                                                const std::function<std::string(int)>& opened) {
+    std::vector<std::future<int>> calls;
+    for (int i = 0; i < count; ++i) {
+      calls.push_back(std::async(std::launch::async, [this, i, file = opened(i)] {
+        if (i % 2 == 1) {
+          struct stat st {};
+          return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
+        }
+        const int fd = open(M(file).c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return errno;
+        close(fd);
+        return 0;
+      }));
+    }
+    return calls;
+  }
 
   const std::string store_ = dir_ / "store";
   const std::string net_mount_ = dir_ / "net";
@@ -251,19 +273,8 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileLookupsAndOpensWaitOnTheStore)
   ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // looked up: its OPEN goes to the store
   ASSERT_NO_FATAL_FAILURE(StopStore());
   constexpr int kWaiting = 8;
-  std::vector<std::future<int>> waiting;
-  for (int i = 0; i < kWaiting; ++i) {
-    waiting.push_back(std::async(std::launch::async, [this, i] {
-      if (i % 2 == 1) {
-        struct stat st {};
-        return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
-      }
-      const int fd = open(M("config.json").c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return errno;
-      close(fd);
-      return 0;
-    }));
-  }
+  std::vector<std::future<int>> waiting =
+      CallsOnTheStore(kWaiting, [](int) { return std::string("config.json"); });
   std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
   for (int i = 0; i < kWaiting; ++i) {
     ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
@@ -336,21 +347,9 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   // Opens of files looked up before the stop (one OPEN each, however many for one file) and
   // stats of names never looked up (one LOOKUP per name).
   constexpr int kBlocked = 40;
-  std::vector<std::future<int>> blocked;
-  for (int i = 0; i < kBlocked; ++i) {
-    blocked.push_back(std::async(std::launch::async, [this, i] {
-      if (i % 2 == 1) {
-        struct stat st {};
-        return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
-      }
-      const int other =
-          open(M(i % 4 == 0 ? "model-00002-of-00002.safetensors" : "config.json").c_str(),
-               O_RDONLY | O_CLOEXEC);
-      if (other < 0) return errno;
-      close(other);
-      return 0;
-    }));
-  }
+  std::vector<std::future<int>> blocked = CallsOnTheStore(kBlocked, [](int i) {
+    return std::string(i % 4 == 0 ? "model-00002-of-00002.safetensors" : "config.json");
+  });
   std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
   // (Shard 2's open may be answered: its backing file can be open already, for the next-shard
   // fetch that shard 1's open started.)

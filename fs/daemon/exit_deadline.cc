@@ -80,24 +80,26 @@ void ExitDeadline::Arm() {
   {
     std::lock_guard lock(mu_);
     if (armed_) return;
-    armed_ = true;
-    deadline_ = std::chrono::steady_clock::now() + options_.grace;
+    StartGrace();
   }
   wake_.notify_all();
+}
+
+void ExitDeadline::StartGrace() {
+  armed_ = true;
+  deadline_ = std::chrono::steady_clock::now() + options_.grace;
 }
 
 void ExitDeadline::Run() {
   std::unique_lock lock(mu_);
   while (!done_) {
     if (!armed_) {
-      // Asked under the lock, so that once Arm has returned `stopping` is never running.
-      if (stopping_ && stopping_()) {
-        armed_ = true;
-        deadline_ = std::chrono::steady_clock::now() + options_.grace;
-      } else if (stopping_) {
-        wake_.wait_for(lock, kPoll);
+      if (!stopping_) {
+        wake_.wait(lock);        // for Watch, Arm or the end
+      } else if (stopping_()) {  // asked under the lock: once Arm has returned, never running
+        StartGrace();
       } else {
-        wake_.wait(lock);  // for Watch, Arm or the end
+        wake_.wait_for(lock, kPoll);
       }
       continue;
     }

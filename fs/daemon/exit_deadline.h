@@ -50,6 +50,7 @@ class ExitDeadline {
 
  private:
   void Run();
+  void StartGrace();  // REQUIRES: mu_ held
   // The way out past the deadline. Never returns.
   [[noreturn]] void Expire() const;
 

@@ -26,7 +26,8 @@
 // rename, within 20 ms of any change, and once more at exit), so that a benchmark can take the
 // bytes a case read from the store without unmounting it.
 //
-// With --fault-file, READs fail the way a troubled store fails, as PATH says. The file is read at
+// With --fault-file, READs (and LOOKUPs and OPENs) fail the way a troubled store fails, as PATH
+// says. The file is read at
 // start and again whenever its inode, size or mtime changes (looked at every 50 ms; write a new
 // file and rename it over PATH so that no half-written file is read). One rule per line, blank
 // lines and `#` comments ignored, fields split by white space:
@@ -40,6 +41,11 @@
 //                          (`fail shard-2 5`: EIO).
 //   slow SUBSTRING MBPS    READs of such files go at MBPS (1e6 bytes/s) each, not --request-mbps;
 //                          the aggregate cap still holds.
+//   stall SUBSTRING        LOOKUPs and OPENs of such names are not answered until the file no
+//                          longer holds the rule: each waits on the worker thread that took it,
+//                          as in a store's daemon stuck in a call of its own (the caller sleeps
+//                          in the kernel, where no signal reaches it). Then they are answered as
+//                          usual; EIO once the daemon is asked to exit. READs ignore the rule.
 //
 // A file's path is relative to SOURCE, as first looked up (`dir/model-00002.safetensors`); the
 // first rule whose SUBSTRING it contains decides. A missing or empty file means no faults; a
@@ -138,7 +144,7 @@ class Link {
 };
 
 // --fault-file: what a rule does to the READs of the files it matches.
-enum class FaultKind { kNone, kHang, kFail, kSlow };
+enum class FaultKind { kNone, kHang, kFail, kSlow, kStall };
 
 struct Fault {
   FaultKind kind = FaultKind::kNone;
@@ -169,9 +175,11 @@ std::vector<FaultRule> ParseFaultRules(const std::string& text,
     };
     FaultRule rule;
     const std::string& kind = words[0];
-    const size_t want = kind == "hang" ? 2 : kind == "fail" || kind == "slow" ? 3 : 0;
+    const size_t want = kind == "hang" || kind == "stall"  ? 2
+                        : kind == "fail" || kind == "slow" ? 3
+                                                           : 0;
     if (want == 0) {
-      warn("unknown rule (hang, fail or slow)");
+      warn("unknown rule (hang, fail, slow or stall)");
       continue;
     }
     if (words.size() != want) {
@@ -183,6 +191,8 @@ std::vector<FaultRule> ParseFaultRules(const std::string& text,
     rule.substring = words[1];
     if (kind == "hang") {
       rule.fault.kind = FaultKind::kHang;
+    } else if (kind == "stall") {
+      rule.fault.kind = FaultKind::kStall;
     } else if (kind == "fail") {
       char* end = nullptr;
       const long error = std::strtol(words[2].c_str(), &end, 10);
@@ -206,9 +216,11 @@ std::vector<FaultRule> ParseFaultRules(const std::string& text,
   return rules;
 }
 
-// The fault for a READ of `path`: the first rule whose substring it contains, else none.
-Fault MatchFault(const std::vector<FaultRule>& rules, const std::string& path) {
+// The fault for a READ of `path` (`calls` false) or for a LOOKUP or OPEN of it (true): the first
+// rule for that kind of request whose substring it contains, else none.
+Fault MatchFault(const std::vector<FaultRule>& rules, const std::string& path, bool calls = false) {
   for (const FaultRule& rule : rules) {
+    if ((rule.fault.kind == FaultKind::kStall) != calls) continue;
     if (path.find(rule.substring) != std::string::npos) return rule.fault;
   }
   return {};
@@ -249,6 +261,17 @@ class Faults {
     return fault;
   }
 
+  // Holds a LOOKUP or OPEN of `path` while a stall rule matches it. Returns false, for an EIO
+  // answer, once `exiting` says the daemon is to exit (checked every tick: a signal sets it).
+  bool Stall(const std::string& path, const std::function<bool()>& exiting) {
+    std::unique_lock lock(mutex_);
+    while (!stop_ && MatchFault(rules_, path, true).kind == FaultKind::kStall) {
+      if (exiting()) return false;
+      changed_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    return !stop_;
+  }
+
   // Stops watching and answers every READ still parked EIO. REQUIRES: no READ arrives any more
   // (the session loop has returned) and the session still exists, since a parked request is
   // the session's. Idempotent.
@@ -258,6 +281,7 @@ class Faults {
       stop_ = true;
     }
     wake_.notify_one();
+    changed_.notify_all();
     if (thread_.joinable()) thread_.join();
     std::vector<Parked> left;
     {
@@ -333,6 +357,7 @@ class Faults {
         return true;
       });
     }
+    changed_.notify_all();  // stalled calls look again
     // Answered after the lock, one after another: a READ that waited seconds does not mind the
     // others' turn, and a thread per release would be more machinery than this emulator needs.
     for (const auto& [read, fault] : released) answer_(read, fault);
@@ -344,9 +369,10 @@ class Faults {
   bool read_once_ = false;  // the watcher's own
   std::mutex mutex_;        // a leaf: nothing is answered while it is held
   std::condition_variable wake_;
-  std::vector<FaultRule> rules_;  // GUARDED_BY(mutex_)
-  std::vector<Parked> parked_;    // GUARDED_BY(mutex_)
-  bool stop_ = false;             // GUARDED_BY(mutex_)
+  std::condition_variable changed_;  // the rules changed, or Stop: for Stall
+  std::vector<FaultRule> rules_;     // GUARDED_BY(mutex_)
+  std::vector<Parked> parked_;       // GUARDED_BY(mutex_)
+  bool stop_ = false;                // GUARDED_BY(mutex_)
   std::thread thread_;
 };
 
@@ -379,7 +405,8 @@ struct Net {
   std::mutex mutex;  // guards inodes and every Inode::nlookup
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes;
   bool splice = false;  // set by INIT, before any READ: replies are spliced from the source file
-  std::unique_ptr<Faults> faults;  // set before the mount when --fault-file is given, else none
+  std::unique_ptr<Faults> faults;   // set before the mount when --fault-file is given, else none
+  fuse_session* session = nullptr;  // set before the mount
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<unsigned> in_flight{0};
@@ -387,6 +414,12 @@ struct Net {
 };
 
 Net& NetOf(fuse_req_t req) { return *static_cast<Net*>(fuse_req_userdata(req)); }
+
+// Holds a LOOKUP or OPEN of `path` while a stall rule matches it. False: answer EIO.
+bool PassStall(Net& net, const std::string& path) {
+  if (!net.faults) return true;
+  return net.faults->Stall(path, [&net] { return fuse_session_exited(net.session) != 0; });
+}
 
 int Stat(int fd, struct stat* st) {
   return fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
@@ -419,6 +452,12 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
 
 void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Net& net = NetOf(req);
+  const std::string& above = net.Get(parent).path;
+  const std::string path = above.empty() ? name : above + "/" + name;
+  if (!PassStall(net, path)) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
   const int fd = openat(net.Get(parent).fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     fuse_reply_err(req, errno);
@@ -436,9 +475,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (inode) {
       close(fd);
     } else {
-      const std::string& above = net.Get(parent).path;
-      inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino,
-                                      above.empty() ? name : above + "/" + name);
+      inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino, path);
     }
     ++inode->nlookup;
     e.ino = reinterpret_cast<uintptr_t>(inode.get());
@@ -495,7 +532,12 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, EROFS);
     return;
   }
-  const int fd = Reopen(NetOf(req).Get(ino), O_RDONLY);
+  Net& net = NetOf(req);
+  if (!PassStall(net, net.Get(ino).path)) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  const int fd = Reopen(net.Get(ino), O_RDONLY);
   if (fd < 0) {
     fuse_reply_err(req, errno);
     return;
@@ -774,6 +816,7 @@ int Serve(const Options& o, int ready_fd) {
   fuse_session* se = fuse_session_new(&fargs, &kOps, sizeof(kOps), &net);
   fuse_opt_free_args(&fargs);  // libfuse may have copied them
   if (se == nullptr) return 1;
+  net.session = se;
   int rc = 1;
   if (fuse_set_signal_handlers(se) == 0) {
     if (fuse_session_mount(se, o.mountpoint.c_str()) == 0) {
@@ -848,8 +891,8 @@ int main(int argc, char** argv) {
   app.add_option("--stats-file", o.stats_file,
                  "keep the exit line's counters current in this file while serving");
   app.add_option("--fault-file", o.fault_file,
-                 "inject READ faults as this file says, re-read when it changes (hang SUBSTRING, "
-                 "fail SUBSTRING ERRNO, slow SUBSTRING MBPS; one per line)");
+                 "inject faults as this file says, re-read when it changes (hang SUBSTRING, "
+                 "fail SUBSTRING ERRNO, slow SUBSTRING MBPS, stall SUBSTRING; one per line)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -456,6 +456,54 @@ TEST_P(NetfsTest, HangHoldsMatchingReadsWithoutAWorkerUntilTheRuleGoes) {
   EXPECT_TRUE(got == Bytes(kFaulty.seed, 0, kFaulty.size)) << "the hung read's bytes differ";
 }
 
+// A stall rule holds LOOKUPs and OPENs of the names it matches on the worker that took them, as a
+// store's daemon stuck in a call of its own would: a stat of a name not yet looked up and an open
+// of one looked up before both wait while other files read, and both finish right once the rule
+// goes. NET stopped meanwhile answers a stalled call EIO instead of waiting for the rule.
+TEST_P(NetfsTest, StallHoldsLookupsAndOpensOfMatchingNamesUntilTheRuleGoes) {
+  ASSERT_NO_FATAL_FAILURE(WriteShards(source_));
+  const TestFile other{"sub/shard-3.bin", (1 << 20) + 3, 13};
+  WriteTestFile(Src(other.name), other.size, other.seed);
+  ASSERT_NO_FATAL_FAILURE(Mount(FaultArgs()));
+  struct stat st {};
+  ASSERT_EQ(stat(Mnt(other.name).c_str(), &st), 0);  // looked up: its open comes next, alone
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("stall sub/shard-\n"));
+  std::this_thread::sleep_for(milliseconds(200));  // NET looks at the file every 50 ms
+  BackgroundRead looked_up(Mnt(kFaulty.name));     // LOOKUP stalls
+  BackgroundRead opened(Mnt(other.name));          // OPEN stalls
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_FALSE(looked_up.returned()) << "a LOOKUP under a stall rule was answered";
+  EXPECT_FALSE(opened.returned()) << "an OPEN under a stall rule was answered";
+  int error = 0;
+  EXPECT_TRUE(ReadWholeFile(Mnt(kHealthy.name), &error) == Bytes(kHealthy.seed, 0, kHealthy.size));
+  EXPECT_EQ(error, 0);
+
+  ASSERT_NO_FATAL_FAILURE(WriteFaults(""));
+  for (const auto& [read, file] : {std::pair{&looked_up, &kFaulty}, std::pair{&opened, &other}}) {
+    if (!read->WaitReturned(std::chrono::seconds(10))) {
+      ADD_FAILURE() << file->name << ": the stalled call did not return once the rule was gone";
+      netfs_.Stop();  // answers stalled calls EIO, so that the reader can be joined
+    }
+    const std::vector<uint8_t>& got = read->Join(&error);
+    EXPECT_EQ(error, 0) << file->name << ": " << std::strerror(error);
+    EXPECT_TRUE(got == Bytes(file->seed, 0, file->size)) << file->name << ": bytes differ";
+  }
+
+  ASSERT_NO_FATAL_FAILURE(WriteFaults("stall shard-1\n"));
+  std::this_thread::sleep_for(milliseconds(200));
+  BackgroundRead stalled(Mnt(kHealthy.name));  // looked up and read above: its OPEN stalls
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_FALSE(stalled.returned());
+  ASSERT_EQ(kill(netfs_.pid(), SIGTERM), 0);  // NET exits, and answers the stalled call
+  ASSERT_TRUE(stalled.WaitReturned(std::chrono::seconds(10))) << "NET's exit waits for the rule";
+  int status = 0;
+  EXPECT_TRUE(netfs_.Wait(std::chrono::seconds(10), &status)) << netfs_.Log();
+  EXPECT_TRUE(WIFEXITED(status)) << status;  // libfuse's loop answers 1 for a signal's end
+  started_ = false;
+  stalled.Join(&error);
+  EXPECT_NE(error, 0);
+}
+
 void Ignore(int) {}
 
 // A hung server ignores INTERRUPTs, and its caller may die waiting (a killed reader stays in the

@@ -1,5 +1,6 @@
 #include "fs/daemon/exit_deadline.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -10,8 +11,11 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "fs/common/mountinfo.h"
 
@@ -52,6 +56,41 @@ void AbortConnection(unsigned minor) {
   if (fd < 0) return;
   if (write(fd, "1", 1) != 1) spdlog::debug("fusectl abort failed: {}", std::strerror(errno));
   close(fd);
+}
+
+// Lets go of the daemon's descriptors of /dev/fuse (the session's and libfuse's clone for each
+// worker) and of `cache_dir` (its lock among them), leaving every other one open. Once the last of
+// /dev/fuse is closed the kernel ends the connection and answers each request still waiting on it
+// (ECONNABORTED, ENOTCONN after), and a new daemon can lock the cache dir. The exit would close
+// them too, but only once every thread is gone, and a thread waiting in SOURCE's filesystem on a
+// request that the store's daemon has taken and never answers sleeps uninterruptibly: nothing ends
+// it, so the process and its descriptors stay until the store answers. A descriptor of SOURCE is
+// never let go here: its close sends the store a FLUSH and waits for the answer.
+void ReleaseDescriptors(const std::string& cache_dir) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  std::vector<int> ours;
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    char target[4096];
+    const ssize_t n = readlinkat(dirfd(dir), entry->d_name, target, sizeof(target));
+    if (n <= 0 || n == sizeof(target)) continue;
+    const std::string_view path(target, static_cast<size_t>(n));
+    const bool in_cache_dir = !cache_dir.empty() && path.size() > cache_dir.size() &&
+                              path.substr(0, cache_dir.size()) == cache_dir &&
+                              path[cache_dir.size()] == '/';
+    if (path == "/dev/fuse" || in_cache_dir) ours.push_back(static_cast<int>(fd));
+  }
+  closedir(dir);
+  // /dev/null put in each one's place rather than a close: the number stays taken, so that a
+  // thread still writing to it (a block being committed) cannot hit a file opened meanwhile.
+  const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (const int fd : ours) {
+    if (null_fd < 0 || dup3(null_fd, fd, O_CLOEXEC) < 0) close(fd);
+  }
+  if (null_fd >= 0) close(null_fd);
 }
 
 }  // namespace
@@ -119,6 +158,7 @@ void ExitDeadline::Expire() const {
       Detach(options_.mountpoint);
       if (mount->major == 0) AbortConnection(mount->minor);
     }
+    ReleaseDescriptors(options_.cache_dir);
     spdlog::default_logger()->flush();
   } catch (...) {
     // Out of memory while logging or reading mountinfo: the exit below ends the mount anyway.

@@ -4,10 +4,14 @@
 // joins the threads serving the mount, the control server its connections, the filesystem its
 // shard opener. So once the daemon is asked to stop (SIGTERM, SIGINT, SIGHUP, an unmount), the
 // orderly exit gets `grace`; past it this detaches the mount, answers the requests still waiting
-// on it (their callers get ENOTCONN instead of waiting for the store), logs one line and ends the
-// process without destructors. Nothing of the daemon's is touched on that path, so it is safe
-// beside whatever the other threads are doing. A --cache-dir keeps what was committed: blocks
-// are committed one by one, as after a kill -9.
+// on it (their callers get ENOTCONN instead of waiting for the store), lets go of the cache dir,
+// logs one line and ends the process without destructors. A thread asleep in the store's kernel
+// on a request that the store's daemon took and never answers cannot be ended by anyone: the
+// process stays (a zombie, with that thread) until the store answers, but the mount, the callers
+// and the cache dir are free at once, and a new daemon can serve. Nothing of the daemon's is
+// touched on that path but descriptors, each replaced by /dev/null, never freed for reuse, so it
+// is safe beside whatever the other threads are doing. A --cache-dir
+// keeps what was committed: blocks are committed one by one, as after a kill -9.
 //
 // Thread safety: Watch, Arm and the destructor are called from one thread (the daemon's main
 // thread); `stopping` runs on this class's own thread.
@@ -27,6 +31,7 @@ class ExitDeadline {
  public:
   struct Options {
     std::string mountpoint;  // canonical path of the mount, fuse.accelfs
+    std::string cache_dir;   // canonical path of the --cache-dir, or empty
     // Longer than an orderly exit ever takes with a store that answers: that waits at most the
     // backend's stop grace (2 s, BoundedReaderOptions::stop_grace) for reads in flight, and the
     // rest of it takes milliseconds. Short enough that a stop is "within seconds".

@@ -21,9 +21,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "cache/backend/bounded_reader.h"
@@ -452,6 +454,10 @@ Status Daemon::Mount() {
   // asked until ShutDown arms the deadline, before it ends the session.
   ExitDeadline::Options deadline;
   deadline.mountpoint = paths_->mountpoint;
+  if (cache_dir_store_ != nullptr) {
+    std::error_code error;  // on failure empty: the exit's lock release is then left to the kernel
+    deadline.cache_dir = std::filesystem::canonical(config_.cache_dir, error).string();
+  }
   deadline_.emplace(std::move(deadline));
   deadline_->Watch([session = session_.get()] { return session->Exiting(); });
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply

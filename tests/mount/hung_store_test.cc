@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -82,10 +84,36 @@ class HungStoreTest : public MountTest {
                                  CanonicalPath(net_mount_), "fuse.accelfs_netfs",
                                  dir_ / "netfs.log"));
   }
+  // Whatever the test body did or failed, the calls it left waiting on the mount end before the
+  // threads that make them are joined: the store answers again, the daemon is stopped (a call
+  // still in the kernel is answered ENOTCONN), and only then are the threads joined. A std::async
+  // future joins in its destructor, at the failed ASSERT that left the body, while the store
+  // still hangs: the test would wait forever instead of failing.
   void TearDown() override {
+    if (stopped_) kill(net_.pid(), SIGCONT);
     SetFaults("");  // let parked reads go before anything is stopped
     MountTest::TearDown();
+    for (std::thread& t : calls_) t.join();
     net_.Stop();
+  }
+
+  void StopStore() {  // every call into the store waits until TearDown or ResumeStore
+    ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
+    stopped_ = true;
+  }
+  void ResumeStore() {
+    kill(net_.pid(), SIGCONT);
+    stopped_ = false;
+  }
+
+  // Runs `call` on a thread of the fixture's, joined in TearDown; the future never blocks in its
+  // destructor. `call` may use the fixture, never the test body's locals.
+  template <typename F>
+  auto Async(F call) -> std::future<std::invoke_result_t<F>> {
+    std::packaged_task<std::invoke_result_t<F>()> task(std::move(call));
+    auto result = task.get_future();
+    calls_.emplace_back(std::move(task));
+    return result;
   }
 
   void SetFaults(const std::string& rules) {
@@ -109,7 +137,7 @@ class HungStoreTest : public MountTest {
                                                 const std::function<std::string(int)>& opened) {
     std::vector<std::future<int>> calls;
     for (int i = 0; i < count; ++i) {
-      calls.push_back(std::async(std::launch::async, [this, i, file = opened(i)] {
+      calls.push_back(Async([this, i, file = opened(i)] {
         if (i % 2 == 1) {
           struct stat st {};
           return stat(M("missing-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
@@ -127,14 +155,15 @@ class HungStoreTest : public MountTest {
   const std::string net_mount_ = dir_ / "net";
   const std::string faults_ = dir_ / "faults";
   AccelfsProcess net_;
+  bool stopped_ = false;
+  std::vector<std::thread> calls_;  // Async's
 };
 
 TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
   ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "3"}));
   SetFaults("hang 00001-of\n");
-  auto hung = std::async(std::launch::async, [&] {
-    return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard);
-  });
+  auto hung =
+      Async([this] { return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard); });
   std::this_thread::sleep_for(500ms);  // its fill and prefetch take what they can
 
   // Everything else reads, right, while the hung file's reads are outstanding.
@@ -207,9 +236,8 @@ void ExpectPromptExit(AccelfsProcess& daemon, const std::function<void()>& stop)
 TEST_F(HungStoreTest, SigtermEndsTheDaemonWhileTheStoreHangs) {
   ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
   SetFaults("hang 00001-of\n");
-  auto hung = std::async(std::launch::async, [&] {
-    return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard);
-  });
+  auto hung =
+      Async([this] { return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard); });
   std::this_thread::sleep_for(1s);
   ASSERT_NE(hung.wait_for(0s), std::future_status::ready) << "the read did not hang";
   ExpectPromptExit(daemon_, [&] { kill(daemon_.pid(), SIGTERM); });
@@ -235,36 +263,73 @@ TEST_F(HungStoreTest, UnmountEndsTheDaemonWhileTheStoreHangs) {
 
 // The whole store stops answering (NET stopped with SIGSTOP: an NFS server gone) while callers
 // wait in lookups and opens that reached it, or while accelfs-warm waits in the daemon's own look
-// at the files: SIGTERM ends the daemon within seconds all the same, the mount is gone, and each
-// waiting caller is answered with an error instead of waiting for the store. Before, each waiting
-// call held a thread that the exit joins (libfuse's loop joins the threads serving the mount, the
-// control server its connections): the daemon lived, mounted, until the store answered again.
+// at the files, or the store's own daemon holds the calls it took (NET's stall rule: an S3-FUSE
+// process stuck in a request of its own): SIGTERM ends the mount within seconds all the same, and
+// each waiting caller is answered with an error instead of waiting for the store. Before, each
+// waiting call held a thread that the exit joins (libfuse's loop joins the threads serving the
+// mount, the control server its connections): the daemon lived, mounted, until the store
+// answered again.
 class StoppedStoreTest : public HungStoreTest {
  protected:
-  void StopStore() {
-    ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
-    stopped_ = true;
-  }
-  void TearDown() override {
-    if (stopped_) kill(net_.pid(), SIGCONT);
-    HungStoreTest::TearDown();
-  }
-  // SIGTERM, then: the daemon gone within seconds, with the deadline's line, and no mount left.
-  void ExpectSigtermEndsTheDaemon() {
+  // SIGTERM, then within seconds: the mount gone, with the deadline's line, and the daemon exited,
+  // or, where threads of it sleep in the store's kernel on calls that the store's daemon took and
+  // never answers (nothing can end those: exit_deadline.h), down to those threads, holding no
+  // descriptor of /dev/fuse or of `cache_dir`. `*stuck` says whether threads were left so; then
+  // ExpectGoneOnceTheStoreAnswers.
+  void ExpectSigtermEndsTheDaemon(bool* stuck, const std::string& cache_dir = "") {
+    *stuck = false;
+    const pid_t pid = daemon_.pid();
     const auto begin = std::chrono::steady_clock::now();
-    ASSERT_EQ(kill(daemon_.pid(), SIGTERM), 0);
+    ASSERT_EQ(kill(pid, SIGTERM), 0);
     int status = 0;
-    ASSERT_TRUE(daemon_.Wait(kExitWait, &status)) << "the daemon outlived SIGTERM\n"
-                                                  << daemon_.Log();
+    bool exited = false;
+    while (!(exited = daemon_.Wait(0ms, &status)) && !ProcessGone(pid) &&
+           std::chrono::steady_clock::now() - begin < kExitWait) {
+      std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_TRUE(exited || ProcessGone(pid)) << "the daemon outlived SIGTERM\n" << daemon_.Log();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    std::printf("daemon gone %.2f s after SIGTERM, the store stopped\n", seconds);
+    *stuck = !exited;
+    std::printf("daemon %s %.2f s after SIGTERM, the store stuck\n",
+                exited ? "gone" : "down to threads asleep in the store", seconds);
     EXPECT_LT(seconds, 10) << "a few seconds, whatever the store does";
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     EXPECT_NE(daemon_.Log().find("did not stop within"), std::string::npos) << daemon_.Log();
     EXPECT_FALSE(IsAccelfsMounted(mountpoint_));
+    if (exited) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+      return;
+    }
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+      std::error_code error;
+      for (const auto& fd : std::filesystem::directory_iterator(task.path() / "fd", error)) {
+        const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+        EXPECT_NE(target, "/dev/fuse") << fd.path() << ": the mount's connection is still open";
+        if (!cache_dir.empty()) {
+          EXPECT_NE(target.rfind(cache_dir + "/", 0), 0u) << fd.path() << " still holds " << target;
+        }
+      }
+    }
   }
-  bool stopped_ = false;
+  // The store answers again: what was left of the daemon, if anything, exits, 0.
+  void ExpectGoneOnceTheStoreAnswers() {
+    ResumeStore();
+    SetFaults("");
+    if (daemon_.pid() <= 0) return;  // exited and reaped already
+    int status = 0;
+    ASSERT_TRUE(daemon_.Wait(kExitWait, &status)) << "still there once the store answered";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  // Each of `calls` answered, with an error.
+  static void ExpectAnsweredWithAnError(std::vector<std::future<int>>& calls) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      ASSERT_EQ(calls[i].wait_for(30s), std::future_status::ready) << "call " << i << " waits on";
+      const int err = calls[i].get();
+      std::printf("call %zu: %s\n", i, std::strerror(err));
+      EXPECT_NE(err, 0) << "call " << i << " was answered as if the store had answered";
+    }
+  }
 };
 
 TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileLookupsAndOpensWaitOnTheStore) {
@@ -279,13 +344,40 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileLookupsAndOpensWaitOnTheStore)
   for (int i = 0; i < kWaiting; ++i) {
     ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
   }
-  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon());
+  // Mostly the calls wait in the stopped store's queue and the daemon exits; one that a thread of
+  // NET's took just before the stop leaves the daemon's thread asleep in the store.
+  bool stuck = false;
+  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon(&stuck));
+  ASSERT_NO_FATAL_FAILURE(ExpectAnsweredWithAnError(waiting));
+  ASSERT_NO_FATAL_FAILURE(ExpectGoneOnceTheStoreAnswers());
+}
+
+// The store's daemon takes each call and holds it: the daemon's threads that made them sleep in
+// the kernel, out of reach of any signal, until the store answers. The mount ends all the same,
+// its callers are answered, and the cache dir is free for a new daemon (its lock let go) while
+// what is left of the old one waits.
+TEST_F(StoppedStoreTest, SigtermEndsTheMountWhileTheStoresDaemonHoldsItsCalls) {
+  const std::string cache = CanonicalPath(dir_.path()) + "/cache";
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--cache-dir", cache}));
+  struct stat st {};
+  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // looked up: its OPEN goes to the store
+  SetFaults("stall config.json\nstall missing-\n");
+  constexpr int kWaiting = 6;
+  std::vector<std::future<int>> waiting =
+      CallsOnTheStore(kWaiting, [](int) { return std::string("config.json"); });
+  std::this_thread::sleep_for(1s);
   for (int i = 0; i < kWaiting; ++i) {
-    ASSERT_EQ(waiting[i].wait_for(30s), std::future_status::ready) << "call " << i << " waits on";
-    const int err = waiting[i].get();
-    std::printf("call %d: %s\n", i, std::strerror(err));
-    EXPECT_NE(err, 0) << "call " << i << " was answered as if the store had answered";
+    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
   }
+  bool stuck = false;
+  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon(&stuck, cache));
+  EXPECT_TRUE(stuck) << "no thread was left in the store: the stall rule did not hold the calls";
+  ASSERT_NO_FATAL_FAILURE(ExpectAnsweredWithAnError(waiting));
+  const int lock = open((cache + "/lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(lock, 0) << std::strerror(errno);
+  EXPECT_EQ(flock(lock, LOCK_EX | LOCK_NB), 0) << "the cache dir is still locked";
+  close(lock);
+  ASSERT_NO_FATAL_FAILURE(ExpectGoneOnceTheStoreAnswers());
 }
 
 TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
@@ -294,17 +386,19 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
   ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
   ASSERT_NO_FATAL_FAILURE(StopStore());
   // The daemon looks at the file in the store on the control connection's thread.
-  auto warm = std::async(std::launch::async, [&] {
+  auto warm = Async([this] {
     return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
   });
   std::this_thread::sleep_for(1s);
   ASSERT_NE(warm.wait_for(0s), std::future_status::ready) << warm.get().err;
-  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon());
+  bool stuck = false;
+  ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon(&stuck));
   ASSERT_EQ(warm.wait_for(60s), std::future_status::ready);
   const CommandResult w = warm.get();
   EXPECT_FALSE(w.timed_out);
   EXPECT_NE(w.exit_code, 0) << w.out;
   EXPECT_EQ(std::count(w.err.begin(), w.err.end(), '\n'), 1) << w.err;
+  ASSERT_NO_FATAL_FAILURE(ExpectGoneOnceTheStoreAnswers());
 }
 
 // accelfs-warm of a hung file fails with one line after the timeout, instead of waiting forever.
@@ -339,11 +433,7 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   ASSERT_EQ(stat(M("model-00002-of-00002.safetensors").c_str(), &st), 0);
   ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);
 
-  ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
-  struct Resume {  // whatever happens below, the store answers again before TearDown
-    pid_t pid;
-    ~Resume() { kill(pid, SIGCONT); }
-  } resume{net_.pid()};
+  ASSERT_NO_FATAL_FAILURE(StopStore());
   // Opens of files looked up before the stop (one OPEN each, however many for one file) and
   // stats of names never looked up (one LOOKUP per name).
   constexpr int kBlocked = 40;
@@ -370,7 +460,7 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   EXPECT_GE(j["mounts"][0].value("store_calls", 0), 2) << j.dump();
   EXPECT_GE(j["mounts"][0].value("oldest_store_call_s", 0.0), 1.0) << j.dump();
 
-  auto reread = std::async(std::launch::async, [fd] {
+  auto reread = Async([fd] {
     std::vector<uint8_t> got(kMiB), want(kMiB);
     for (uint64_t at = 0; at < kShard; at += kMiB) {
       if (PreadFully(fd, got.data(), kMiB, at) != static_cast<int64_t>(kMiB)) return false;
@@ -382,7 +472,7 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   // A bound for a hang, not a time goal: a read of 48 MiB from the cache takes well under 1 s.
   const bool answered = reread.wait_for(60s) == std::future_status::ready;
   EXPECT_TRUE(answered) << "reads of an open, cached file waited for the hung store";
-  kill(net_.pid(), SIGCONT);
+  ResumeStore();
   if (answered) {
     EXPECT_TRUE(reread.get()) << "a wrong byte";
   }

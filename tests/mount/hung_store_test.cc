@@ -97,9 +97,16 @@ class HungStoreTest : public MountTest {
     net_.Stop();
   }
 
-  void StopStore() {  // every call into the store waits until TearDown or ResumeStore
+  // Every call into the store waits until TearDown or ResumeStore. kill() returns once one thread
+  // of NET's has the signal; the others stop only when that one has begun the group stop, and a
+  // call made in between was answered (seen under load: an open returned 0). waitpid(WUNTRACED)
+  // returns once every thread of NET's has stopped.
+  void StopStore() {
     ASSERT_EQ(kill(net_.pid(), SIGSTOP), 0);
     stopped_ = true;
+    int status = 0;
+    ASSERT_EQ(waitpid(net_.pid(), &status, WUNTRACED), net_.pid()) << std::strerror(errno);
+    ASSERT_TRUE(WIFSTOPPED(status)) << status;
   }
   void ResumeStore() {
     kill(net_.pid(), SIGCONT);
@@ -342,7 +349,8 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileLookupsAndOpensWaitOnTheStore)
       CallsOnTheStore(kWaiting, [](int) { return std::string("config.json"); });
   std::this_thread::sleep_for(1s);  // each call is with the daemon, waiting on the store
   for (int i = 0; i < kWaiting; ++i) {
-    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
+    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready)
+        << "call " << i << " returned: " << std::strerror(waiting[i].get());
   }
   // Mostly the calls wait in the stopped store's queue and the daemon exits; one that a thread of
   // NET's took just before the stop leaves the daemon's thread asleep in the store.
@@ -367,7 +375,8 @@ TEST_F(StoppedStoreTest, SigtermEndsTheMountWhileTheStoresDaemonHoldsItsCalls) {
       CallsOnTheStore(kWaiting, [](int) { return std::string("config.json"); });
   std::this_thread::sleep_for(1s);
   for (int i = 0; i < kWaiting; ++i) {
-    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready) << "call " << i << " returned";
+    ASSERT_NE(waiting[i].wait_for(0s), std::future_status::ready)
+        << "call " << i << " returned: " << std::strerror(waiting[i].get());
   }
   bool stuck = false;
   ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon(&stuck, cache));

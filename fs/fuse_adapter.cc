@@ -62,8 +62,10 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache {
   fuse_session* session = nullptr;
   bool mounted = false;
   bool signals = false;
-  std::atomic<bool> kernel_offers_passthrough{false};  // seen in the INIT request
-  std::atomic<bool> passthrough{false};                // agreed in our INIT reply
+  std::atomic<bool> kernel_offers_passthrough{false};     // seen in the INIT request
+  std::atomic<bool> passthrough{false};                   // agreed in our INIT reply
+  std::atomic<bool> kernel_offers_direct_io_mmap{false};  // seen in the INIT request
+  std::atomic<bool> direct_io_mmap{false};                // agreed in our INIT reply
   std::atomic<uint64_t> read_errors{0};
   std::atomic<uint64_t> descriptor_errors{0};  // EMFILE and ENFILE answers
   // Set once the kernel has processed our INIT reply (it does so inside the reply's write), or
@@ -100,7 +102,11 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
       const bool offered = init.major == 7 && init.minor >= 40 &&
                            (init.flags & fuse_abi::kInitExt) &&
                            (init.flags2 & fuse_abi::kPassthroughFlags2);
-      static_cast<FuseSession::Impl*>(userdata)->kernel_offers_passthrough = offered;
+      auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
+      ctx.kernel_offers_passthrough = offered;
+      ctx.kernel_offers_direct_io_mmap = init.major == 7 && init.minor >= 39 &&
+                                         (init.flags & fuse_abi::kInitExt) &&
+                                         (init.flags2 & fuse_abi::kDirectIoAllowMmapFlags2);
     }
   }
   return n;
@@ -126,6 +132,12 @@ ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
         out.flags2 |= fuse_abi::kPassthroughFlags2;
         out.max_stack_depth = 1;  // our backing files live on tmpfs, which stacks on nothing
         ctx.passthrough = true;
+      }
+      // Only FOPEN_DIRECT_IO handles see a difference: their shared mappings work.
+      if (ctx.kernel_offers_direct_io_mmap) {
+        out.flags |= fuse_abi::kInitExt;
+        out.flags2 |= fuse_abi::kDirectIoAllowMmapFlags2;
+        ctx.direct_io_mmap = true;
       }
     });
     if (n >= 0) ctx.EndInitWait(/*done=*/true);
@@ -262,11 +274,12 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (!out.ok()) return ReplyErr(req, out.error());
     info.fh = out->fh;
     info.keep_cache = out->keep_cache && out->backing_id == 0;
+    info.direct_io = out->direct;
     info.noflush = 1;
     spdlog::debug("open of inode {}: {}", ino,
-                  out->backing_id > 0
-                      ? "passthrough, backing id " + std::to_string(out->backing_id)
-                      : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
+                  out->backing_id > 0 ? "passthrough, backing id " + std::to_string(out->backing_id)
+                  : out->direct       ? std::string("direct")
+                                : std::string(out->keep_cache ? "cached, keep_cache" : "cached"));
     if (out->changed) {
       // The backing file changed since the last open: the kernel's cached size and mtime are
       // stale. (Its pages are dropped by opening without keep_cache.) Safe inside OPEN: with a
@@ -518,6 +531,8 @@ Status FuseSession::Mount() {
 }
 
 bool FuseSession::passthrough() const { return impl_->Enabled(); }
+
+bool FuseSession::direct_io_mmap() const { return impl_->direct_io_mmap.load(); }
 
 KernelCache& FuseSession::kernel_cache() { return *impl_; }
 

@@ -52,6 +52,9 @@ class FuseSession {
   bool WaitInitialized();
   // Whether the kernel agreed to passthrough (known once INIT is done).
   bool passthrough() const;
+  // Whether shared mappings of handles opened with direct I/O work (FUSE_DIRECT_IO_ALLOW_MMAP,
+  // Linux 6.6+; known once INIT is done): only then may ReadThroughFs open handles direct.
+  bool direct_io_mmap() const;
   // The mount's page cache, for pushing data ahead of readers. Valid while the session lives.
   KernelCache& kernel_cache();
 

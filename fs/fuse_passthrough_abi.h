@@ -4,7 +4,10 @@
 //   - FUSE_PASSTHROUGH (1ULL << 37) in the INIT flags, i.e. bit 5 of flags2 (FUSE_INIT_EXT set);
 //   - fuse_init_out.max_stack_depth, which took the first word of the old unused[7];
 //   - FOPEN_PASSTHROUGH (1 << 7) in fuse_open_out.open_flags, and backing_id in what was padding;
-//   - struct fuse_backing_map and the FUSE_DEV_IOC_BACKING_OPEN/CLOSE ioctls on /dev/fuse.
+//   - struct fuse_backing_map and the FUSE_DEV_IOC_BACKING_OPEN/CLOSE ioctls on /dev/fuse;
+// and one of protocol 7.39 (Linux 6.6):
+//   - FUSE_DIRECT_IO_ALLOW_MMAP (1ULL << 36), bit 4 of flags2: a MAP_SHARED mapping of a file
+//     opened with FOPEN_DIRECT_IO goes through the page cache instead of failing with ENODEV.
 // Only fs/fuse_adapter.cc includes this file.
 #pragma once
 
@@ -15,10 +18,11 @@
 
 namespace accelfs::fuse_abi {
 
-constexpr uint32_t kOpcodeInit = 26;              // FUSE_INIT
-constexpr uint32_t kInitExt = 1u << 30;           // FUSE_INIT_EXT in flags
-constexpr uint32_t kPassthroughFlags2 = 1u << 5;  // FUSE_PASSTHROUGH (1ULL << 37) >> 32
-constexpr uint32_t kOpenPassthrough = 1u << 7;    // FOPEN_PASSTHROUGH
+constexpr uint32_t kOpcodeInit = 26;                    // FUSE_INIT
+constexpr uint32_t kInitExt = 1u << 30;                 // FUSE_INIT_EXT in flags
+constexpr uint32_t kPassthroughFlags2 = 1u << 5;        // FUSE_PASSTHROUGH (1ULL << 37) >> 32
+constexpr uint32_t kDirectIoAllowMmapFlags2 = 1u << 4;  // FUSE_DIRECT_IO_ALLOW_MMAP >> 32
+constexpr uint32_t kOpenPassthrough = 1u << 7;          // FOPEN_PASSTHROUGH
 
 struct InHeader {  // struct fuse_in_header
   uint32_t len;

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -41,6 +42,11 @@ struct Inode {
   int backing_id = 0;         // GUARDED_BY(mu) registered while passthrough_opens > 0
   std::condition_variable passthrough_closed;  // notified when passthrough_opens drops to 0
   FileKey passthrough_identity;                // GUARDED_BY(mu)
+  // The kernel's page cache of the inode may hold pages of opened_identity: a handle in cached
+  // mode read them, a mapping of a direct handle faulted them in, or accelfs-warm loaded them.
+  // Opens then stay out of direct mode (ReadThroughFs::EnableDirectReads). Written under mu, read
+  // without it on the READ path.
+  std::atomic<bool> kernel_pages{false};
   // Where the kernel first looked this inode up: its directory and name (for shard sets).
   std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)
   std::string name;               // GUARDED_BY(mu)

@@ -23,6 +23,7 @@ struct ReadThroughFs::Handle {
   std::shared_ptr<BackingFile> file;
   FileKey identity;
   int backing_id = 0;                   // passthrough mode when > 0
+  bool direct = false;                  // cached mode, reads around the page cache
   std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
@@ -97,6 +98,11 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
                                           : nullptr) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
+
+bool LooksLikePageCacheRead(uint64_t offset, uint64_t size) {
+  constexpr uint64_t kPage = 4096;
+  return size > 0 && size <= kPageCacheReadMax && offset % kPage == 0 && size % kPage == 0;
+}
 
 Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& source,
                                                              BlockCache& cache, FsOptions options,
@@ -367,6 +373,7 @@ Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file) {
     if (!cache_.PinFile(file, &blocks)) return Error(ENODATA);
     node->opened_identity = file;
     node->opened_before = true;
+    node->kernel_pages.store(true, std::memory_order_relaxed);
   }
   Result<uint64_t> loaded = pusher_->Load(id, blocks, epoch);
   blocks.clear();  // unpinned with no inode lock held
@@ -404,6 +411,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
     out.changed = node.opened_before && !out.keep_cache;
     if (out.changed) {
+      node.kernel_pages.store(false, std::memory_order_relaxed);  // this open drops them
       cache_.DropFile(node.opened_identity);
       if (prefetcher_ != nullptr) prefetcher_->Forget(node.opened_identity);
       // Before the reply drops the kernel's pages: none of the old data may be pushed after it.
@@ -444,12 +452,16 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
       CountPassthroughOpen(node);
     } else {
       ++node.cached_opens;
+      handle->direct = direct_reads_.load(std::memory_order_relaxed) &&
+                       !node.kernel_pages.load(std::memory_order_relaxed);
+      if (!handle->direct) node.kernel_pages.store(true, std::memory_order_relaxed);
       if (pusher_ != nullptr) pusher_->Watch(handle->identity, ino);
     }
   }
   open_lock.unlock();
   if (handle->backing_id == 0) handle->pinned.clear();  // unpinned with no inode lock held
   out.backing_id = handle->backing_id;
+  out.direct = handle->direct;
   // A file served by the daemon starts streaming in at its first open, before any READ.
   if (prefetcher_ != nullptr) {
     const bool safetensors = name.ends_with(".safetensors");
@@ -485,6 +497,9 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   const FileKey identity = handle->identity;
   const std::shared_ptr<BackingFile> file = handle->file;
   const uint32_t block_size = options_.block_size;
+  if (handle->direct && LooksLikePageCacheRead(offset, size)) {
+    handle->inode->kernel_pages.store(true, std::memory_order_relaxed);  // a mapping's fault
+  }
   const std::vector<BlockSlice> slices = SliceRange(offset, size, identity.size, block_size);
   if (slices.empty()) {
     done(std::vector<ReadPiece>());  // at or past the end of the file
@@ -567,7 +582,8 @@ std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
   {
     std::lock_guard lock(handles_mu_);
     for (const auto& [fh, handle] : handles_) {
-      open.push_back({handle->inode, {"", handle->identity.size, handle->backing_id > 0}});
+      open.push_back(
+          {handle->inode, {"", handle->identity.size, handle->backing_id > 0, handle->direct}});
     }
   }
   std::vector<OpenFileInfo> out;

@@ -85,10 +85,11 @@ struct StatsReply {
 // One open file handle, an entry of the "open" reply.
 inline constexpr std::string_view kOpenModeCached = "cached";
 inline constexpr std::string_view kOpenModePassthrough = "passthrough";
+inline constexpr std::string_view kOpenModeDirect = "direct";  // cached mode, around the page cache
 struct OpenFileEntry {
   std::string name;  // bytes; relative to the mount's root
   uint64_t size = 0;
-  std::string mode;  // kOpenModeCached or kOpenModePassthrough
+  std::string mode;  // kOpenModeCached, kOpenModePassthrough or kOpenModeDirect
   nlohmann::json ToJson() const;
   static OpenFileEntry FromJson(const nlohmann::json& j);
   bool operator==(const OpenFileEntry&) const = default;

@@ -422,8 +422,10 @@ Status Daemon::StartControlPlane() {
   sources.open_files = [this] {
     std::vector<OpenFileEntry> open;
     for (const OpenFileInfo& f : fs_->OpenFiles()) {
-      open.push_back(
-          {f.name, f.size, std::string(f.passthrough ? kOpenModePassthrough : kOpenModeCached)});
+      open.push_back({f.name, f.size,
+                      std::string(f.passthrough ? kOpenModePassthrough
+                                  : f.direct    ? kOpenModeDirect
+                                                : kOpenModeCached)});
     }
     return open;
   };
@@ -467,9 +469,11 @@ Status Daemon::Mount() {
   starter_ = std::thread([this] {
     if (!session_->WaitInitialized()) return;
     std::string readahead = "kernel default";
+    bool raised = false;
     if (config_.readahead_kb > 0) {
       auto mount = FindMount(paths_->mountpoint, "fuse.accelfs");
       Status s = mount ? SetReadAheadKb(*mount, config_.readahead_kb) : Status(Error(ENOENT));
+      raised = s.ok();
       if (s.ok()) {
         readahead = std::to_string(config_.readahead_kb) + " KiB";
       } else {
@@ -478,6 +482,12 @@ Status Daemon::Mount() {
             "slower",
             config_.readahead_kb, s.error().Message());
       }
+    }
+    // At the kernel's read-ahead, reads of files the daemon serves go around the page cache
+    // (kPageCacheReadMax says why and when).
+    if (!raised && session_->direct_io_mmap()) {
+      fs_->EnableDirectReads();
+      readahead += "; direct reads of files the kernel holds no pages of";
     }
     ReportStarted(readahead);
     ReportReady(ready_fd_);

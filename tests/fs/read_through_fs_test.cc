@@ -603,6 +603,58 @@ TEST_F(ReadThroughFsTest, FileChangedBetweenOpensIsReadAnew) {
   }
 }
 
+// Direct reads (a mount at the kernel's read-ahead): a handle is direct while the kernel can hold
+// none of the inode's pages. A mapping's page-sized READ on a direct handle, a handle in cached
+// mode, and a changed file each move the inode's next opens on; read()'s READs do not.
+TEST_F(ReadThroughFsTest, OpensAreDirectUntilTheKernelMayHoldTheFilesPages) {
+  const uint64_t ino = LookupOk("odd");
+  OpenOut out;
+  fs_->Release(OpenOk(ino, &out));
+  EXPECT_FALSE(out.direct) << "direct reads are off until enabled";
+  fs_->EnableDirectReads();
+  const uint64_t odd2 = LookupOk("odd");  // ...and the cached-mode open above counts: not direct
+  fs_->Release(OpenOk(odd2, &out));
+  EXPECT_FALSE(out.direct) << "a cached-mode handle has read it into the page cache";
+
+  const uint64_t big = LookupOk("big");
+  uint64_t fh = OpenOk(big, &out);
+  EXPECT_TRUE(out.direct) << "nothing of it can be in the page cache";
+  ExpectRead(fh, "big", 0, 300000);     // read() of a direct handle: what the reader asked for
+  ExpectRead(fh, "big", 300000, 5000);  // and a short one
+  fs_->Release(fh);
+  fh = OpenOk(big, &out);
+  EXPECT_TRUE(out.direct) << "read() of a direct handle leaves no pages";
+  ExpectRead(fh, "big", 64 << 10, 128 << 10);  // a mapping's fault: whole pages, read-ahead size
+  fs_->Release(fh);
+  fs_->Release(OpenOk(big, &out));
+  EXPECT_FALSE(out.direct) << "a mapping of the last handle faulted pages in";
+
+  // The file changes: the open that sees it drops the kernel's pages, and is direct again.
+  const std::string path = dir_ / "big";
+  testing::WriteTestFile(path, 3 * kBlock, 4242);
+  struct stat st = Lstat("big");
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {st.st_mtim.tv_sec + 7, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  fh = OpenOk(big, &out);
+  EXPECT_TRUE(out.changed);
+  EXPECT_TRUE(out.direct);
+  ExpectRead(fh, "big", 0, 3 * kBlock);
+  fs_->Release(fh);
+}
+
+TEST(LooksLikePageCacheReadTest, WholePagesUpToTwiceTheKernelsReadAhead) {
+  struct Case {
+    uint64_t offset, size;
+    bool paged;
+  };
+  for (const Case& c :
+       {Case{0, 4096, true}, Case{4096, 128 << 10, true}, Case{1 << 20, 256 << 10, true},
+        Case{0, (256 << 10) + 4096, false}, Case{0, 1 << 20, false}, Case{0, 8, false},
+        Case{100, 4096, false}, Case{4096, 5000, false}, Case{0, 0, false}}) {
+    EXPECT_EQ(LooksLikePageCacheRead(c.offset, c.size), c.paged) << c.offset << "+" << c.size;
+  }
+}
+
 // A new file renamed over the name: the old inode is gone, the name now means the new one.
 TEST_F(ReadThroughFsTest, FileReplacedByRenameIsANewInode) {
   const uint64_t old_ino = LookupOk("block");

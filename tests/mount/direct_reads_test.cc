@@ -74,7 +74,7 @@ bool KernelAtLeast(int major, int minor) {
   return got_major > major || (got_major == major && got_minor >= minor);
 }
 
-class DirectReadsTest : public MountTest {
+class UserDirectReadsTest : public MountTest {
  protected:
   void SetUp() override {
     MountTest::SetUp();
@@ -170,14 +170,14 @@ class DirectReadsTest : public MountTest {
   mode_t fuse_mode_ = 0;
 };
 
-TEST_F(DirectReadsTest, ReadIsDirectEveryTime) {
+TEST_F(UserDirectReadsTest, ReadIsDirectEveryTime) {
   ExpectReadAll("read.safetensors", kMiB);
   EXPECT_EQ(LastOpenMode(), "direct");
   ExpectReadAll("read.safetensors", 4 * kMiB + 3);  // read() left no pages: direct again
   EXPECT_EQ(LastOpenMode(), "direct");
 }
 
-TEST_F(DirectReadsTest, AMappedFileIsDirectOnceThenKeepsItsPages) {
+TEST_F(UserDirectReadsTest, AMappedFileIsDirectOnceThenKeepsItsPages) {
   ExpectMapAll("mapped.safetensors");  // a shared mapping of a direct handle works
   EXPECT_EQ(LastOpenMode(), "direct");
   ExpectMapAll("mapped.safetensors");
@@ -188,7 +188,7 @@ TEST_F(DirectReadsTest, AMappedFileIsDirectOnceThenKeepsItsPages) {
 
 // A reader of page-sized pieces looks like a mapping to the daemon: its file goes to cached mode,
 // today's path, with the right bytes either way.
-TEST_F(DirectReadsTest, PageSizedReadsMoveTheFileToCachedMode) {
+TEST_F(UserDirectReadsTest, PageSizedReadsMoveTheFileToCachedMode) {
   ExpectReadAll("paged.bin", 64 * 1024);
   EXPECT_EQ(LastOpenMode(), "direct");
   ExpectReadAll("paged.bin", 64 * 1024);

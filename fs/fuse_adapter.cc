@@ -99,14 +99,14 @@ ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
     if (in.opcode == fuse_abi::kOpcodeInit) {
       fuse_abi::InitIn init;
       std::memcpy(&init, static_cast<char*>(buf) + sizeof(in), sizeof(init));
-      const bool offered = init.major == 7 && init.minor >= 40 &&
-                           (init.flags & fuse_abi::kInitExt) &&
-                           (init.flags2 & fuse_abi::kPassthroughFlags2);
+      // A flag of flags2, offered by a kernel of protocol `minor` or later.
+      const auto offers = [&init](uint32_t minor, uint32_t flag2) {
+        return init.major == 7 && init.minor >= minor && (init.flags & fuse_abi::kInitExt) &&
+               (init.flags2 & flag2);
+      };
       auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
-      ctx.kernel_offers_passthrough = offered;
-      ctx.kernel_offers_direct_io_mmap = init.major == 7 && init.minor >= 39 &&
-                                         (init.flags & fuse_abi::kInitExt) &&
-                                         (init.flags2 & fuse_abi::kDirectIoAllowMmapFlags2);
+      ctx.kernel_offers_passthrough = offers(40, fuse_abi::kPassthroughFlags2);
+      ctx.kernel_offers_direct_io_mmap = offers(39, fuse_abi::kDirectIoAllowMmapFlags2);
     }
   }
   return n;

@@ -44,8 +44,9 @@ struct Inode {
   FileKey passthrough_identity;                // GUARDED_BY(mu)
   // The kernel's page cache of the inode may hold pages of opened_identity: a handle in cached
   // mode read them, a mapping of a direct handle faulted them in, or accelfs-warm loaded them.
-  // Opens then stay out of direct mode (ReadThroughFs::EnableDirectReads). Written under mu, read
-  // without it on the READ path.
+  // Opens then stay out of direct mode (ReadThroughFs::EnableDirectReads). Read and written under
+  // mu at open; set without it by a direct handle's READ (a hint: a late store only keeps the
+  // next open in cached mode).
   std::atomic<bool> kernel_pages{false};
   // Where the kernel first looked this inode up: its directory and name (for shard sets).
   std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)

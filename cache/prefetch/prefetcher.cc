@@ -1,6 +1,7 @@
 #include "cache/prefetch/prefetcher.h"
 
 #include <algorithm>
+#include <span>
 
 #include "cache/block.h"
 #include "cache/prefetch/safetensors.h"
@@ -8,13 +9,13 @@
 namespace accelfs {
 namespace {
 
-// Reads that went on in file order where the stream's order jumps elsewhere, before the stream
-// takes file order; and at least this many times those that went on in the stream's order. A
-// front-to-back reader casts only the first kind. A loader that maps the file and touches tensors
-// by name casts the second at each tensor it starts, and the first only where a tensor ends in
-// a block it shares with the next in the file.
-constexpr uint32_t kFileOrderReads = 4;
-constexpr uint32_t kFileOrderMargin = 4;
+// Moves into the next block of the file where the stream's order jumps, with no move elsewhere
+// between them, before the stream takes file order: at least this many, and more than the blocks
+// the kernel's read-ahead spans. A front-to-back reader only ever moves on in file order. A loader
+// that maps the file and touches tensors by name moves in file order where the kernel's
+// read-ahead runs past a tensor's end or a tensor ends in a block it shares with the next in the
+// file, and then elsewhere, to the next tensor.
+constexpr uint32_t kFileOrderMoves = 4;
 
 }  // namespace
 
@@ -170,24 +171,32 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
 }
 
 bool Prefetcher::NoteReadOrder(Stream& stream, uint64_t first, uint64_t last) {
-  if (stream.read_before) {
-    // Going on in file order: the same block as the last read, or the one after it. In the
-    // stream's order: the furthest position read so far, or the one after it (a mapping loader
-    // also reads back into a tensor's last block, which leaves its place in tensor order alone).
-    const bool in_file_order = first == stream.last_read || first == stream.last_read + 1;
-    const uint64_t position = stream.rank[first];
-    const bool in_stream_order =
-        position == stream.furthest_position || position == stream.furthest_position + 1;
-    if (in_file_order && !in_stream_order) ++stream.file_order_reads;
-    if (in_stream_order && !in_file_order) ++stream.stream_order_reads;
-  }
-  stream.last_read = last - 1;
-  stream.read_before = true;
+  // Each block the read moves into, against the blocks read last: going on in file order is the
+  // block after one of them, in the stream's order the position after one of theirs. Reads of a
+  // block read last say nothing (a reader's next read() of it, the kernel's read-around of a
+  // mapping, which also goes back into a block behind). Several blocks, not one: the kernel's
+  // read-ahead runs past the tensor a mapping loader is in, and several readers interleave.
   for (uint64_t b = first; b < last; ++b) {
-    stream.furthest_position = std::max<uint64_t>(stream.furthest_position, stream.rank[b]);
+    const auto recent = std::span(stream.recent).first(stream.recent_count);
+    if (std::find(recent.begin(), recent.end(), b) != recent.end()) continue;
+    bool in_file_order = false;
+    bool in_stream_order = false;
+    for (const uint32_t r : recent) {
+      in_file_order = in_file_order || b == r + 1ull;
+      in_stream_order = in_stream_order || stream.rank[b] == stream.rank[r] + 1ull;
+    }
+    if (!in_file_order) {
+      stream.file_order_moves = 0;  // a jump, or on in the stream's order alone
+    } else if (!in_stream_order) {
+      ++stream.file_order_moves;
+    }
+    stream.recent[stream.recent_next] = static_cast<uint32_t>(b);
+    stream.recent_next = (stream.recent_next + 1) % stream.recent.size();
+    stream.recent_count =
+        std::min<uint32_t>(stream.recent_count + 1, static_cast<uint32_t>(stream.recent.size()));
   }
-  if (stream.file_order_reads < kFileOrderReads ||
-      stream.file_order_reads < kFileOrderMargin * stream.stream_order_reads) {
+  const uint64_t readahead_blocks = BlockCount(options_.kernel_readahead, options_.block_size);
+  if (stream.file_order_moves < std::max<uint64_t>(kFileOrderMoves, readahead_blocks + 2)) {
     return false;
   }
   stream.order.clear();

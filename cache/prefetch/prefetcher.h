@@ -17,6 +17,7 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +38,9 @@ struct PrefetcherOptions {
       kDefaultStreamThreshold;  // files at least this big are streamed; 0: none
   StreamLimits limits{64, 32};
   bool tensor_order = true;  // parse safetensors headers and stream in tensor order
+  // The most the kernel reads ahead on the mount (its read_ahead_kb): a mapping loader's reads run
+  // this far past a tensor's end in file order, which is no sign of a front-to-back reader.
+  uint64_t kernel_readahead = 8u << 20;
   std::function<void(const std::string&)> debug_log;  // why a header was not used, etc.
 };
 
@@ -99,14 +103,13 @@ class Prefetcher {
     std::vector<uint32_t> order;  // empty: front to back
     std::vector<uint32_t> rank;   // block -> position, when there is an order
     bool opened = false;          // false while speculative (nobody opened the file yet)
-    // Which order the readers follow (NoteReadOrder), while there is an order: the last block
-    // read, the furthest position read, and the reads that went on in one order where the other
-    // would have jumped.
-    uint64_t last_read = 0;
-    uint64_t furthest_position = 0;
-    bool read_before = false;
-    uint32_t file_order_reads = 0;
-    uint32_t stream_order_reads = 0;
+    // Which order the readers follow (NoteReadOrder), while there is an order: the blocks read
+    // last (a ring), and the moves into a block in file order where the stream's order jumps,
+    // since the last move that went elsewhere.
+    std::array<uint32_t, 8> recent{};
+    uint32_t recent_count = 0;
+    uint32_t recent_next = 0;
+    uint32_t file_order_moves = 0;
     Successor successor;  // run once every block was asked for
     // One Pump at a time per stream keeps its requests in file order; a Pump asked for while one
     // runs is done by that one (`again`).

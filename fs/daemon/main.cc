@@ -309,6 +309,9 @@ Status Daemon::BuildCache() {
   prefetch_.stream_threshold = config_.stream_threshold;
   prefetch_.limits.ahead = StreamAheadBlocks(config_.cache_size, config_.block_size);
   prefetch_.limits.max_in_flight = config_.backend_depth;
+  // The read-ahead asked for (the kernel's 128 KiB when 0, or when it cannot be raised: less).
+  prefetch_.kernel_readahead = uint64_t{config_.readahead_kb > 0 ? config_.readahead_kb : 128}
+                               << 10;
   prefetch_.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
   prefetcher_ = std::make_unique<Prefetcher>(*cache_, prefetch_);
   return Status::Ok();

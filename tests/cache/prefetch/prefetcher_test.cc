@@ -267,10 +267,7 @@ TEST_F(PrefetcherSafetensorsTest, AReaderGoingFrontToBackTurnsTheStreamToFileOrd
   prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
   backend_.Release(1);  // the header
   ASSERT_TRUE(backend_.WaitCompleted(1));
-  for (int i = 0; i < 1000 && prefetcher_->OrderOf(key_).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ASSERT_FALSE(prefetcher_->OrderOf(key_).empty()) << "the header was not applied";
+  ASSERT_TRUE(WaitForTensorOrder()) << "the header was not applied";
   // The reader reads blocks 0 to 5; its demand fetches are its own (Consume, below).
   for (uint64_t b = 0; b <= 5; ++b) prefetcher_->OnRead(key_, backing_, b * kBlock, kBlock);
   EXPECT_TRUE(prefetcher_->OrderOf(key_).empty());

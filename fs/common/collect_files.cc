@@ -19,6 +19,9 @@ namespace {
 // Directories nest at most this deep below a warmed path (a model tree is a few levels).
 constexpr int kMaxDepth = 32;
 
+// Tries of one openat2 that races renames elsewhere before the path is reported as changing.
+constexpr int kBeneathAttempts = 1000;
+
 std::string Join(const std::string& dir, const std::string& name) {
   return dir.empty() ? name : dir + "/" + name;
 }
@@ -92,9 +95,14 @@ Result<int> OpenBeneath(int root_fd, const std::string& relative) {
   how.flags = O_PATH | O_CLOEXEC;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   const char* path = relative.empty() ? "." : relative.c_str();
-  const long fd = syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
-  if (fd < 0) return Error(errno);
-  return static_cast<int>(fd);
+  // With RESOLVE_BENEATH the kernel answers EAGAIN when a rename or a mount anywhere on the machine
+  // races the walk of a ".." (it cannot then prove the path stayed below the root), and asks the
+  // caller to try again: on a busy node one lookup in a few dozen can meet one.
+  for (int attempt = 0;; ++attempt) {
+    const long fd = syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno != EAGAIN || attempt + 1 == kBeneathAttempts) return Error(errno);
+  }
 }
 
 FoundFile::~FoundFile() {
@@ -114,9 +122,12 @@ Result<std::vector<FoundFile>> CollectFiles(int root_fd, const std::vector<std::
     if (!fd.ok()) {
       const int err = fd.error().code();
       return Error(
-          err, DescribePath(path) + (err == EXDEV ? ": leaves the mount (.. or a symlink outside)"
-                                     : err == ENOENT ? ": no such file or directory"
-                                                     : ": " + fd.error().Message()));
+          err, DescribePath(path) +
+                   (err == EXDEV    ? ": leaves the mount (.. or a symlink outside)"
+                    : err == ENOENT ? ": no such file or directory"
+                    : err == EAGAIN ? ": renames elsewhere on the machine kept racing its '..'; "
+                                      "try again"
+                                    : ": " + fd.error().Message()));
     }
     struct stat st {};
     if (fstat(*fd, &st) != 0) {

@@ -15,7 +15,8 @@ namespace accelfs {
 
 // Opens `relative` (a path below the directory `root_fd`; "" is the root itself) as an O_PATH
 // descriptor, refusing with EXDEV anything that leaves it: "..", absolute paths, symlinks that
-// point outside (openat2 with RESOLVE_BENEATH), and magic links.
+// point outside (openat2 with RESOLVE_BENEATH), and magic links. The kernel's EAGAIN (a rename or
+// mount elsewhere raced a "..") is retried, up to a bound, and returned as EAGAIN past it.
 Result<int> OpenBeneath(int root_fd, const std::string& relative);
 
 // A regular file found below the root. Owns `fd` (O_PATH).

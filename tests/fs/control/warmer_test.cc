@@ -8,9 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,6 +78,43 @@ TEST_F(WarmerTest, OpenBeneathRefusesEveryWayOut) {
     if (fd.ok()) close(*fd);
   }
   EXPECT_EQ(OpenBeneath(root_fd_, "nope").error().code(), ENOENT);
+}
+
+// openat2 with RESOLVE_BENEATH answers EAGAIN when a rename anywhere on the machine races the walk
+// of a "..": a busy node renames all the time (a checkpoint being written, another test). A path
+// with ".." resolves, or is refused as leaving, every time, however many renames run beside it.
+TEST_F(WarmerTest, RenamesElsewhereNeverFailAPathWithDotDot) {
+  Write("a/b", 10);
+  const std::string elsewhere = dir_ / "elsewhere";
+  ASSERT_EQ(mkdir(elsewhere.c_str(), 0755), 0);
+  testing::WriteTestFile(elsewhere + "/x", 1, 1);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> renames{0};
+  std::thread renamer([&] {
+    const std::string x = elsewhere + "/x", y = elsewhere + "/y";
+    for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      if (rename(i % 2 ? y.c_str() : x.c_str(), i % 2 ? x.c_str() : y.c_str()) == 0) ++renames;
+    }
+  });
+  while (renames.load() == 0) std::this_thread::yield();
+  constexpr int kLookups = 20000;
+  int failed = 0, refused_wrongly = 0;
+  for (int i = 0; i < kLookups; ++i) {
+    Result<int> fd = OpenBeneath(root_fd_, "a/../a/b");
+    if (fd.ok()) {
+      close(*fd);
+    } else {
+      ++failed;
+    }
+    Result<int> out = OpenBeneath(root_fd_, "a/../../src");
+    if (out.ok()) close(*out);
+    if (out.ok() || out.error().code() != EXDEV) ++refused_wrongly;
+  }
+  stop = true;
+  renamer.join();
+  EXPECT_EQ(failed, 0) << "of " << kLookups << " lookups, with " << renames.load() << " renames";
+  EXPECT_EQ(refused_wrongly, 0) << "of " << kLookups << " lookups, with " << renames.load()
+                                << " renames";
 }
 
 TEST_F(WarmerTest, CollectsInLoaderOrder) {

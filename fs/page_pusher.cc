@@ -40,6 +40,18 @@ void PagePusher::Watch(const FileKey& file, uint64_t ino) {
   watchers_.emplace(file, Watcher{ino, 1});
 }
 
+void PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks) {
+  Watch(file, ino);
+  if (!options_.streamed || blocks == 0) return;
+  first = std::min(first, blocks - 1);
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return;
+    for (uint64_t i = 0; i < blocks; ++i) queue_.push_back(BlockKey{file, (first + i) % blocks});
+  }
+  wake_.notify_one();
+}
+
 void PagePusher::Unwatch(const FileKey& file, uint64_t ino) {
   std::lock_guard lock(mu_);
   auto [first, last] = watchers_.equal_range(file);

@@ -54,6 +54,7 @@ class PagePusher {
     uint32_t block_size = kDefaultBlockSize;
     uint64_t hole_every = 0;                     // 0: push whole blocks only
     std::function<void(const FileKey&)> pushed;  // called after each push, no lock held
+    bool streamed = false;  // OnFetched is fed: WatchFrom also pushes what was fetched before it
   };
   // A hole every quarter of the stream's window (`ahead_blocks`): the stream learns where the
   // reader is four times per window, often enough that it never waits a whole window.
@@ -74,6 +75,11 @@ class PagePusher {
   // Inode `ino` has `file` open in cached mode once more (Watch) or once less (Unwatch).
   void Watch(const FileKey& file, uint64_t ino);
   void Unwatch(const FileKey& file, uint64_t ino);
+  // Watch, for an inode found to be mapped only after its stream began (a mapping of a direct
+  // handle): with `streamed`, the `blocks` blocks of `file` are queued too, from `first` to the
+  // end and then from 0, so that those the stream fetched before the watch, and nobody has read
+  // yet, are pushed as well (the others are passed over).
+  void WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks);
 
   // `file` changed: nothing more is pushed for it. When this returns no push of it is under way,
   // so a later open that drops the inode's pages cannot get old data pushed back.

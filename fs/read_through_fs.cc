@@ -5,6 +5,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -22,8 +23,12 @@ struct ReadThroughFs::Handle {
   uint64_t ino = 0;  // the FUSE inode number
   std::shared_ptr<BackingFile> file;
   FileKey identity;
-  int backing_id = 0;                   // passthrough mode when > 0
-  bool direct = false;                  // cached mode, reads around the page cache
+  int backing_id = 0;   // passthrough mode when > 0
+  bool direct = false;  // cached mode, reads around the page cache
+  // Counted in the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a
+  // direct one from its first READ that looks like a mapping's fault. Set before any Get of a READ,
+  // read in Release, which the kernel sends only after every READ of the handle is answered.
+  std::atomic<bool> watched{false};
   std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
@@ -454,8 +459,13 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
       ++node.cached_opens;
       handle->direct = direct_reads_.load(std::memory_order_relaxed) &&
                        !node.kernel_pages.load(std::memory_order_relaxed);
-      if (!handle->direct) node.kernel_pages.store(true, std::memory_order_relaxed);
-      if (pusher_ != nullptr) pusher_->Watch(handle->identity, ino);
+      if (!handle->direct) {
+        node.kernel_pages.store(true, std::memory_order_relaxed);
+        if (pusher_ != nullptr) {
+          pusher_->Watch(handle->identity, ino);
+          handle->watched.store(true, std::memory_order_relaxed);
+        }
+      }
     }
   }
   open_lock.unlock();
@@ -499,6 +509,12 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   const uint32_t block_size = options_.block_size;
   if (handle->direct && LooksLikePageCacheRead(offset, size)) {
     handle->inode->kernel_pages.store(true, std::memory_order_relaxed);  // a mapping's fault
+    // The mapping reads through the inode's page cache: pushes may go there from now on. A
+    // handle only read() never is, so no push is a copy that nobody reads.
+    if (pusher_ != nullptr && !handle->watched.exchange(true, std::memory_order_relaxed)) {
+      pusher_->WatchFrom(identity, handle->ino, offset / block_size,
+                         BlockCount(identity.size, block_size));
+    }
   }
   const std::vector<BlockSlice> slices = SliceRange(offset, size, identity.size, block_size);
   if (slices.empty()) {
@@ -569,7 +585,9 @@ void ReadThroughFs::Release(uint64_t fh) {
       }
     } else {
       --node.cached_opens;
-      if (pusher_ != nullptr) pusher_->Unwatch(handle->identity, handle->ino);
+      if (pusher_ != nullptr && handle->watched.load(std::memory_order_relaxed)) {
+        pusher_->Unwatch(handle->identity, handle->ino);
+      }
     }
   }
   // A new open may already have registered the file again: ids are the kernel's, each closed once.

@@ -342,6 +342,7 @@ Status Daemon::BuildFilesystem() {
   push.block_size = config_.block_size;
   if (push_streamed) {
     push.hole_every = PagePusher::HoleEvery(prefetch_.limits.ahead);
+    push.streamed = true;
     push.pushed = [p = prefetcher_.get()](const FileKey& file) { p->Resume(file); };
   }
   pusher_ = std::make_unique<PagePusher>(*cache_, session_->kernel_cache(), std::move(push));

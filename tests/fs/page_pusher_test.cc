@@ -50,6 +50,7 @@ class PagePusherTest : public ::testing::Test {
     push.block_size = kBlock;
     push.hole_every = hole_every;
     push.pushed = [this](const FileKey& f) { prefetcher_->Resume(f); };
+    push.streamed = true;
     pusher_ = std::make_unique<PagePusher>(*cache_, kernel_, std::move(push));
     prefetcher_->SetFetchedHook(
         [p = pusher_.get()](const FileKey& f, uint64_t b) { p->OnFetched(f, b); });
@@ -172,6 +173,40 @@ TEST_F(PagePusherTest, EveryNthBlockLeavesItsFirstPageForTheReader) {
   for (uint64_t b = 0; b < 7; ++b) {
     ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b, b % 3 == 0 ? 4096 : 0));
   }
+}
+
+// A mapping of a direct handle is noticed at its first fault, after its stream fetched blocks that
+// no watcher was there for: WatchFrom pushes those too (from the fault's block on, then the ones
+// before it), and never a block a reader already took.
+TEST_F(PagePusherTest, AWatchThatStartsLatePushesWhatWasFetchedBeforeIt) {
+  Make(64, 6);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(6));
+  ASSERT_TRUE(kernel_.stores().empty()) << "nobody watched the file yet";
+  testing::Awaited<Result<BlockCache::Ref>> got;  // the fault's READ took block 2 itself
+  cache_->Get(BlockKey{key_, 2}, BlockBytes(2, size_, kBlock), backing_, got.Callback());
+  ASSERT_TRUE(got.Wait());
+  ASSERT_TRUE(got.value().ok());
+  pusher_->WatchFrom(key_, kIno, 2, 6);
+  pusher_->Drain();
+  EXPECT_EQ(kernel_.stores().size(), 5u);
+  EXPECT_EQ(kernel_.stores().count({kIno, 2 * kBlock}), 0u);
+  for (uint64_t b : {0, 1, 3, 4, 5}) ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b));
+  pusher_->WatchFrom(key_, kIno, 9, 6);  // again, and past the end: nothing is pushed twice
+  pusher_->Drain();
+  EXPECT_EQ(kernel_.stores().size(), 5u);
+  for (uint64_t b : {0, 1, 3, 4, 5}) ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b));
+}
+
+// Without `streamed` (no stream feeds the pusher: no --push) a late watch pushes nothing.
+TEST_F(PagePusherTest, AWatchThatStartsLatePushesNothingWithoutStreamedPushes) {
+  Make(64, 3);
+  ASSERT_NO_FATAL_FAILURE(StreamAll(3));
+  PagePusher::Options push;
+  push.block_size = kBlock;
+  PagePusher plain(*cache_, kernel_, std::move(push));
+  plain.WatchFrom(key_, kIno, 0, 3);
+  plain.Drain();
+  EXPECT_TRUE(kernel_.stores().empty());
 }
 
 TEST_F(PagePusherTest, FailedPushesAreCountedAndHarmless) {

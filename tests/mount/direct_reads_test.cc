@@ -91,11 +91,20 @@ class UserDirectReadsTest : public MountTest {
     ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
     ASSERT_EQ(chown(mountpoint_.c_str(), kUser, kUser), 0) << std::strerror(errno);
     for (const auto& [name, size] : Files()) WriteTestFile(Src(name), size, SeedOf(name));
-    ASSERT_TRUE(
-        daemon_.StartDaemon({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                             TestBinary(ACCELFS_BINARY), source_, mountpoint_, "-f", "--cache-size",
-                             "256M", "--log-level", "debug"},
-                            mountpoint_, "fuse.accelfs", LogPath()));
+    std::vector<std::string> args = {"/usr/bin/setpriv",
+                                     "--reuid=65534",
+                                     "--regid=65534",
+                                     "--clear-groups",
+                                     TestBinary(ACCELFS_BINARY),
+                                     source_,
+                                     mountpoint_,
+                                     "-f",
+                                     "--cache-size",
+                                     "256M",
+                                     "--log-level",
+                                     "debug"};
+    for (const std::string& arg : ExtraArgs()) args.push_back(arg);
+    ASSERT_TRUE(daemon_.StartDaemon(args, mountpoint_, "fuse.accelfs", LogPath()));
     // The starter decides once INIT is done, then logs the mount's line.
     for (int i = 0; i < 100 && daemon_.Log().find("mounted ") == std::string::npos; ++i) {
       usleep(50 * 1000);
@@ -115,10 +124,14 @@ class UserDirectReadsTest : public MountTest {
     if (fuse_mode_ != 0) chmod("/dev/fuse", fuse_mode_);
   }
 
+  // More options for the daemon.
+  virtual std::vector<std::string> ExtraArgs() const { return {}; }
+
   static std::vector<std::pair<std::string, uint64_t>> Files() {
     return {{"read.safetensors", 9 * kMiB + 4321},
             {"mapped.safetensors", 6 * kMiB + 77},
-            {"paged.bin", 3 * kMiB + 5}};
+            {"paged.bin", 3 * kMiB + 5},
+            {"big.safetensors", 40 * kMiB + 999}};  // ten 4 MiB blocks and a short one
   }
   static uint64_t SeedOf(const std::string& name) { return std::hash<std::string>{}(name) % 1000; }
   static uint64_t SizeOf(const std::string& name) {
@@ -193,6 +206,42 @@ TEST_F(UserDirectReadsTest, PageSizedReadsMoveTheFileToCachedMode) {
   EXPECT_EQ(LastOpenMode(), "direct");
   ExpectReadAll("paged.bin", 64 * 1024);
   EXPECT_EQ(LastOpenMode().rfind("cached", 0), 0u) << LastOpenMode();
+}
+
+// --push as a user: a stream's blocks go into the page cache of an inode the kernel maps, found at
+// the mapping's first fault on its direct handle (the blocks fetched before that fault too), and
+// never into one only read() reads, where they would be copies nobody reads.
+class UserPushTest : public UserDirectReadsTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override {
+    return {"--push", "--stream-threshold", "1M"};
+  }
+  // The daemon's exit line: "... pushed <amount> into the page cache".
+  std::string StopAndPushed() {
+    EXPECT_EQ(daemon_.Stop(), 0);
+    const std::string log = daemon_.Log();
+    const size_t at = log.rfind("pushed ");
+    if (at == std::string::npos) return "(no exit line)";
+    const size_t end = log.find(" into the page cache", at);
+    return log.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7);
+  }
+};
+
+TEST_F(UserPushTest, ADirectHandleReadByReadIsNeverPushedInto) {
+  ExpectReadAll("big.safetensors", kMiB);
+  EXPECT_EQ(LastOpenMode(), "direct");
+  ExpectReadAll("big.safetensors", kMiB + 3);
+  EXPECT_EQ(LastOpenMode(), "direct");
+  EXPECT_EQ(StopAndPushed(), "0 B") << daemon_.Log();
+}
+
+TEST_F(UserPushTest, AMappingOfADirectHandleIsPushedInto) {
+  ExpectMapAll("big.safetensors");
+  EXPECT_EQ(LastOpenMode(), "direct");
+  ExpectMapAll("big.safetensors");  // again, from the pages the first load left
+  const std::string pushed = StopAndPushed();
+  EXPECT_NE(pushed, "0 B") << daemon_.Log();
+  EXPECT_NE(pushed, "(no exit line)") << daemon_.Log();
 }
 
 }  // namespace

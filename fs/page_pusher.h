@@ -12,10 +12,12 @@
 // cache), which tells the stream where the reader is. After each push the stream is resumed
 // (`pushed`), since the push made room that no READ will report.
 //
-// Only files open in cached mode are pushed to: the kernel must know the inode, and a file open in
-// passthrough mode is read from the store's file instead. Thread safety: every method may be called
-// from any thread; pushes run on the pusher's own thread, so a push that waits for a page lock held
-// by a READ in progress never stalls a backend completion.
+// Only inodes a watcher names are pushed to (ReadThroughFs decides: a direct handle from its first
+// READ that looks like a mapping's fault, with WatchFrom; cached-mode handles with --push, or
+// where reads are direct): the kernel must know the inode, and a file open in passthrough mode is
+// read from the store's file instead. Thread safety: every method may be called from any thread;
+// pushes run on the pusher's own thread, so a push that waits for a page lock held by a READ in
+// progress never stalls a backend completion.
 #pragma once
 
 #include <algorithm>

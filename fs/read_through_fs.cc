@@ -461,7 +461,8 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
                        !node.kernel_pages.load(std::memory_order_relaxed);
       if (!handle->direct) {
         node.kernel_pages.store(true, std::memory_order_relaxed);
-        if (pusher_ != nullptr) {
+        if (pusher_ != nullptr &&
+            (options_.push_every_cached_open || direct_reads_.load(std::memory_order_relaxed))) {
           pusher_->Watch(handle->identity, ino);
           handle->watched.store(true, std::memory_order_relaxed);
         }

@@ -42,6 +42,11 @@ struct FsOptions {
   //   kOff     none: opens are answered at once in cached mode and the file streams in
   enum class Fill { kOff, kShards, kAll };
   Fill fill = Fill::kAll;
+  // With a pusher fed streamed blocks (EnablePagePush): whether every handle opened in cached mode
+  // is pushed into (--push), or, when false (--push auto), only where reads are direct
+  // (EnableDirectReads: a cached-mode open there means the kernel maps the inode). Either way a
+  // direct handle is pushed into from its first READ that looks like a mapping's fault.
+  bool push_every_cached_open = true;
 };
 
 // --fill-on-open auto: below this many CPUs every large file is filled before its open is

@@ -306,11 +306,19 @@ const std::vector<OptionSpec>& Options() {
        "in while read); off (all stream in); auto (all below 8 CPUs, else shards)",
        [](C c) { return c.fill_on_open; }, ApplyFillOnOpen},
       {"push", "", "",
-       "Push streamed data into the kernel's page cache ahead of the reader (off: on the 2-core "
-       "machine measured it cost more CPU than it saved; see docs/BENCHMARKS-HISTORY.md)",
-       [](C) { return std::string("off"); },
+       "Push streamed data into the kernel's page cache ahead of the reader for every file open "
+       "in cached mode, as root too, not only mapped files where the read-ahead stays at 128 KiB",
+       [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
        [](const std::string&, Config& c, const ParseContext&) {
-         c.push = true;
+         c.push = "on";
+         return Status::Ok();
+       }},
+      {"no-push", "", "",
+       "Never push streamed data into the kernel's page cache (mapping loaders on a mount whose "
+       "read-ahead stays at 128 KiB then wait for a READ per fault)",
+       [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
+       [](const std::string&, Config& c, const ParseContext&) {
+         c.push = "off";
          return Status::Ok();
        }},
       {"control-group", "", "GROUP",

@@ -75,10 +75,12 @@ struct Config {
   // the mount's page cache costs more than the overlap it buys), "shards" on bigger ones.
   std::string fill_on_open = "auto";  // auto, all, shards or off
 
-  // Push blocks the stream fetched into the kernel's page cache of files open in cached mode, so
-  // that mmap faults find them there instead of waiting for READs (fs/page_pusher.h). Off by
-  // default: measured slower on a 2-core machine, where the push's copies compete with the loader.
-  bool push = false;
+  // Push blocks the stream fetched into the kernel's page cache, so that mmap faults find them
+  // there instead of waiting for READs (fs/page_pusher.h). "auto": into files a loader maps, on a
+  // mount where the kernel's read-ahead stays at 128 KiB (a user's), where every fault is a READ
+  // round trip (a user's cold mmap 2.2x in pairs; docs/BENCHMARKS-HISTORY.md); "on" (--push):
+  // into every file open in cached mode too, as root as well; "off" (--no-push): never.
+  std::string push = "auto";  // auto, on or off
 
   // --control-group: members of this group (name or number) may use the control socket (mode 0660
   // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.

@@ -321,6 +321,7 @@ Status Daemon::BuildFilesystem() {
   fs_options_.block_size = config_.block_size;
   fs_options_.readahead_blocks = config_.readahead_blocks;
   fs_options_.fill = FillModeFor(config_.fill_on_open, UsableCpus());
+  fs_options_.push_every_cached_open = config_.push == "on";
   auto fs = ReadThroughFs::Create(paths_->source, *cache_, fs_options_, prefetcher_.get());
   if (!fs.ok()) return Failure("source '" + config_.source + "': " + fs.error().Message());
   fs_ = std::move(fs.value());
@@ -337,7 +338,7 @@ Status Daemon::BuildFilesystem() {
   // The pusher writes warmed files into the kernel's page cache where the mount has no
   // passthrough (StartControlPlane), and with --push streamed blocks ahead of mmap faults. Stopped
   // before the session goes.
-  const bool push_streamed = config_.push && config_.stream_threshold > 0;
+  const bool push_streamed = config_.push != "off" && config_.stream_threshold > 0;
   PagePusher::Options push;
   push.block_size = config_.block_size;
   if (push_streamed) {
@@ -533,9 +534,13 @@ void Daemon::ReportStarted(const std::string& readahead) const {
   }
   spdlog::debug(
       "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in flight, "
-      "{}pushed to the page cache; attr_timeout {} s, entry_timeout {} s, max_background {}",
+      "pushed to the page cache: {}; attr_timeout {} s, entry_timeout {} s, max_background {}",
       config_.readahead_blocks, FormatBytes(config_.stream_threshold), prefetch_.limits.ahead,
-      prefetch_.limits.max_in_flight, config_.push && config_.stream_threshold > 0 ? "" : "not ",
+      prefetch_.limits.max_in_flight,
+      config_.stream_threshold == 0 ? "no (nothing streams)"
+      : config_.push == "on"        ? "every file open in cached mode"
+      : config_.push == "auto"      ? "mapped files, with direct reads"
+                                    : "no (--no-push)",
       config_.attr_timeout, config_.entry_timeout, session_options_.max_background);
 }
 

@@ -208,14 +208,13 @@ TEST_F(UserDirectReadsTest, PageSizedReadsMoveTheFileToCachedMode) {
   EXPECT_EQ(LastOpenMode().rfind("cached", 0), 0u) << LastOpenMode();
 }
 
-// --push as a user: a stream's blocks go into the page cache of an inode the kernel maps, found at
-// the mapping's first fault on its direct handle (the blocks fetched before that fault too), and
-// never into one only read() reads, where they would be copies nobody reads.
+// Pushes as a user, by default (--push auto): a stream's blocks go into the page cache of an inode
+// the kernel maps, found at the mapping's first fault on its direct handle (the blocks fetched
+// before that fault too), and never into one only read() reads, where they would be copies nobody
+// reads. --push does the same for these (and more as root); --no-push pushes nothing.
 class UserPushTest : public UserDirectReadsTest {
  protected:
-  std::vector<std::string> ExtraArgs() const override {
-    return {"--push", "--stream-threshold", "1M"};
-  }
+  std::vector<std::string> ExtraArgs() const override { return {"--stream-threshold", "1M"}; }
   // The daemon's exit line: "... pushed <amount> into the page cache".
   std::string StopAndPushed() {
     EXPECT_EQ(daemon_.Stop(), 0);
@@ -242,6 +241,32 @@ TEST_F(UserPushTest, AMappingOfADirectHandleIsPushedInto) {
   const std::string pushed = StopAndPushed();
   EXPECT_NE(pushed, "0 B") << daemon_.Log();
   EXPECT_NE(pushed, "(no exit line)") << daemon_.Log();
+}
+
+class UserExplicitPushTest : public UserPushTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override {
+    return {"--stream-threshold", "1M", "--push"};
+  }
+};
+
+TEST_F(UserExplicitPushTest, AMappingIsPushedInto) {
+  ExpectMapAll("big.safetensors");
+  const std::string pushed = StopAndPushed();
+  EXPECT_NE(pushed, "0 B") << daemon_.Log();
+  EXPECT_NE(pushed, "(no exit line)") << daemon_.Log();
+}
+
+class UserNoPushTest : public UserPushTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override {
+    return {"--stream-threshold", "1M", "--no-push"};
+  }
+};
+
+TEST_F(UserNoPushTest, AMappingIsNotPushedInto) {
+  ExpectMapAll("big.safetensors");
+  EXPECT_EQ(StopAndPushed(), "0 B") << daemon_.Log();
 }
 
 }  // namespace

@@ -351,13 +351,22 @@ TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->stream_threshold, 0u) << "0 turns streaming off";
   EXPECT_FALSE(c->passthrough);
-  EXPECT_FALSE(c->push) << "off by default";
+  EXPECT_EQ(c->push, "auto") << "mapped files where the read-ahead stays small, by default";
   c = ParseOk({"--push"});
   ASSERT_TRUE(c);
-  EXPECT_TRUE(c->push);
+  EXPECT_EQ(c->push, "on");
   c = ParseOk({"-o", "push"});
   ASSERT_TRUE(c);
-  EXPECT_TRUE(c->push);
+  EXPECT_EQ(c->push, "on");
+  c = ParseOk({"--no-push"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, "off");
+  c = ParseOk({"-o", "no_push"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, "off");
+  c = ParseOk({"--push", "--no-push"});  // the last one given wins, as for every option
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, "off");
   ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
 }
 

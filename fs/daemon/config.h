@@ -78,7 +78,7 @@ struct Config {
   // Push blocks the stream fetched into the kernel's page cache, so that mmap faults find them
   // there instead of waiting for READs (fs/page_pusher.h). "auto": into files a loader maps, on a
   // mount where the kernel's read-ahead stays at 128 KiB (a user's), where every fault is a READ
-  // round trip (a user's cold mmap 2.2x in pairs; docs/BENCHMARKS-HISTORY.md); "on" (--push):
+  // round trip (a user's cold mmap 1.9x in pairs; docs/BENCHMARKS-HISTORY.md); "on" (--push):
   // into every file open in cached mode too, as root as well; "off" (--no-push): never.
   std::string push = "auto";  // auto, on or off
 

@@ -40,16 +40,24 @@ void PagePusher::Watch(const FileKey& file, uint64_t ino) {
   watchers_.emplace(file, Watcher{ino, 1});
 }
 
-void PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks) {
-  Watch(file, ino);
-  if (!options_.streamed || blocks == 0) return;
-  first = std::min(first, blocks - 1);
+bool PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks,
+                           uint64_t epoch) {
   {
-    std::lock_guard lock(mu_);
-    if (stop_) return;
+    std::lock_guard lock(mu_);  // the same hold as Forget's: a watch is either before it or refused
+    if (epoch_ != epoch) return false;
+    auto [begin, end] = watchers_.equal_range(file);
+    auto it = std::find_if(begin, end, [&](const auto& w) { return w.second.ino == ino; });
+    if (it != end) {
+      ++it->second.opens;
+    } else {
+      watchers_.emplace(file, Watcher{ino, 1});
+    }
+    if (!options_.streamed || blocks == 0 || stop_) return true;
+    first = std::min(first, blocks - 1);
     for (uint64_t i = 0; i < blocks; ++i) queue_.push_back(BlockKey{file, (first + i) % blocks});
   }
   wake_.notify_one();
+  return true;
 }
 
 void PagePusher::Unwatch(const FileKey& file, uint64_t ino) {

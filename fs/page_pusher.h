@@ -80,8 +80,11 @@ class PagePusher {
   // Watch, for an inode found to be mapped only after its stream began (a mapping of a direct
   // handle): with `streamed`, the `blocks` blocks of `file` are queued too, from `first` to the
   // end and then from 0, so that those the stream fetched before the watch, and nobody has read
-  // yet, are pushed as well (the others are passed over).
-  void WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks);
+  // yet, are pushed as well (the others are passed over). `epoch`: Epoch() taken when the handle
+  // was opened; once any file was forgotten since, nothing is watched and false is returned, so
+  // that an old handle of a changed file can never bring back pushes of its old data.
+  bool WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks,
+                 uint64_t epoch);
 
   // `file` changed: nothing more is pushed for it. When this returns no push of it is under way,
   // so a later open that drops the inode's pages cannot get old data pushed back.

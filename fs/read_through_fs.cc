@@ -25,10 +25,13 @@ struct ReadThroughFs::Handle {
   FileKey identity;
   int backing_id = 0;   // passthrough mode when > 0
   bool direct = false;  // cached mode, reads around the page cache
-  // Counted in the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a
-  // direct one from its first READ that looks like a mapping's fault. Set before any Get of a READ,
-  // read in Release, which the kernel sends only after every READ of the handle is answered.
-  std::atomic<bool> watched{false};
+  // In the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a direct one
+  // from its first READ that looks like a mapping's fault (kRefused when a file changed since the
+  // open: PagePusher::WatchFrom). Set before any Get of a READ, read in Release, which the kernel
+  // sends only after every READ of the handle is answered.
+  enum Watch : int { kNotWatched, kWatched, kRefused };
+  std::atomic<int> watch{kNotWatched};
+  uint64_t push_epoch = 0;              // PagePusher::Epoch() at the open
   std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
@@ -424,6 +427,8 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     }
     node.opened_identity = handle->identity;
     node.opened_before = true;
+    // After the Forget above: a later change of this file moves the epoch past this handle's.
+    if (pusher_ != nullptr) handle->push_epoch = pusher_->Epoch();
     dir = node.parent;
     name = node.name;
     // Passthrough when every block is cached (and stays pinned while the handle is open) and no
@@ -464,7 +469,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
         if (pusher_ != nullptr &&
             (options_.push_every_cached_open || direct_reads_.load(std::memory_order_relaxed))) {
           pusher_->Watch(handle->identity, ino);
-          handle->watched.store(true, std::memory_order_relaxed);
+          handle->watch.store(Handle::kWatched, std::memory_order_relaxed);
         }
       }
     }
@@ -512,9 +517,12 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     handle->inode->kernel_pages.store(true, std::memory_order_relaxed);  // a mapping's fault
     // The mapping reads through the inode's page cache: pushes may go there from now on. A
     // handle only read() never is, so no push is a copy that nobody reads.
-    if (pusher_ != nullptr && !handle->watched.exchange(true, std::memory_order_relaxed)) {
-      pusher_->WatchFrom(identity, handle->ino, offset / block_size,
-                         BlockCount(identity.size, block_size));
+    int state = Handle::kNotWatched;
+    if (pusher_ != nullptr &&
+        handle->watch.compare_exchange_strong(state, Handle::kWatched, std::memory_order_relaxed) &&
+        !pusher_->WatchFrom(identity, handle->ino, offset / block_size,
+                            BlockCount(identity.size, block_size), handle->push_epoch)) {
+      handle->watch.store(Handle::kRefused, std::memory_order_relaxed);
     }
   }
   const std::vector<BlockSlice> slices = SliceRange(offset, size, identity.size, block_size);
@@ -586,7 +594,7 @@ void ReadThroughFs::Release(uint64_t fh) {
       }
     } else {
       --node.cached_opens;
-      if (pusher_ != nullptr && handle->watched.load(std::memory_order_relaxed)) {
+      if (pusher_ != nullptr && handle->watch.load(std::memory_order_relaxed) == Handle::kWatched) {
         pusher_->Unwatch(handle->identity, handle->ino);
       }
     }

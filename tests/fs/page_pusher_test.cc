@@ -186,12 +186,13 @@ TEST_F(PagePusherTest, AWatchThatStartsLatePushesWhatWasFetchedBeforeIt) {
   cache_->Get(BlockKey{key_, 2}, BlockBytes(2, size_, kBlock), backing_, got.Callback());
   ASSERT_TRUE(got.Wait());
   ASSERT_TRUE(got.value().ok());
-  pusher_->WatchFrom(key_, kIno, 2, 6);
+  EXPECT_TRUE(pusher_->WatchFrom(key_, kIno, 2, 6, pusher_->Epoch()));
   pusher_->Drain();
   EXPECT_EQ(kernel_.stores().size(), 5u);
   EXPECT_EQ(kernel_.stores().count({kIno, 2 * kBlock}), 0u);
   for (uint64_t b : {0, 1, 3, 4, 5}) ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b));
-  pusher_->WatchFrom(key_, kIno, 9, 6);  // again, and past the end: nothing is pushed twice
+  // Again, and past the end: nothing is pushed twice.
+  EXPECT_TRUE(pusher_->WatchFrom(key_, kIno, 9, 6, pusher_->Epoch()));
   pusher_->Drain();
   EXPECT_EQ(kernel_.stores().size(), 5u);
   for (uint64_t b : {0, 1, 3, 4, 5}) ASSERT_NO_FATAL_FAILURE(ExpectPushedOnce(kIno, b));
@@ -204,9 +205,21 @@ TEST_F(PagePusherTest, AWatchThatStartsLatePushesNothingWithoutStreamedPushes) {
   PagePusher::Options push;
   push.block_size = kBlock;
   PagePusher plain(*cache_, kernel_, std::move(push));
-  plain.WatchFrom(key_, kIno, 0, 3);
+  EXPECT_TRUE(plain.WatchFrom(key_, kIno, 0, 3, plain.Epoch()));
   plain.Drain();
   EXPECT_TRUE(kernel_.stores().empty());
+}
+
+// A handle opened before a file changed (Forget) must never bring back pushes of the old data: its
+// late watch is refused, and nothing of it is pushed, fetched before or after.
+TEST_F(PagePusherTest, AWatchFromBeforeAChangeIsRefused) {
+  Make(64, 4);
+  const uint64_t opened = pusher_->Epoch();
+  pusher_->Forget(key_);  // an open of the file's new version
+  EXPECT_FALSE(pusher_->WatchFrom(key_, kIno, 0, 4, opened));
+  ASSERT_NO_FATAL_FAILURE(StreamAll(4));
+  EXPECT_TRUE(kernel_.stores().empty());
+  EXPECT_TRUE(pusher_->WatchFrom(key_, kIno, 0, 4, pusher_->Epoch())) << "a new handle's may";
 }
 
 TEST_F(PagePusherTest, FailedPushesAreCountedAndHarmless) {

@@ -86,6 +86,27 @@ class ToolsTest : public MountTest {
     }
   }
 
+  // Pages of `path` the kernel's page cache holds, and its pages in all: mincore of a mapping,
+  // which reads nothing.
+  static std::pair<size_t, size_t> KernelResident(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return {0, 1};
+    struct stat st {};
+    fstat(fd, &st);
+    const size_t size = static_cast<size_t>(st.st_size);
+    const size_t pages = (size + 4095) / 4096;
+    void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return {0, pages};
+    std::vector<unsigned char> in(pages);
+    size_t resident = 0;
+    if (mincore(map, size, in.data()) == 0) {
+      for (unsigned char page : in) resident += page & 1;
+    }
+    munmap(map, size);
+    return {resident, pages};
+  }
+
   nlohmann::json StatsJson(const std::string& mount) {
     const CommandResult r = Stat({mount, "--json"});
     EXPECT_EQ(r.exit_code, 0) << Describe(r);
@@ -161,7 +182,14 @@ TEST_F(ToolsTest, WarmWithoutPassthroughFillsThePageCache) {
   const uint64_t size = Residency(Mnt("m")).second;
   const nlohmann::json before = StatsJson(mountpoint_);
   EXPECT_EQ(before.value("pushed_bytes", uint64_t{0}), size) << before.dump();
-  const uint64_t hits = before["cache"].value("hits", uint64_t{0});
+  // Every page is in the kernel's page cache before anything reads it. (The cache's hit count is
+  // no measure of READs: the daemon's own look-ups, a shard's header for its tensor order or the
+  // next shard's start, count as hits too, at times of their own.)
+  for (const char* name : {"m/model-00001-of-00002.safetensors",
+                           "m/model-00002-of-00002.safetensors", "m/config.json"}) {
+    const auto [resident, pages] = KernelResident(Mnt(name));
+    EXPECT_EQ(resident, pages) << name;
+  }
   const uint64_t misses = before["cache"].value("misses", uint64_t{0});
   ASSERT_NO_FATAL_FAILURE(ExpectModelReadsAsBacking());
   // And mapped, as a loader does.
@@ -175,8 +203,10 @@ TEST_F(ToolsTest, WarmWithoutPassthroughFillsThePageCache) {
   EXPECT_TRUE(std::memcmp(map, Bytes(2, 0, shard_size).data(), shard_size) == 0);
   munmap(map, shard_size);
   const nlohmann::json after = StatsJson(mountpoint_);
-  EXPECT_EQ(after["cache"].value("hits", uint64_t{0}), hits) << "a READ reached the daemon";
-  EXPECT_EQ(after["cache"].value("misses", uint64_t{0}), misses) << "a READ reached the daemon";
+  EXPECT_EQ(after["cache"].value("misses", uint64_t{0}), misses) << "a block was fetched again";
+  EXPECT_EQ(after["cache"].value("fetched_bytes", uint64_t{0}),
+            before["cache"].value("fetched_bytes", uint64_t{1}))
+      << "the store was read again";
   EXPECT_FALSE(after.value("passthrough", true));
 
   // Rewritten in the store (same size, new bytes): the next open drops the loaded pages.

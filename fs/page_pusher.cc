@@ -30,6 +30,10 @@ void PagePusher::Stop() {
 
 void PagePusher::Watch(const FileKey& file, uint64_t ino) {
   std::lock_guard lock(mu_);
+  WatchLocked(file, ino);
+}
+
+void PagePusher::WatchLocked(const FileKey& file, uint64_t ino) {
   auto [first, last] = watchers_.equal_range(file);
   for (auto it = first; it != last; ++it) {
     if (it->second.ino == ino) {
@@ -45,13 +49,7 @@ bool PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, ui
   {
     std::lock_guard lock(mu_);  // the same hold as Forget's: a watch is either before it or refused
     if (epoch_ != epoch) return false;
-    auto [begin, end] = watchers_.equal_range(file);
-    auto it = std::find_if(begin, end, [&](const auto& w) { return w.second.ino == ino; });
-    if (it != end) {
-      ++it->second.opens;
-    } else {
-      watchers_.emplace(file, Watcher{ino, 1});
-    }
+    WatchLocked(file, ino);
     if (!options_.streamed || blocks == 0 || stop_) return true;
     first = std::min(first, blocks - 1);
     for (uint64_t i = 0; i < blocks; ++i) queue_.push_back(BlockKey{file, (first + i) % blocks});

@@ -114,6 +114,7 @@ class PagePusher {
     int opens = 0;
   };
   void Run();
+  void WatchLocked(const FileKey& file, uint64_t ino);  // Watch, mu_ held
 
   BlockCache& cache_;
   KernelCache& kernel_;

@@ -19,6 +19,7 @@
 // from the block's memory with no lock held.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -88,6 +89,16 @@ class BlockCache {
 
   // Bytes of `file` ready in the cache (per-file residency). Walks the file's blocks: for stats.
   uint64_t ResidentBytes(const FileKey& file) const;
+  // The content identity of `file` (IdentifyFile, cache/file_key.h), its sample read through this
+  // cache's backend reader. Blocks the caller: never on a reader's thread. ECANCELED once
+  // InterruptIdentify was called.
+  Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st) {
+    return IdentifyFile(reader_, file, st,
+                        [this] { return identify_interrupted_.load(std::memory_order_relaxed); });
+  }
+  // Ends every Identify that waits on the store, now and from now on (ECANCELED): the daemon is
+  // stopping, and the threads that wait are FUSE workers its loop must join first.
+  void InterruptIdentify() { identify_interrupted_.store(true, std::memory_order_relaxed); }
 
   // When every block of `file` is ready, pins them all into `refs` (in block order) and returns
   // true; otherwise changes nothing. A file passed through to the store's file stays whole while
@@ -238,6 +249,7 @@ class BlockCache {
   std::deque<Entry*> verify_queue_;              // GUARDED_BY(mu_) stored blocks to check
   bool workers_stop_ = false;                    // GUARDED_BY(mu_)
   std::condition_variable work_cv_;              // a queue or workers_stop_ changed
+  std::atomic<bool> identify_interrupted_{false};
   // Started for slow commits, or by AdoptStored when it keeps blocks to check.
   std::vector<std::thread> workers_;
 };

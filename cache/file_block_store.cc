@@ -29,7 +29,9 @@ namespace {
 
 // Version 2 added the checksums; a version 1 record is not ours any more (its blocks are fetched
 // again once).
-constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '2'};
+// '3': records keyed by content identity (size, mtime, ctime, fingerprint), not (dev, ino). An
+// older record does not parse and is removed: its file is fetched once more.
+constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '3'};
 // RecordHeader::flags: the record's checksums were computed (a disk directory's), so its blocks
 // are checked before they are served. Without it they are all 0 (a RAM-backed directory's).
 constexpr uint32_t kChecksummed = 1;
@@ -43,10 +45,10 @@ struct RecordHeader {
   char magic[8];
   uint32_t block_size;
   uint32_t flags;
-  uint64_t dev;
-  uint64_t ino;
   uint64_t size;
   int64_t mtime_ns;
+  int64_t ctime_ns;
+  uint64_t fingerprint;
   uint64_t padding[2];
 };
 static_assert(sizeof(RecordHeader) == kBlockRecordHeaderBytes);
@@ -77,7 +79,7 @@ Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.block_size != block_size) {
     return Error(EINVAL);
   }
-  return FileKey{header.dev, header.ino, header.size, header.mtime_ns};
+  return FileKey{header.size, header.mtime_ns, header.ctime_ns, header.fingerprint};
 }
 
 Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size) {
@@ -109,8 +111,9 @@ Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t
 
 std::string StoredName(const FileKey& key) {
   char name[80];
-  std::snprintf(name, sizeof(name), "%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64, key.dev,
-                key.ino, key.size, static_cast<uint64_t>(key.mtime_ns));
+  std::snprintf(name, sizeof(name), "%016" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64,
+                key.fingerprint, key.size, static_cast<uint64_t>(key.mtime_ns),
+                static_cast<uint64_t>(key.ctime_ns));
   return name;
 }
 
@@ -299,10 +302,10 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
   header.block_size = block_size_;
   header.flags = sync_ ? kChecksummed : 0;
-  header.dev = key.dev;
-  header.ino = key.ino;
   header.size = key.size;
   header.mtime_ns = key.mtime_ns;
+  header.ctime_ns = key.ctime_ns;
+  header.fingerprint = key.fingerprint;
   file->map_fd = openat(root_fd_, (stem + kMapSuffix).c_str(),
                         O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   file->fd = openat(root_fd_, (stem + kDataSuffix).c_str(),

@@ -253,7 +253,11 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   // kernel looked its name up, and the kernel trusts that name for entry_timeout. ESTALE makes the
   // kernel walk the path again with LOOKUP_REVAL, so the open reaches what the name means now.
   if (st.st_nlink == 0) return done(Error(ESTALE));
-  handle->identity = FileKeyFromStat(st);
+  // The first and last page are read from the store (through the backend: a hung file answers
+  // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
+  Result<FileKey> identity = cache_.Identify(handle->file, st);
+  if (!identity.ok()) return done(identity.error());
+  handle->identity = identity.value();
   handle->inode = *inode;
   handle->ino = ino;
   if (!WantsFill(*handle)) {
@@ -365,9 +369,9 @@ std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& ino
   return {inode.parent, inode.name};
 }
 
-Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file) {
+Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file, uint64_t dev, uint64_t ino) {
   if (pusher_ == nullptr) return Error(ENOTSUP);
-  auto [id, node] = inodes_.FindBacking(static_cast<dev_t>(file.dev), static_cast<ino_t>(file.ino));
+  auto [id, node] = inodes_.FindBacking(static_cast<dev_t>(dev), static_cast<ino_t>(ino));
   if (!node) return Error(ENOENT);
   // Taken before the inode's pages are claimed for `file`: an open that finds the file changed
   // after that forgets the old version (FinishOpen), which ends the load.

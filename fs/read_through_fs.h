@@ -174,7 +174,7 @@ class ReadThroughFs {
   // version, EBUSY when it is open in passthrough mode, ENODATA when the file is no longer whole
   // in the cache, ENOTSUP without EnablePagePush, else the kernel's refusal or ECANCELED
   // (PagePusher::Load).
-  Result<uint64_t> LoadIntoPageCache(const FileKey& file);
+  Result<uint64_t> LoadIntoPageCache(const FileKey& file, uint64_t dev, uint64_t ino);
 
   // Answers through `done`: at once, or (fill on open, see FsOptions) once the file is cached,
   // on the thread that completed its last block. Never blocks on the backend.

@@ -79,8 +79,13 @@ void ShardOpener::Run() {
       spdlog::debug("next shard {} not prefetched yet: beyond the look-ahead budget", name);
       continue;
     }
+    const Result<FileKey> identity = prefetcher_.cache().Identify(backing.value(), st);
+    if (!identity.ok()) {
+      spdlog::debug("next shard {} not prefetched: {}", name, identity.error().Message());
+      continue;
+    }
     spdlog::debug("prefetching the next shard, {}", name);
-    const FileKey key = FileKeyFromStat(st);
+    const FileKey key = identity.value();
     // All of it when it fits in the budget; else (only the first after an opened shard) the
     // stream's window of it, and nothing after it.
     const bool fits = size <= start.left;

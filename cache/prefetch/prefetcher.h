@@ -49,6 +49,7 @@ class Prefetcher {
   // REQUIRES: cache outlives this; the backend is stopped before this is destroyed (stream
   // completions call back into it).
   Prefetcher(BlockCache& cache, PrefetcherOptions options) : cache_(cache), options_(options) {}
+  BlockCache& cache() const { return cache_; }
 
   // A file was opened: start streaming it from its start when it is large enough. A file named
   // *.safetensors (`safetensors`) is streamed in tensor order once its header is read.

@@ -29,7 +29,9 @@ int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1'000'000'0
 std::optional<std::string> ReadThroughCache(BlockCache& cache,
                                             const std::shared_ptr<BackingFile>& backing,
                                             const struct stat& st) {
-  const FileKey key = FileKeyFromStat(st);
+  const Result<FileKey> identity = cache.Identify(backing, st);
+  if (!identity.ok()) return std::nullopt;
+  const FileKey key = identity.value();
   const uint32_t block = cache.block_size();
   std::string text(key.size, '\0');
   for (uint64_t i = 0; i * block < key.size; ++i) {

@@ -14,6 +14,12 @@
 namespace accelfs {
 namespace {
 
+struct IdentifiedFile {
+  std::shared_ptr<BackingFile> backing;
+  struct stat st {};
+  FileKey key;
+};
+
 using Clock = std::chrono::steady_clock;
 
 // How long the job sleeps when the budget has no room, unless a fetch finishes first.
@@ -25,23 +31,37 @@ constexpr std::chrono::milliseconds kRoomPoll{100};
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
-// Opens the file found at `path` for the backend, checking that it is still what was measured.
-Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, const std::string& path,
-                                               const FileKey& key) {
+// Opens the file found at `path` for the backend and identifies it (a read of its first and last
+// page through the cache's backend, cache/file_key.h).
+Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path) {
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
-  struct stat st {};
+  IdentifiedFile out;
   Result<std::shared_ptr<BackingFile>> backing =
-      OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &st);
+      OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st);
   close(*fd);
   if (!backing.ok()) {
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
-  if (FileKeyFromStat(st) != key) {
+  out.backing = std::move(backing.value());
+  Result<FileKey> key = cache.Identify(out.backing, out.st);
+  if (!key.ok()) {
+    return Error(key.error().code(), DescribePath(path) + ": " + key.error().Message());
+  }
+  out.key = key.value();
+  return out;
+}
+
+// Opens the file found at `path` for the backend, checking that it is still what was measured.
+Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
+                                               const std::string& path, const FileKey& key) {
+  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path);
+  if (!file.ok()) return file.error();
+  if (file->key != key) {
     return Error(ESTALE,
                  DescribePath(path) + " changed while being warmed; run accelfs-warm again");
   }
-  return backing;
+  return std::move(file->backing);
 }
 
 }  // namespace
@@ -111,20 +131,22 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   job->key_ = key;
   uint64_t need = 0;  // budget bytes the whole set takes once cached
   const uint32_t block_size = options_.block_size;
+  // Sized by what stat says; each file is identified (a read of the store, which may hang) only
+  // by the job, when its turn comes (IssueFile), so that a request is answered at once.
   for (const FoundFile& f : *found) {
-    const FileKey fkey = FileKeyFromStat(f.st);
-    const uint64_t blocks = BlockCount(fkey.size, block_size);
+    const uint64_t size = static_cast<uint64_t>(f.st.st_size);
+    const uint64_t blocks = BlockCount(size, block_size);
     if (blocks > 0) {
       need += (blocks - 1) * cache_.store().CapacityFor(block_size) +
-              cache_.store().CapacityFor(BlockBytes(blocks - 1, fkey.size, block_size));
+              cache_.store().CapacityFor(BlockBytes(blocks - 1, size, block_size));
     }
-    const uint64_t resident = cache_.ResidentBytes(fkey);
     job->progress_.files_total++;
-    job->progress_.bytes_total += fkey.size;
-    job->progress_.resident_at_start += resident;
-    job->files_.push_back({f.path, fkey});
+    job->progress_.bytes_total += size;
+    WarmJob::File file;
+    file.path = f.path;
+    file.key.size = size;
+    job->files_.push_back(std::move(file));
   }
-  job->progress_.bytes_done = job->progress_.resident_at_start;
   const uint64_t budget = cache_.Stats().budget_bytes;
   if (need > budget) {
     return Error(ENOSPC, "does not fit in the cache: the set needs " + FormatBytes(need) +
@@ -148,7 +170,9 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
-    const FileKey key = FileKeyFromStat(f.st);
+    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, f.path);
+    if (!identified.ok()) return identified.error();
+    const FileKey key = identified->key;
     const uint64_t before = cache_.ResidentBytes(key);
     cache_.DropFile(key);  // keeps a file mapped by a reader
     dropped += before - std::min(before, cache_.ResidentBytes(key));
@@ -162,7 +186,9 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
   for (const FoundFile& f : *found) {
-    const FileKey key = FileKeyFromStat(f.st);
+    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, f.path);
+    if (!identified.ok()) return identified.error();
+    const FileKey key = identified->key;
     out.push_back({f.path, key.size, cache_.ResidentBytes(key)});
   }
   return out;
@@ -201,18 +227,36 @@ void Warmer::Run() {
 bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner) {
   WarmJob::File& file = job.files_[index];
   const uint32_t block_size = options_.block_size;
-  const uint64_t blocks = BlockCount(file.key.size, block_size);
   // Opened only while its blocks are asked for (the fetches hold it while they run): a model of
   // thousands of files must not hold thousands of descriptors.
   std::shared_ptr<BackingFile> backing;
-  if (blocks > 0) {
-    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, file.path, file.key);
+  if (!file.identified) {
+    // The first turn of the file: what it is now is what the job warms.
+    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, file.path);
+    if (!identified.ok()) {
+      Fail(job, identified.error().Message());
+      return false;
+    }
+    file.key = identified->key;
+    file.dev = static_cast<uint64_t>(identified->st.st_dev);
+    file.ino = static_cast<uint64_t>(identified->st.st_ino);
+    file.identified = true;
+    const uint64_t resident = cache_.ResidentBytes(file.key);
+    {
+      std::lock_guard lock(job.mu_);
+      job.progress_.resident_at_start += resident;
+      job.progress_.bytes_done += resident;
+    }
+    backing = std::move(identified->backing);
+  } else if (file.key.size > 0) {
+    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, cache_, file.path, file.key);
     if (!opened.ok()) {
       Fail(job, opened.error().Message());
       return false;
     }
     backing = std::move(opened.value());
   }
+  const uint64_t blocks = BlockCount(file.key.size, block_size);
   auto last_progress = Clock::now();
   for (uint64_t b = 0; b < blocks;) {
     const uint32_t expected = BlockBytes(b, file.key.size, block_size);
@@ -377,7 +421,7 @@ void Warmer::RunJob(WarmJob& job) {
         std::lock_guard lock(mu_);
         if (stopping_) break;
       }
-      options_.resident(file.key);
+      options_.resident(file.key, file.dev, file.ino);
     }
     std::unique_lock lock(mu_);
     if (stopping_) {

@@ -50,14 +50,18 @@ class WarmJob {
 
  private:
   friend class Warmer;
+  // Written by the job's thread only (IssueFile), which alone reads them after the job is queued.
   struct File {
     std::string path;
-    FileKey key;
+    FileKey key;  // only its size until identified
+    bool identified = false;
+    uint64_t dev = 0;  // where it was found: the inode the daemon may load into the page cache
+    uint64_t ino = 0;
     uint64_t pending = 0;  // GUARDED_BY(mu_) fetches started and not finished
     bool issued = false;   // GUARDED_BY(mu_) every block asked for
   };
   std::string key_;
-  std::vector<File> files_;  // set before the job is queued
+  std::vector<File> files_;  // the list set before the job is queued
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   WarmProgress progress_;  // GUARDED_BY(mu_)
@@ -76,7 +80,7 @@ struct WarmerOptions {
   // Called on the warmer's thread for each file of a job, in the job's order, once all of them
   // are whole in the cache and before the job is done; not once the warmer is stopping. (The
   // daemon loads them into the kernel's page cache where the mount has no passthrough.)
-  std::function<void(const FileKey&)> resident;
+  std::function<void(const FileKey&, uint64_t dev, uint64_t ino)> resident;
 };
 
 struct FileResidency {

@@ -402,21 +402,20 @@ Status Daemon::StartControlPlane() {
   // launch after it reads the page cache as it would a /dev/shm copy. The pages are the kernel's
   // to reclaim. Files the kernel has not looked up have no inode to write to (accelfs-warm looks
   // them up first).
-  warm.resident = [this](const FileKey& file) {
+  warm.resident = [this](const FileKey& file, uint64_t dev, uint64_t ino) {
     if (session_->passthrough()) return;
     // The pages are charged to the daemon's memory cgroup, beside its cache: in a container near
     // its limit they would only push out other pages, or themselves.
     if (!CgroupHasRoom(OwnCgroupMemory(), file.size, kDaemonRoom)) {
       spdlog::debug("warm: inode {} not loaded into the page cache: the memory cgroup has no room",
-                    file.ino);
+                    ino);
       return;
     }
-    const Result<uint64_t> loaded = fs_->LoadIntoPageCache(file);
+    const Result<uint64_t> loaded = fs_->LoadIntoPageCache(file, dev, ino);
     if (loaded.ok()) {
-      spdlog::debug("warm: {} into the page cache (inode {})", FormatBytes(loaded.value()),
-                    file.ino);
+      spdlog::debug("warm: {} into the page cache (inode {})", FormatBytes(loaded.value()), ino);
     } else {
-      spdlog::debug("warm: inode {} not loaded into the page cache: {}", file.ino,
+      spdlog::debug("warm: inode {} not loaded into the page cache: {}", ino,
                     loaded.error().Message());
     }
   };
@@ -466,7 +465,13 @@ Status Daemon::Mount() {
     deadline.cache_dir = std::filesystem::canonical(config_.cache_dir, error).string();
   }
   deadline_.emplace(std::move(deadline));
-  deadline_->Watch([session = session_.get()] { return session->Exiting(); });
+  // Once stopping, opens that wait on the store for a file's identity give up (ECANCELED): they
+  // hold FUSE workers, which libfuse's loop joins before it returns.
+  deadline_->Watch([session = session_.get(), cache = cache_.get()] {
+    if (!session->Exiting()) return false;
+    cache->InterruptIdentify();
+    return true;
+  });
   // The mount's read_ahead_kb can only be raised once the kernel has processed our INIT reply
   // (INIT lowers it to the max_readahead it offered). The starter waits for that, then tunes,
   // reports and tells the parent we are ready. Unmounted first (a signal during start): it just
@@ -553,6 +558,7 @@ int Daemon::ShutDown(const Status& loop) {
   // Finish what the backend has in flight (those READs get their replies) within a grace period,
   // and answer the readers of what is still in flight then with an error: a hung store must not
   // keep the daemon (bounded_reader.h). Then the warmer, whose fetches have all been answered.
+  cache_->InterruptIdentify();
   reader_->Stop();
   if (pusher_) pusher_->Stop();  // a warm's page-cache load ends after its current block
   warmer_->Stop();

@@ -45,7 +45,7 @@ std::unique_ptr<FileBlockStore> MakeStore() {
 TEST(FileBlockStoreTest, BlocksLandInOneFileOfTheBackingSizeAtTheirOffsets) {
   auto store = MakeStore();
   REQUIRE_STORE(store);
-  const FileKey file{1, 2, kBlock + 12345, 7};
+  const FileKey file{kBlock + 12345, 7, 1, 2};
   auto b0 = store->Allocate({file, 0}, kBlock);
   auto b1 = store->Allocate({file, 1}, 12345);
   ASSERT_TRUE(b0.ok());
@@ -83,7 +83,7 @@ TEST(FileBlockStoreTest, BlocksLandInOneFileOfTheBackingSizeAtTheirOffsets) {
 TEST(FileBlockStoreTest, AReleaseOfABlockAllocatedAgainMeanwhileKeepsTheNewBytes) {
   auto store = MakeStore();
   REQUIRE_STORE(store);
-  const FileKey file{1, 3, 2 * kBlock, 7};
+  const FileKey file{2 * kBlock, 7, 1, 3};
   auto old_buffer = store->Allocate({file, 1}, kBlock);
   ASSERT_TRUE(old_buffer.ok());
   testing::FillBytes(5, kBlock, reinterpret_cast<uint8_t*>(old_buffer->data), kBlock);
@@ -107,7 +107,7 @@ TEST(FileBlockStoreTest, AReleaseOfABlockAllocatedAgainMeanwhileKeepsTheNewBytes
 TEST(FileBlockStoreTest, AFileHeldOpenElsewhereKeepsTheBytesOfReleasedBlocks) {
   auto store = MakeStore();
   REQUIRE_STORE(store);
-  const FileKey file{1, 4, 2 * kBlock, 7};
+  const FileKey file{2 * kBlock, 7, 1, 4};
   auto b0 = store->Allocate({file, 0}, kBlock);
   auto b1 = store->Allocate({file, 1}, kBlock);
   ASSERT_TRUE(b0.ok());
@@ -134,8 +134,8 @@ TEST(FileBlockStoreTest, AFileHeldOpenElsewhereKeepsTheBytesOfReleasedBlocks) {
 TEST(FileBlockStoreTest, EachIdentityHasItsOwnFile) {
   auto store = MakeStore();
   REQUIRE_STORE(store);
-  const FileKey a{1, 2, 100, 7};
-  const FileKey b{1, 2, 100, 8};  // same inode, changed mtime: different contents
+  const FileKey a{100, 7, 1, 2};
+  const FileKey b{100, 8, 1, 2};  // same inode, changed mtime: different contents
   auto ba = store->Allocate({a, 0}, 100);
   auto bb = store->Allocate({b, 0}, 100);
   ASSERT_TRUE(ba.ok() && bb.ok());
@@ -176,7 +176,7 @@ TEST(FileBlockStoreTest, BlocksOfAFileShareOneMappingAndOneView) {
   auto made = FileBlockStore::Create(kSmallBlock, 256 << 20);
   if (!made.ok()) GTEST_SKIP() << "the kernel refuses a private tmpfs (needs CAP_SYS_ADMIN)";
   auto& store = made.value();
-  const FileKey file{1, 2, 512 * uint64_t{kSmallBlock}, 7};
+  const FileKey file{512 * uint64_t{kSmallBlock}, 7, 1, 2};
   std::vector<BlockBuffer> buffers;
   for (uint64_t i = 0; i < 512; ++i) {
     auto b = store->Allocate({file, i}, kSmallBlock);
@@ -265,7 +265,7 @@ class DirStoreTest : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<CacheDir> dir_;
 };
 
-const FileKey kFile{0x801, 42, 2 * kBlock + 777, 1'700'000'000'123'456'789};
+const FileKey kFile{2 * kBlock + 777, 1'700'000'000'123'456'789, 0x801, 42};
 
 TEST_P(DirStoreTest, CommittedBlocksOutliveTheStoreWithTheirBytes) {
   {
@@ -350,7 +350,7 @@ TEST_P(DirStoreTest, ReleasedAndDiscardedBlocksAreForgottenAndTheirFilesRemoved)
 }
 
 TEST_P(DirStoreTest, EachIdentityIsItsOwnRecord) {
-  const FileKey changed{kFile.dev, kFile.ino, kFile.size, kFile.mtime_ns + 1};
+  const FileKey changed{kFile.size, kFile.mtime_ns + 1, kFile.ctime_ns, kFile.fingerprint};
   {
     auto store = Open();
     ASSERT_TRUE(store);
@@ -380,14 +380,14 @@ TEST_P(DirStoreTest, BlocksOfAnotherBlockSizeOrBrokenRecordsAreRemoved) {
     std::ofstream(dir_->path() + "/" + name) << "not a record";
   }
   {
-    const FileKey huge{1, 1, uint64_t{1} << 62, 1};
+    const FileKey huge{uint64_t{1} << 62, 1, 1, 1};
     char header[64] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '1'};
     const uint32_t block_size = 2 * kBlock;  // the size the store below opens with
     std::memcpy(header + 8, &block_size, 4);
-    std::memcpy(header + 16, &huge.dev, 8);
-    std::memcpy(header + 24, &huge.ino, 8);
-    std::memcpy(header + 32, &huge.size, 8);
-    std::memcpy(header + 40, &huge.mtime_ns, 8);
+    std::memcpy(header + 16, &huge.size, 8);
+    std::memcpy(header + 24, &huge.mtime_ns, 8);
+    std::memcpy(header + 32, &huge.ctime_ns, 8);
+    std::memcpy(header + 40, &huge.fingerprint, 8);
     std::ofstream(dir_->path() + "/" + StoredName(huge) + ".map").write(header, sizeof(header));
     std::ofstream(dir_->path() + "/" + StoredName(huge) + ".data") << "x";
   }
@@ -577,13 +577,13 @@ TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) 
 std::vector<std::byte> Record(const FileKey& key, uint32_t block_size,
                               const std::vector<uint8_t>& marks, uint32_t flags = 0) {
   std::vector<std::byte> record(kBlockRecordHeaderBytes);
-  std::memcpy(record.data(), "accelfs2", 8);
+  std::memcpy(record.data(), "accelfs3", 8);
   std::memcpy(record.data() + 8, &block_size, 4);
   std::memcpy(record.data() + 12, &flags, 4);
-  std::memcpy(record.data() + 16, &key.dev, 8);
-  std::memcpy(record.data() + 24, &key.ino, 8);
-  std::memcpy(record.data() + 32, &key.size, 8);
-  std::memcpy(record.data() + 40, &key.mtime_ns, 8);
+  std::memcpy(record.data() + 16, &key.size, 8);
+  std::memcpy(record.data() + 24, &key.mtime_ns, 8);
+  std::memcpy(record.data() + 32, &key.ctime_ns, 8);
+  std::memcpy(record.data() + 40, &key.fingerprint, 8);
   for (const uint8_t mark : marks) record.push_back(std::byte{mark});
   record.resize(record.size() + 4 * marks.size());
   return record;
@@ -619,7 +619,7 @@ TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
   std::vector<std::byte> longer = valid;
   longer.push_back(std::byte{1});
   // BlockCount would wrap; no memory either way.
-  const std::vector<std::byte> huge = Record({1, 1, ~uint64_t{0}, 1}, kBlock, {1});
+  const std::vector<std::byte> huge = Record({~uint64_t{0}, 1, 1, 1}, kBlock, {1});
   const struct {
     const char* what;
     std::span<const std::byte> record;

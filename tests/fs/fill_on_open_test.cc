@@ -31,6 +31,8 @@ constexpr uint32_t kBlock = 64u << 10;
 constexpr uint64_t kBlocks = 16;
 constexpr uint64_t kSize = kBlocks * kBlock - 1000;  // the last block is short
 constexpr uint64_t kRoot = 1;
+// The backend reads of an open besides its fill: its identity, the first and last page.
+constexpr uint64_t kSamples = 2;
 
 // Passthrough as the kernel would grant it: ids for the store's descriptors.
 class FakeRegistry final : public BackingRegistry {
@@ -123,7 +125,7 @@ class FillOnOpenTest : public ::testing::Test {
   // With the backend holding every read: the open of `ino` is answered before any fetch, in
   // cached mode.
   void ExpectAnsweredAtOnceInCachedMode(uint64_t ino, const std::string& why) {
-    backend_.Hold();
+    backend_.Hold(kFingerprintPage);  // identity samples pass
     OpenAwaited open = StartOpen(ino);
     ASSERT_TRUE(open.ready()) << why;
     ASSERT_TRUE(open.value().ok()) << open.value().error().Message();
@@ -185,10 +187,10 @@ TEST_F(FillOnOpenTest, OpenIsAnsweredOnceTheWholeFileIsCachedInPassthroughMode) 
   testing::WriteTestFile(src_ / "big", kSize, 1);
   ASSERT_NO_FATAL_FAILURE(Make(64));
   const uint64_t ino = Lookup("big");
-  backend_.Hold();
+  backend_.Hold(kFingerprintPage);  // identity samples pass
   OpenAwaited open = StartOpen(ino);
   backend_.Release(kBlocks - 1);
-  ASSERT_TRUE(backend_.WaitCompleted(kBlocks - 1));
+  ASSERT_TRUE(backend_.WaitCompleted(kSamples + kBlocks - 1));
   EXPECT_FALSE(open.ready()) << "answered before its last block arrived";
   EXPECT_EQ(fs_->filling_opens(), 1u);
   backend_.ReleaseAll();
@@ -197,7 +199,7 @@ TEST_F(FillOnOpenTest, OpenIsAnsweredOnceTheWholeFileIsCachedInPassthroughMode) 
   EXPECT_GT(open.value()->backing_id, 0);
   EXPECT_EQ(fs_->filling_opens(), 0u);
   EXPECT_EQ(fs_->passthrough_files(), 1u);
-  EXPECT_EQ(backend_.submitted(), kBlocks) << "each block fetched once";
+  EXPECT_EQ(backend_.submitted(), kSamples + kBlocks) << "each block fetched once";
   ASSERT_EQ(registry_.opened(), 1u);
   ExpectStoreFileHolds(registry_.last_fd(), 1, kSize);
   // Pinned while open: nothing of it may be evicted under the kernel's reads.
@@ -208,7 +210,7 @@ TEST_F(FillOnOpenTest, OpensDuringAFillShareItsFetchesAndBackingFile) {
   testing::WriteTestFile(src_ / "big", kSize, 2);
   ASSERT_NO_FATAL_FAILURE(Make(64));
   const uint64_t ino = Lookup("big");
-  backend_.Hold();
+  backend_.Hold(kFingerprintPage);  // identity samples pass
   OpenAwaited first = StartOpen(ino);
   OpenAwaited second = StartOpen(ino);
   EXPECT_EQ(fs_->filling_opens(), 2u);
@@ -217,7 +219,7 @@ TEST_F(FillOnOpenTest, OpensDuringAFillShareItsFetchesAndBackingFile) {
   ASSERT_TRUE(first.value().ok() && second.value().ok());
   EXPECT_GT(first.value()->backing_id, 0);
   EXPECT_EQ(first.value()->backing_id, second.value()->backing_id);
-  EXPECT_EQ(backend_.submitted(), kBlocks);
+  EXPECT_EQ(backend_.submitted(), 2 * kSamples + kBlocks);
   EXPECT_EQ(registry_.opened(), 1u);
 }
 
@@ -230,7 +232,7 @@ TEST_F(FillOnOpenTest, FillsStartedTogetherAreFetchedOneFileAfterTheOther) {
   testing::WriteTestFile(src_ / "b", kLong * kBlock, 2);
   ASSERT_NO_FATAL_FAILURE(Make(2 * kLong + 8));
   const uint64_t inos[2] = {Lookup("a"), Lookup("b")};
-  backend_.Hold();
+  backend_.Hold(kFingerprintPage);  // identity samples pass
   std::vector<OpenAwaited> opens(2);
   std::latch start(2);
   std::vector<std::thread> threads;
@@ -241,7 +243,9 @@ TEST_F(FillOnOpenTest, FillsStartedTogetherAreFetchedOneFileAfterTheOther) {
     });
   }
   for (std::thread& t : threads) t.join();
-  ASSERT_EQ(backend_.submitted(), 2 * kLong);  // the opens made their Gets before returning
+  // The opens read their identity samples (two pages each, served while held) and made their
+  // Gets before returning.
+  ASSERT_EQ(backend_.submitted(), 2 * kSamples + 2 * kLong);
   backend_.ReleaseAll();
   for (OpenAwaited& open : opens) {
     ASSERT_TRUE(open.Wait());
@@ -249,9 +253,10 @@ TEST_F(FillOnOpenTest, FillsStartedTogetherAreFetchedOneFileAfterTheOther) {
     EXPECT_GT(open.value()->backing_id, 0);
   }
   const std::vector<uint64_t> served = backend_.served_offsets();
-  ASSERT_EQ(served.size(), 2 * kLong);
-  for (uint64_t i = 0; i < served.size(); ++i) {
-    ASSERT_EQ(served[i], (i % kLong) * kBlock) << "request " << i << " is out of file order";
+  ASSERT_EQ(served.size(), 2 * kSamples + 2 * kLong);
+  for (uint64_t i = 0; i < 2 * kLong; ++i) {
+    ASSERT_EQ(served[2 * kSamples + i], (i % kLong) * kBlock)
+        << "request " << i << " is out of file order";
   }
 }
 
@@ -319,16 +324,19 @@ TEST_F(FillOnOpenTest, BlocksEvictedDuringTheFillAreFetchedAgain) {
   ReadAwaited pinned;
   ASSERT_NO_FATAL_FAILURE(PinABlockOfAnotherFile(&pinned));
 
-  backend_.Hold();
+  backend_.Hold(kFingerprintPage);  // identity samples pass
+  const uint64_t submitted = backend_.submitted();
+  const uint64_t completed = backend_.completed();
   OpenAwaited open = StartOpen(Lookup("big"));
   backend_.Release(1);  // block 0 arrives; the last Get takes its room
-  ASSERT_TRUE(backend_.WaitCompleted(2));
+  ASSERT_TRUE(backend_.WaitCompleted(completed + kSamples + 1));
   pinned.Reset();
   backend_.ReleaseAll();
   ASSERT_TRUE(open.Wait());
   ASSERT_TRUE(open.value().ok());
   EXPECT_GT(open.value()->backing_id, 0);
-  EXPECT_EQ(backend_.submitted(), 1 + kBlocks + 1) << "block 0 fetched twice, nothing else";
+  EXPECT_EQ(backend_.submitted() - submitted, kSamples + kBlocks + 1)
+      << "two identity samples, block 0 fetched twice, nothing else";
   ExpectStoreFileHolds(registry_.last_fd(), 11, kBlocks * kBlock);
   EXPECT_LE(cache_->Stats().used_bytes, kBlocks * store_->CapacityFor(kBlock));
 }

@@ -54,6 +54,13 @@ class PageLoadTest : public ::testing::Test {
     cache_.reset();
   }
 
+  // LoadIntoPageCache of the inode at path_ (as looked up before any change).
+  Result<uint64_t> Load(const FileKey& key) {
+    struct stat st {};
+    EXPECT_EQ(stat(path_.c_str(), &st), 0);
+    return fs_->LoadIntoPageCache(key, st.st_dev, st.st_ino);
+  }
+
   // What accelfs-warm does to the daemon's cache: every block of the file fetched, nothing opened.
   FileKey Warm() {
     const std::shared_ptr<BackingFile> backing = testing::OpenBackingFile(path_);
@@ -96,7 +103,7 @@ class PageLoadTest : public ::testing::Test {
 TEST_F(PageLoadTest, AWarmedFileGoesIntoThePageCacheAndItsFirstOpenKeepsIt) {
   const FileKey key = Warm();
   const uint64_t ino = LookupOk();
-  const Result<uint64_t> loaded = fs_->LoadIntoPageCache(key);
+  const Result<uint64_t> loaded = Load(key);
   ASSERT_TRUE(loaded.ok()) << loaded.error().Message();
   EXPECT_EQ(loaded.value(), kSize);
   const auto stores = kernel_.stores();
@@ -116,7 +123,7 @@ TEST_F(PageLoadTest, AWarmedFileGoesIntoThePageCacheAndItsFirstOpenKeepsIt) {
 TEST_F(PageLoadTest, AFileChangedAfterItsLoadIsOpenedWithoutTheOldPages) {
   const FileKey old_key = Warm();
   const uint64_t ino = LookupOk();
-  ASSERT_TRUE(fs_->LoadIntoPageCache(old_key).ok());
+  ASSERT_TRUE(Load(old_key).ok());
   testing::WriteTestFile(path_, kSize + 1000, kSeed + 1);  // O_TRUNC: the same inode
   struct stat st {};
   ASSERT_EQ(stat(path_.c_str(), &st), 0);
@@ -127,7 +134,7 @@ TEST_F(PageLoadTest, AFileChangedAfterItsLoadIsOpenedWithoutTheOldPages) {
   EXPECT_FALSE(changed.keep_cache) << "the old version's pages must be dropped";
   // The inode's pages are the new version's now: the old one is never written again.
   const size_t stores = kernel_.stores().size();
-  const Result<uint64_t> stale = fs_->LoadIntoPageCache(old_key);
+  const Result<uint64_t> stale = Load(old_key);
   ASSERT_FALSE(stale.ok());
   EXPECT_EQ(stale.error().code(), ESTALE);
   EXPECT_EQ(kernel_.stores().size(), stores);
@@ -136,13 +143,13 @@ TEST_F(PageLoadTest, AFileChangedAfterItsLoadIsOpenedWithoutTheOldPages) {
 TEST_F(PageLoadTest, WhatTheKernelCannotTakeIsRefusedWritingNothing) {
   // Whole in the cache, but never looked up through the mount: the kernel has no inode for it.
   const FileKey key = Warm();
-  const Result<uint64_t> unknown = fs_->LoadIntoPageCache(key);
+  const Result<uint64_t> unknown = Load(key);
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error().code(), ENOENT);
   // Looked up, but no longer whole in the cache.
   LookupOk();
   cache_->DropFile(key);
-  const Result<uint64_t> partial = fs_->LoadIntoPageCache(key);
+  const Result<uint64_t> partial = Load(key);
   ASSERT_FALSE(partial.ok());
   EXPECT_EQ(partial.error().code(), ENODATA);
   EXPECT_TRUE(kernel_.stores().empty());

@@ -16,10 +16,27 @@ std::shared_ptr<BackingFile> OpenBackingFile(const std::string& path, bool direc
   return std::make_shared<BackingFile>(direct_fd, buffered);
 }
 
-FileKey KeyOf(const BackingFile& file) {
+FileKey KeyOfFd(int fd) {
   struct stat st {};
-  if (fstat(file.buffered_fd(), &st) != 0) throw std::runtime_error("fstat failed");
-  return FileKeyFromStat(st);
+  if (fstat(fd, &st) != 0) throw std::runtime_error("fstat failed");
+  std::vector<std::byte> samples;
+  for (const FingerprintSpan& span : FingerprintSpans(static_cast<uint64_t>(st.st_size))) {
+    std::vector<std::byte> page(span.length);
+    const ssize_t n = pread(fd, page.data(), page.size(), static_cast<off_t>(span.offset));
+    if (n < 0) throw std::runtime_error("pread failed");
+    samples.insert(samples.end(), page.begin(), page.begin() + n);
+  }
+  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()));
+}
+
+FileKey KeyOf(const BackingFile& file) { return KeyOfFd(file.buffered_fd()); }
+
+FileKey KeyOfPath(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path);
+  FileKey key = KeyOfFd(fd);
+  close(fd);
+  return key;
 }
 
 std::vector<uint8_t> PreadBytes(const std::string& path, uint64_t offset, size_t size) {

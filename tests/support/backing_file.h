@@ -19,7 +19,9 @@ namespace accelfs::testing {
 std::shared_ptr<BackingFile> OpenBackingFile(const std::string& path, bool direct = false);
 
 // The FileKey of the file behind `file`'s buffered descriptor.
+// The file's identity as the daemon computes it (IdentifyFile), with plain preads.
 FileKey KeyOf(const BackingFile& file);
+FileKey KeyOfPath(const std::string& path);
 
 // Up to `size` bytes of `path` at `offset`, by pread: the reference a read path is checked against.
 std::vector<uint8_t> PreadBytes(const std::string& path, uint64_t offset, size_t size);

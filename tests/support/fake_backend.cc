@@ -37,10 +37,11 @@ void FakeBackend::PrioritizeDemand() {
   prioritize_ = true;
 }
 
-void FakeBackend::Hold() {
+void FakeBackend::Hold(uint64_t pass_up_to) {
   std::lock_guard lock(mu_);
   held_ = true;
   released_ = 0;
+  pass_up_to_ = pass_up_to;
 }
 
 void FakeBackend::Release(size_t n) {
@@ -97,6 +98,20 @@ bool FakeBackend::WaitCompleted(uint64_t n) {
   return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return completed_ >= n; });
 }
 
+std::deque<ReadRequest>::iterator FakeBackend::NextLocked() {
+  if (queue_.empty()) return queue_.end();
+  if (held_ && released_ == 0) {
+    return std::find_if(queue_.begin(), queue_.end(),
+                        [&](const ReadRequest& r) { return r.capacity <= pass_up_to_; });
+  }
+  if (prioritize_) {
+    auto demand =
+        std::find_if(queue_.begin(), queue_.end(), [](const ReadRequest& r) { return r.demand; });
+    if (demand != queue_.end()) return demand;
+  }
+  return queue_.begin();
+}
+
 void FakeBackend::Run() {
   uint64_t sequence = 0;  // position of the request being served among all submitted
   for (;;) {
@@ -107,17 +122,13 @@ void FakeBackend::Run() {
     size_t missing = 0;
     {
       std::unique_lock lock(mu_);
+      auto next = queue_.end();
       cv_.wait(lock, [&] {
-        return (!queue_.empty() && (!held_ || released_ > 0)) || (stopping_ && queue_.empty());
+        next = NextLocked();
+        return next != queue_.end() || (stopping_ && queue_.empty());
       });
       if (queue_.empty()) return;
-      if (held_) --released_;
-      auto next = queue_.begin();
-      if (prioritize_) {
-        auto demand = std::find_if(queue_.begin(), queue_.end(),
-                                   [](const ReadRequest& r) { return r.demand; });
-        if (demand != queue_.end()) next = demand;
-      }
+      if (held_ && next->capacity > pass_up_to_) --released_;
       request = std::move(*next);
       queue_.erase(next);
       served_.push_back(request.offset);

@@ -26,8 +26,9 @@ class FakeBackend final : public BackendReader {
   // Off by default: requests are then served in submission order.
   void PrioritizeDemand();
 
-  // While held, requests wait; Release(n) lets n of them through (oldest first).
-  void Hold();
+  // While held, requests wait; Release(n) lets n of them through (oldest first). Requests of at
+  // most `pass_up_to` bytes (a file's identity samples, cache/file_key.h) are served all the same.
+  void Hold(uint64_t pass_up_to = 0);
   void Release(size_t n);
   void ReleaseAll();  // and stop holding
 
@@ -47,6 +48,8 @@ class FakeBackend final : public BackendReader {
 
  private:
   void Run();
+  // The request to serve next, or end() when every one must wait.
+  std::deque<ReadRequest>::iterator NextLocked();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -54,6 +57,7 @@ class FakeBackend final : public BackendReader {
   bool held_ = false;              // GUARDED_BY(mu_)
   bool prioritize_ = false;        // GUARDED_BY(mu_)
   size_t released_ = 0;            // GUARDED_BY(mu_) held requests allowed through
+  uint64_t pass_up_to_ = 0;        // GUARDED_BY(mu_) requests this small are never held
   bool stopping_ = false;          // GUARDED_BY(mu_)
   uint64_t submitted_ = 0;         // GUARDED_BY(mu_)
   uint64_t completed_ = 0;         // GUARDED_BY(mu_)

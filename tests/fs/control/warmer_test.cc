@@ -162,7 +162,8 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
 class WarmerCacheTest : public WarmerTest {
  protected:
   // `resident`: WarmerOptions::resident.
-  void MakeWarmer(uint64_t budget_blocks, std::function<void(const FileKey&)> resident = nullptr) {
+  void MakeWarmer(uint64_t budget_blocks,
+                  std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr) {
     cache_ = std::make_unique<BlockCache>(store_, reader_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
     WarmerOptions options;
@@ -241,7 +242,7 @@ TEST_F(WarmerCacheTest, EachFileIsReportedResidentInOrderBeforeTheJobIsDone) {
   Write("m/c", 0, 3);
   std::mutex mu;
   std::vector<std::pair<uint64_t, uint64_t>> reported;  // (size, resident bytes then)
-  MakeWarmer(64, [&](const FileKey& file) {
+  MakeWarmer(64, [&](const FileKey& file, uint64_t, uint64_t) {
     std::lock_guard lock(mu);
     reported.emplace_back(file.size, cache_->ResidentBytes(file));
   });

@@ -1,0 +1,95 @@
+#include "cache/file_key.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <mutex>
+
+#include "cache/backend/reader.h"
+
+namespace accelfs {
+
+std::vector<FingerprintSpan> FingerprintSpans(uint64_t size) {
+  if (size == 0) return {};
+  const uint64_t first = std::min(size, kFingerprintPage);
+  if (size <= first) return {{0, first}};
+  const uint64_t last = std::max((size - 1) / kFingerprintPage * kFingerprintPage, first);
+  return {{0, first}, {last, size - last}};
+}
+
+uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bits
+  const auto mix = [&h](uint8_t byte) {
+    h ^= byte;
+    h *= 0x100000001b3ULL;
+  };
+  for (std::byte b : samples) mix(static_cast<uint8_t>(b));
+  for (int i = 0; i < 8; ++i) mix(static_cast<uint8_t>(size >> (8 * i)));  // how much was read
+  return h;
+}
+
+Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
+                             const struct stat& st, const std::function<bool()>& cancelled) {
+  const std::vector<FingerprintSpan> spans = FingerprintSpans(static_cast<uint64_t>(st.st_size));
+  if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0));
+  // One aligned page per span (O_DIRECT), filled in parallel. The state is the requests' own: a
+  // read stalled past the backend timeout answers here at once, yet may still write into its page
+  // later (BoundedReader), so the pages live until its `done`.
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  struct Sample {
+    std::mutex mu;
+    bool answered = false;  // GUARDED_BY(mu)
+    std::promise<Result<size_t>> got;
+  };
+  struct State {
+    std::unique_ptr<std::byte, Free> buffer;
+    std::vector<Sample> samples;
+  };
+  auto state = std::make_shared<State>();
+  state->buffer.reset(static_cast<std::byte*>(
+      std::aligned_alloc(kFingerprintPage, spans.size() * kFingerprintPage)));
+  if (!state->buffer) return Error(ENOMEM);
+  state->samples = std::vector<Sample>(spans.size());
+  const auto answer = [](Sample& s, Result<size_t> n) {
+    std::lock_guard lock(s.mu);
+    if (s.answered) return;
+    s.answered = true;
+    s.got.set_value(std::move(n));
+  };
+  std::vector<std::future<Result<size_t>>> futures;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    futures.push_back(state->samples[i].got.get_future());
+    ReadRequest r;
+    r.file = file;
+    r.offset = spans[i].offset;
+    r.buffer = state->buffer.get() + i * kFingerprintPage;
+    r.capacity = kFingerprintPage;
+    r.expected = spans[i].length;
+    r.demand = true;
+    r.done = [state, i, answer](Result<size_t> n) { answer(state->samples[i], std::move(n)); };
+    r.stalled = [state, i, answer] { answer(state->samples[i], Error(ETIMEDOUT)); };
+    reader.Submit(std::move(r));
+  }
+  std::vector<std::byte> samples;
+  Status failed;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (cancelled) {
+      while (futures[i].wait_for(kIdentifyPoll) != std::future_status::ready) {
+        if (cancelled()) return Error(ECANCELED);
+      }
+    }
+    Result<size_t> n = futures[i].get();
+    if (!n.ok()) {
+      if (failed.ok()) failed = n.error();
+      continue;
+    }
+    const std::byte* at = state->buffer.get() + i * kFingerprintPage;
+    samples.insert(samples.end(), at, at + std::min<size_t>(n.value(), spans[i].length));
+  }
+  if (!failed.ok()) return failed.error();
+  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()));
+}
+
+}  // namespace accelfs

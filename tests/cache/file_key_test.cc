@@ -1,0 +1,166 @@
+// A file's content identity (cache/file_key.h): which pages are sampled, that the daemon's key
+// (read through a backend reader) is the one a plain pread gives, that it survives what does not
+// change the file (a new inode number, another directory) and changes with what does (the first
+// or last page, ctime), and that a sample the store fails or never answers fails the key.
+#include "cache/file_key.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cache/backend/bounded_reader.h"
+#include "cache/backend/pread_reader.h"
+#include "tests/support/backing_file.h"
+#include "tests/support/fake_backend.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::pair<uint64_t, uint64_t>> Spans(uint64_t size) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const FingerprintSpan& s : FingerprintSpans(size)) out.emplace_back(s.offset, s.length);
+  return out;
+}
+
+TEST(FileKeyTest, TheFirstAndTheLastPageAreSampled) {
+  using V = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(Spans(0), V{});
+  EXPECT_EQ(Spans(1), (V{{0, 1}}));
+  EXPECT_EQ(Spans(4096), (V{{0, 4096}}));
+  EXPECT_EQ(Spans(4097), (V{{0, 4096}, {4096, 1}}));
+  EXPECT_EQ(Spans(8192), (V{{0, 4096}, {4096, 4096}}));
+  EXPECT_EQ(Spans(10000), (V{{0, 4096}, {8192, 1808}}));
+  EXPECT_EQ(Spans(uint64_t{1} << 32), (V{{0, 4096}, {(uint64_t{1} << 32) - 4096, 4096}}));
+}
+
+TEST(FileKeyTest, TheFingerprintIsTheSameInEveryBuild) {
+  // FNV-1a 64 of the bytes, then of the length's 8 bytes, little-endian: fixed here, since a
+  // cache dir's records keep it from one daemon's build to the next.
+  uint64_t want = 0xcbf29ce484222325ULL;
+  for (const uint8_t b : {uint8_t{'a'}, uint8_t{1}, uint8_t{0}, uint8_t{0}, uint8_t{0}, uint8_t{0},
+                          uint8_t{0}, uint8_t{0}, uint8_t{0}}) {
+    want = (want ^ b) * 0x100000001b3ULL;
+  }
+  const std::byte a[] = {std::byte{'a'}};
+  EXPECT_EQ(ContentFingerprint(a, 1), want);
+  EXPECT_NE(ContentFingerprint(a, 1), ContentFingerprint({}, 0));
+}
+
+class FileKeyFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("accelfs_file_key_test." + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Result<FileKey> Identify(BackendReader& reader, const std::string& path) {
+    struct stat st {};
+    Result<std::shared_ptr<BackingFile>> backing = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
+    if (!backing.ok()) return backing.error();
+    return IdentifyFile(reader, backing.value(), st);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(FileKeyFileTest, TheDaemonsKeyIsThePlainPreadsKeyAndOnlyContentAndTimesChangeIt) {
+  PreadReader reader(2);
+  for (const uint64_t size :
+       {uint64_t{0}, uint64_t{1}, uint64_t{4096}, uint64_t{12345}, uint64_t{3} << 20}) {
+    const std::string path = dir_ / ("f" + std::to_string(size));
+    testing::WriteTestFile(path, size, size + 1);
+    const Result<FileKey> key = Identify(reader, path);
+    ASSERT_TRUE(key.ok()) << key.error().Message();
+    EXPECT_EQ(key.value(), testing::KeyOfPath(path)) << size;
+    // A hard link and a move to another directory are the same bytes: the same key.
+    const std::string link = dir_ / ("link" + std::to_string(size));
+    ASSERT_EQ(::link(path.c_str(), link.c_str()), 0);
+    const Result<FileKey> linked = Identify(reader, link);
+    ASSERT_TRUE(linked.ok());
+    const Result<FileKey> again = Identify(reader, path);  // the link moved its ctime
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(linked.value(), again.value());
+  }
+  reader.Stop();
+}
+
+TEST_F(FileKeyFileTest, AChangedLastPageWithSizeAndTimesKeptIsAnotherFile) {
+  PreadReader reader(2);
+  const std::string path = dir_ / "f";
+  testing::WriteTestFile(path, 100'000, 7);
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  const Result<FileKey> old_key = Identify(reader, path);
+  ASSERT_TRUE(old_key.ok());
+  {
+    const int fd = open(path.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const char x = 'x';
+    ASSERT_EQ(pwrite(fd, &x, 1, 100'000 - 1), 1);
+    close(fd);
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  const Result<FileKey> new_key = Identify(reader, path);
+  ASSERT_TRUE(new_key.ok());
+  EXPECT_EQ(new_key->size, old_key->size);
+  EXPECT_EQ(new_key->mtime_ns, old_key->mtime_ns);
+  EXPECT_NE(new_key->fingerprint, old_key->fingerprint);
+  EXPECT_NE(new_key.value(), old_key.value());
+  reader.Stop();
+}
+
+TEST_F(FileKeyFileTest, ASampleTheStoreFailsFailsTheKey) {
+  testing::FakeBackend backend;
+  const std::string path = dir_ / "f";
+  testing::WriteTestFile(path, 100'000, 7);
+  backend.FailNth(2, EIO);
+  const Result<FileKey> key = Identify(backend, path);
+  ASSERT_FALSE(key.ok());
+  EXPECT_EQ(key.error().code(), EIO);
+  backend.Stop();
+}
+
+// Holds every read until the process is done: a hung store.
+class HungReader final : public BackendReader {
+ public:
+  void Submit(ReadRequest request) override { held_.push_back(std::move(request)); }
+  void Stop() override {}
+  unsigned CurrentDepth() const override { return 8; }
+  std::vector<ReadRequest> held_;
+};
+
+TEST_F(FileKeyFileTest, ASampleTheStoreNeverAnswersTimesOutAndItsPageOutlivesTheCall) {
+  auto* hung = new HungReader;
+  BoundedReaderOptions options;
+  options.timeout = 100ms;
+  options.stop_grace = 10ms;
+  BoundedReader reader(std::unique_ptr<BackendReader>(hung), options);
+  const std::string path = dir_ / "f";
+  testing::WriteTestFile(path, 100'000, 7);
+  const Result<FileKey> key = Identify(reader, path);
+  ASSERT_FALSE(key.ok());
+  EXPECT_EQ(key.error().code(), ETIMEDOUT);
+  // The store answers after all: the page it writes into is still the request's.
+  for (ReadRequest& r : hung->held_) {
+    std::memset(r.buffer, 0x5a, r.expected);
+    r.done(r.expected);
+  }
+  reader.Stop();
+}
+
+}  // namespace
+}  // namespace accelfs

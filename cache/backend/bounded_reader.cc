@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cache/guard.h"
@@ -10,10 +12,17 @@
 namespace accelfs {
 namespace {
 
-// How often the watcher looks for stalled requests: a quarter of the timeout, within [10 ms, 1 s].
-std::chrono::milliseconds WatchEvery(std::chrono::milliseconds timeout) {
-  return std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+// How often the watcher looks for stalled requests and files to probe: a quarter of the timeout
+// and of the probe time, within [10 ms, 1 s].
+std::chrono::milliseconds WatchEvery(std::chrono::milliseconds timeout,
+                                     std::chrono::milliseconds probe_after) {
+  std::chrono::milliseconds every = probe_after / 4;
+  if (timeout.count() > 0) every = std::min(every, timeout / 4);
+  return std::clamp(every, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
 }
+
+// A window never needs to grow past this many reads (the flight is twice the depth at most).
+constexpr unsigned kMaxWindow = 4096;
 
 }  // namespace
 
@@ -35,26 +44,125 @@ unsigned BoundedReader::Share() const {
   return std::max(1u, static_cast<unsigned>(std::ceil(depth * options_.share)));
 }
 
+unsigned BoundedReader::Allowed(const PerFile& file, unsigned share) const {
+  unsigned allowed = std::min(file.probing ? 1u : file.window, share);
+  const auto store = stores_.find(file.store);
+  if (store != stores_.end() && store->second.limits.file_requests > 0) {
+    allowed = std::min(allowed, store->second.limits.file_requests);
+  }
+  return std::max(allowed, 1u);
+}
+
+StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
+  if (!options_.limits) return {};
+  {
+    std::lock_guard lock(mu_);
+    const auto it = stores_.find(file.dev());
+    if (it != stores_.end()) return it->second.limits;
+  }
+  const StoreLimits limits = options_.limits(file);  // sysfs and mountinfo: no lock held
+  std::lock_guard lock(mu_);
+  return stores_.try_emplace(file.dev(), PerStore{limits, 0}).first->second.limits;
+}
+
+std::vector<ReadRequest> BoundedReader::Split(ReadRequest request, uint64_t bytes) {
+  // The whole read's answer, made of its pieces': bytes up to the first short piece (the end of
+  // the file), or the first error; `stalled` once, when the first piece stalls.
+  struct Whole {
+    std::mutex mu;
+    size_t left = 0;               // GUARDED_BY(mu)
+    std::vector<size_t> got;       // GUARDED_BY(mu) bytes per piece
+    std::vector<size_t> expected;  // set before the pieces are sent
+    std::optional<Error> error;    // GUARDED_BY(mu)
+    bool stalled = false;          // GUARDED_BY(mu)
+    std::function<void(Result<size_t>)> done;
+    std::function<void()> on_stalled;
+  };
+  auto whole = std::make_shared<Whole>();
+  const size_t count = (request.expected + bytes - 1) / bytes;
+  whole->left = count;
+  whole->got.assign(count, 0);
+  whole->done = std::move(request.done);
+  whole->on_stalled = std::move(request.stalled);
+  std::vector<ReadRequest> pieces;
+  pieces.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t at = i * bytes;
+    ReadRequest piece;
+    piece.file = request.file;
+    piece.offset = request.offset + at;
+    piece.buffer = request.buffer + at;
+    piece.capacity = static_cast<size_t>(std::min<uint64_t>(bytes, request.capacity - at));
+    piece.expected = static_cast<size_t>(std::min<uint64_t>(bytes, request.expected - at));
+    piece.demand = request.demand;
+    piece.view = request.view != nullptr ? request.view + at : nullptr;
+    whole->expected.push_back(piece.expected);
+    piece.done = [whole, i](Result<size_t> result) {
+      std::unique_lock lock(whole->mu);
+      if (result.ok()) {
+        whole->got[i] = result.value();
+      } else if (!whole->error) {
+        whole->error = result.error();
+      }
+      if (--whole->left > 0) return;
+      lock.unlock();
+      if (whole->error) return whole->done(*whole->error);
+      size_t total = 0;
+      for (size_t k = 0; k < whole->got.size(); ++k) {
+        total += whole->got[k];
+        if (whole->got[k] < whole->expected[k]) break;  // the file ended here
+      }
+      whole->done(total);
+    };
+    piece.stalled = [whole] {
+      {
+        std::lock_guard lock(whole->mu);
+        if (whole->stalled) return;
+        whole->stalled = true;
+      }
+      if (whole->on_stalled) whole->on_stalled();
+    };
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
+}
+
 BoundedReader::FileId BoundedReader::IdOf(const BackingFile& file) {
   if (file.ino() != 0) return {file.dev(), file.ino()};
   return {0, reinterpret_cast<uintptr_t>(&file)};
 }
 
 void BoundedReader::Submit(ReadRequest request) {
+  const StoreLimits limits = LimitsOf(*request.file);
+  std::vector<ReadRequest> pieces;
+  if (limits.request_bytes > 0 && request.expected > limits.request_bytes) {
+    pieces = Split(std::move(request), limits.request_bytes);
+  } else {
+    pieces.push_back(std::move(request));
+  }
   std::vector<ReadRequest> send;
   bool taken = false;
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
       taken = true;
-      PerFile& file = files_[IdOf(*request.file)];
-      (request.demand ? file.demand : file.prefetch).emplace_back(Clock::now(), std::move(request));
-      ++stats_.waiting;
+      if (pieces.size() > 1) ++stats_.pieces;
+      for (ReadRequest& piece : pieces) {
+        auto [it, inserted] = files_.try_emplace(IdOf(*piece.file));
+        PerFile& file = it->second;
+        if (inserted) {
+          file.store = piece.file->dev();
+          file.window = std::clamp(options_.initial_window, 1u, kMaxWindow);
+        }
+        const bool demand = piece.demand;
+        (demand ? file.demand : file.prefetch).emplace_back(Clock::now(), std::move(piece));
+        ++stats_.waiting;
+      }
       AdmitWaiting(&send);
     }
   }
   if (!taken) {  // stopping
-    request.done(Error(ECANCELED));
+    for (ReadRequest& piece : pieces) piece.done(Error(ECANCELED));
     return;
   }
   for (ReadRequest& r : send) inner_->Submit(std::move(r));
@@ -64,9 +172,12 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
   const Clock::time_point now = Clock::now();
   if (file.in_flight++ == 0) file.progress = now;  // an idle file's clock starts now
   ++active_;
+  const auto store = stores_.find(file.store);
+  if (store != stores_.end()) ++store->second.in_flight;
   const uint64_t id = next_id_++;
   InFlight& f = in_flight_[id];
   f.file = IdOf(*request.file);
+  f.store = file.store;
   f.sent = now;
   f.stalled = std::move(request.stalled);
   f.done = std::move(request.done);
@@ -85,7 +196,12 @@ void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
     PerFile* pick = nullptr;
     bool demand = false;
     for (auto& [id, file] : files_) {
-      if (file.in_flight >= share) continue;
+      if (file.in_flight >= Allowed(file, share)) continue;
+      const auto store = stores_.find(file.store);
+      if (store != stores_.end() && store->second.limits.store_requests > 0 &&
+          store->second.in_flight >= store->second.limits.store_requests) {
+        continue;
+      }
       for (const bool d : {true, false}) {
         const auto& queue = d ? file.demand : file.prefetch;
         if (queue.empty() || (demand && !d)) continue;
@@ -116,7 +232,18 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
     auto file_it = files_.find(f.file);
     PerFile& file = file_it->second;
     --file.in_flight;
-    file.progress = Clock::now();
+    const Clock::time_point now = Clock::now();
+    file.progress = now;
+    if (const auto store = stores_.find(f.store); store != stores_.end()) --store->second.in_flight;
+    if (result.ok()) {  // slow start: one more in flight per read that came back
+      const Clock::duration took = now - f.sent;
+      file.usual = file.usual == Clock::duration{} ? took : (file.usual * 7 + took) / 8;
+      if (file.probing) {
+        file.probing = false;
+        --stats_.probing;
+      }
+      file.window = std::min(file.window + 1, kMaxWindow);
+    }
     if (f.state == State::kInFlight) --active_;
     if (f.state == State::kStalling) {  // the watcher answers it once its stall callback ran
       f.result = std::move(result);
@@ -126,7 +253,7 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
       done = std::move(f.done);
       in_flight_.erase(it);
     }
-    if (file.in_flight == 0 && file.demand.empty() && file.prefetch.empty()) files_.erase(file_it);
+    if (file.in_flight == 0 && file.demand.empty() && file.prefetch.empty()) EraseFile(file_it);
     if (!stopping_) AdmitWaiting(&send);  // the slot goes to the next waiting request
     if (stopping_) cv_.notify_all();      // Stop waits for in-flight requests
   }
@@ -162,7 +289,7 @@ void BoundedReader::StallWhere(
         }
       }
       if (file.in_flight == 0 && file.demand.empty() && file.prefetch.empty()) {
-        it = files_.erase(it);
+        it = EraseFile(it);
       } else {
         ++it;
       }
@@ -195,17 +322,32 @@ void BoundedReader::StallWhere(
   }
 }
 
+BoundedReader::Files::iterator BoundedReader::EraseFile(Files::iterator it) {
+  if (it->second.probing) --stats_.probing;
+  return files_.erase(it);
+}
+
 void BoundedReader::Watch() {
-  if (options_.timeout.count() == 0) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return stopping_; });
-    return;
-  }
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, WatchEvery(options_.timeout), [this] { return stopping_; })) return;
+      if (cv_.wait_for(lock, WatchEvery(options_.timeout, options_.probe_after),
+                       [this] { return stopping_; })) {
+        return;
+      }
+      // Slow start's fallback: a file none of whose reads came back for long sends one at a time.
+      const Clock::time_point now = Clock::now();
+      for (auto& [id, file] : files_) {
+        if (file.in_flight == 0 || file.probing) continue;
+        const Clock::duration quiet =
+            std::max<Clock::duration>(options_.probe_after, 4 * file.usual);
+        if (now - file.progress < quiet) continue;
+        file.probing = true;
+        file.window = 1;
+        ++stats_.probing;
+      }
     }
+    if (options_.timeout.count() == 0) continue;
     const Clock::time_point deadline = Clock::now() - options_.timeout;
     StallWhere(
         [&](const InFlight& f) {
@@ -215,7 +357,8 @@ void BoundedReader::Watch() {
         },
         // Waiting for its own file's share, not for the flight: the file is the one stuck.
         [&, share = Share()](Clock::time_point queued, const PerFile& file) {
-          return queued <= deadline && file.progress <= deadline && file.in_flight >= share;
+          return queued <= deadline && file.progress <= deadline &&
+                 file.in_flight >= Allowed(file, share);
         });
   }
 }

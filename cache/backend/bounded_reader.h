@@ -10,6 +10,17 @@
 //   reader's depth in flight (demand and prefetch together, stalled reads included); its further
 //   requests wait here, so they take no slot and no window below. Another file's demand read
 //   finds a slot at once.
+// - Slow start: within its share a file has a window that starts at one read and widens by one
+//   with each read of it that completes (doubling per round trip), as a TCP sender's does. A file
+//   none of whose reads completes for `probe_after` (or four times its reads' usual time, if
+//   longer) falls back to one read at a time, a probe, and widens again once that one returns. A
+//   file that hangs from its first read therefore holds one read of the store, not its share.
+// - The store's queue (DESIGN.md §6.11): `limits` tells, per backing filesystem, how many requests
+//   its own queue takes (a FUSE store's max_background) and how big one request is. A read bigger
+//   than that is sent as pieces of that size, each one request; accelfs keeps at most
+//   `store_requests` of them in flight to that store and one file at most `file_requests`, so one
+//   hung or crawling file can never fill the queue that every reader of the store, inside accelfs
+//   and out, goes through.
 // - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
 //   that it sees requests waiting for a slot (what makes an adaptive depth grow), few enough that
 //   a request's time since it was sent is its time at the backend, not in a queue below. Waiting
@@ -43,6 +54,17 @@
 
 namespace accelfs {
 
+// What a backing filesystem's own request queue takes (StoreLimitsFn). Zeros: no bound but the
+// share, and reads are sent whole.
+struct StoreLimits {
+  uint64_t request_bytes = 0;   // one request of the store carries at most this (4 KiB multiple)
+  unsigned store_requests = 0;  // pieces accelfs keeps in flight to the store, every file together
+  unsigned file_requests = 0;   // of which one file at most
+  bool operator==(const StoreLimits&) const = default;
+};
+// Called once per backing filesystem (st_dev), with a file of it, outside any lock of the reader.
+using StoreLimitsFn = std::function<StoreLimits(const BackingFile& file)>;
+
 struct BoundedReaderOptions {
   // Of the inner reader's current depth, per backing file (at least one slot). Half: a lone file
   // still gets 16 of the default 32 (2.6 GB/s of 4 MiB reads at 25 ms each, above the NET
@@ -50,6 +72,11 @@ struct BoundedReaderOptions {
   double share = 0.5;
   std::chrono::milliseconds timeout{60'000};  // 0: never
   std::chrono::milliseconds stop_grace{2'000};
+  // Slow start (see above): a file's window when it starts or starts again after idle, and the
+  // quiet time after which it falls back to a probe.
+  unsigned initial_window = 1;
+  std::chrono::milliseconds probe_after{1'000};
+  StoreLimitsFn limits;  // none: every store unbounded
 };
 
 struct BoundedReaderStats {
@@ -57,6 +84,8 @@ struct BoundedReaderStats {
   uint64_t timed_out = 0;  // requests stalled or answered ETIMEDOUT, since start
   uint64_t waiting = 0;    // requests held back now because their file has its share
   uint64_t abandoned = 0;  // requests still in flight when Stop gave up on them
+  uint64_t probing = 0;    // files held to one read now because their reads stopped completing
+  uint64_t pieces = 0;     // reads split into a store's request size, since start
 };
 
 class BoundedReader final : public BackendReader {
@@ -86,8 +115,13 @@ class BoundedReader final : public BackendReader {
     }
   };
   static FileId IdOf(const BackingFile& file);
+  struct PerStore {
+    StoreLimits limits;
+    unsigned in_flight = 0;  // pieces of every file in flight, stalled ones included
+  };
   struct InFlight {
     FileId file;
+    uint64_t store = 0;
     Clock::time_point sent;
     State state = State::kInFlight;
     std::function<void()> stalled;
@@ -95,8 +129,12 @@ class BoundedReader final : public BackendReader {
     std::optional<Result<size_t>> result;  // arrived while kStalling
   };
   struct PerFile {
+    uint64_t store = 0;          // its filesystem (st_dev): the key of stores_
     unsigned in_flight = 0;      // sent and not answered by the inner reader, stalled ones included
+    unsigned window = 1;         // slow start: most in flight now, within the share
+    bool probing = false;        // held to one read: its reads stopped completing
     Clock::time_point progress;  // last completion, or the first send after idle
+    Clock::duration usual{};     // a smoothed time of its reads (an EWMA of their latencies)
     std::deque<std::pair<Clock::time_point, ReadRequest>> demand;  // waiting for the share
     std::deque<std::pair<Clock::time_point, ReadRequest>> prefetch;
   };
@@ -108,7 +146,17 @@ class BoundedReader final : public BackendReader {
   // and their files are under their share. REQUIRES: mu_ held.
   void AdmitWaiting(std::vector<ReadRequest>* send);
   void Completed(uint64_t id, Result<size_t> result);
+  using Files = std::unordered_map<FileId, PerFile, FileIdHash>;
+  // Forgets an idle file (its window starts again at one). REQUIRES: mu_ held.
+  Files::iterator EraseFile(Files::iterator it);
   unsigned Share() const;
+  // The most `file` may have in flight now: its window within its share and its store's bound.
+  unsigned Allowed(const PerFile& file, unsigned share) const;
+  // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
+  // not held.
+  StoreLimits LimitsOf(const BackingFile& file);
+  // `request` as pieces of at most `bytes` (4 KiB multiples), whose answers make its own.
+  static std::vector<ReadRequest> Split(ReadRequest request, uint64_t bytes);
   void Watch();
   // Stalls every in-flight request for which `pick` holds, and answers ETIMEDOUT every waiting
   // one for which `expired` does. REQUIRES: mu_ not held.
@@ -120,7 +168,8 @@ class BoundedReader final : public BackendReader {
 
   mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
   std::condition_variable cv_;
-  std::unordered_map<FileId, PerFile, FileIdHash> files_;  // GUARDED_BY(mu_)
+  Files files_;                                    // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, PerStore> stores_;  // GUARDED_BY(mu_)
   unsigned active_ = 0;  // GUARDED_BY(mu_) sent and not stalled nor answered
   std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 0;                              // GUARDED_BY(mu_)

@@ -48,6 +48,7 @@
 #include "fs/daemon/exit_deadline.h"
 #include "fs/daemon/memory_limit.h"
 #include "fs/daemon/mount_checks.h"
+#include "fs/daemon/store_limits.h"
 #include "fs/fuse_adapter.h"
 #include "fs/page_pusher.h"
 #include "fs/read_through_fs.h"
@@ -282,6 +283,9 @@ void Daemon::MakeBackend() {
   BoundedReaderOptions bounded_options;
   bounded_options.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config_.backend_timeout * 1000));
+  // A FUSE store's own queue is shared by every reader on the node: never fill it
+  // (fs/daemon/store_limits.h).
+  bounded_options.limits = StoreLimitsOf;
   auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
   bounded_ = bounded.get();
   reader_ = std::move(bounded);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cache/block_cache.h"
@@ -46,9 +47,16 @@ class HeldReader final : public BackendReader {
     for (const auto& r : held_) n += r.file.get() == file;
     return n;
   }
-  // Answers the oldest request of `file` (any file when null) with its expected bytes. False when
-  // there is none.
-  bool Answer(const BackingFile* file = nullptr) {
+  // The offsets, expected bytes and buffers of what is held, oldest first.
+  std::vector<std::tuple<uint64_t, size_t, std::byte*>> HeldShapes() const {
+    std::lock_guard lock(mu_);
+    std::vector<std::tuple<uint64_t, size_t, std::byte*>> out;
+    for (const auto& r : held_) out.emplace_back(r.offset, r.expected, r.buffer);
+    return out;
+  }
+  // Answers the oldest request of `file` (any file when null) with its expected bytes, or
+  // `missing` fewer. False when there is none.
+  bool Answer(const BackingFile* file = nullptr, size_t missing = 0) {
     ReadRequest r;
     {
       std::lock_guard lock(mu_);
@@ -58,7 +66,7 @@ class HeldReader final : public BackendReader {
       r = std::move(*it);
       held_.erase(it);
     }
-    r.done(r.expected);
+    r.done(r.expected - missing);
     return true;
   }
 
@@ -85,6 +93,17 @@ ReadRequest Request(const std::shared_ptr<BackingFile>& file, bool demand, Done&
   return r;
 }
 
+// Options whose files start with their whole share (no slow start): the share and the timeout
+// alone.
+BoundedReaderOptions Wide(std::chrono::milliseconds timeout, std::chrono::milliseconds grace) {
+  BoundedReaderOptions o;
+  o.share = 0.5;
+  o.timeout = timeout;
+  o.stop_grace = grace;
+  o.initial_window = 1u << 20;
+  return o;
+}
+
 // Polls `condition` for up to 10 s (a wait for something that must happen, not a timing check).
 bool Eventually(const std::function<bool()>& condition) {
   for (int i = 0; i < 1000; ++i) {
@@ -96,7 +115,7 @@ bool Eventually(const std::function<bool()>& condition) {
 
 TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
   auto* inner = new HeldReader(8);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 0ms, 100ms});
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(0ms, 100ms));
   const auto hung = File();
   const auto other = File();
   std::vector<Done> hung_done(10);
@@ -129,7 +148,7 @@ TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
 
 TEST(BoundedReaderTest, AHungReadStallsAndItsSlotIsLostUntilItComesBack) {
   auto* inner = new HeldReader(4);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 100ms, 100ms});
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(100ms, 100ms));
   const auto hung = File();
   std::atomic<int> stalls{0};
   Done first, second, waiting;
@@ -161,7 +180,7 @@ TEST(BoundedReaderTest, AFileThatKeepsCompletingNeverStalls) {
   // Each read waits far longer than the timeout (64 in flight, one answered every 20 ms: 1.3 s),
   // but the file completes something every 20 ms.
   auto* inner = new HeldReader(128);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 1000ms, 100ms});
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(1000ms, 100ms));
   const auto slow = File();
   std::atomic<int> stalls{0};
   std::vector<Done> done(200);
@@ -178,8 +197,8 @@ TEST(BoundedReaderTest, AFileThatKeepsCompletingNeverStalls) {
 
 TEST(BoundedReaderTest, StopDoesNotWaitForAHungReadAndAnswersItsReaders) {
   auto* inner = new HeldReader(4);
-  auto reader = std::make_unique<BoundedReader>(std::unique_ptr<BackendReader>(inner),
-                                                BoundedReaderOptions{0.5, 0ms, 100ms});
+  auto reader =
+      std::make_unique<BoundedReader>(std::unique_ptr<BackendReader>(inner), Wide(0ms, 100ms));
   const auto hung = File();
   std::atomic<int> stalls{0};
   Done in_flight, waiting1, waiting2;
@@ -211,7 +230,7 @@ TEST(BoundedReaderTest, StopDoesNotWaitForAHungReadAndAnswersItsReaders) {
 
 TEST(BoundedReaderTest, AnAnswerThatArrivesWhileTheStallCallbackRunsIsDeliveredAfterIt) {
   auto* inner = new HeldReader(2);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 50ms, 100ms});
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(50ms, 100ms));
   const auto file = File();
   std::atomic<bool> stalled_returned{false};
   std::atomic<bool> done_after_stall{false};
@@ -240,11 +259,11 @@ TEST(BoundedReaderTest, AnAnswerThatArrivesWhileTheStallCallbackRunsIsDeliveredA
 // block is cached when the read finally returns.
 TEST(BoundedReaderTest, TheCacheAnswersAStalledBlocksReadersAndKeepsItWhenItArrives) {
   auto* inner = new HeldReader(4);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), {0.5, 50ms, 100ms});
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(50ms, 100ms));
   RamBlockStore store;
   BlockCache cache(store, reader, {64 << 20, 1 << 20});
   const auto file = File();
-  const BlockKey key{FileKey{1, 2, 1 << 20, 3}, 0};
+  const BlockKey key{FileKey{1 << 20, 3, 1, 2}, 0};
   Awaited<Result<BlockCache::Ref>> first;
   cache.Get(key, 1 << 20, file, first.Callback());
   ASSERT_TRUE(first.Wait());
@@ -266,6 +285,127 @@ TEST(BoundedReaderTest, TheCacheAnswersAStalledBlocksReadersAndKeepsItWhenItArri
   later.Reset();
   reader.Stop();
   cache.Shutdown();
+}
+
+// Slow start: a file's first read goes alone, and each one that comes back lets one more go, up to
+// the share; a file whose reads stop coming back falls back to one at a time and stays there while
+// they do not, so a file that hangs from its start holds a single read of the store.
+TEST(BoundedReaderTest, AFilesWindowStartsAtOneReadAndWidensAsItsReadsComeBack) {
+  auto* inner = new HeldReader(16);  // a share of 8
+  BoundedReaderOptions options;
+  options.probe_after = 60s;
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  const auto file = File();
+  std::vector<Done> done(40);
+  for (auto& d : done) reader.Submit(Request(file, false, d));
+  EXPECT_EQ(inner->held_of(file.get()), 1u) << "one read before any came back";
+  for (size_t answered = 1; answered <= 10; ++answered) {
+    ASSERT_TRUE(inner->Answer(file.get()));
+    EXPECT_EQ(inner->held_of(file.get()), std::min<size_t>(answered + 1, 8)) << answered;
+  }
+  while (inner->Answer()) {
+  }
+  for (auto& d : done) ASSERT_TRUE(d.Wait());
+  reader.Stop();
+}
+
+TEST(BoundedReaderTest, AFileWhoseReadsStopComingBackFallsBackToOneProbeAtATime) {
+  auto* inner = new HeldReader(16);
+  BoundedReaderOptions options;
+  options.probe_after = 50ms;
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  // Hung from its first read: however long it waits, one read of it is at the store.
+  const auto hung = File();
+  std::vector<Done> hung_done(10);
+  for (auto& d : hung_done) reader.Submit(Request(hung, false, d));
+  ASSERT_TRUE(Eventually([&] { return reader.Stats().probing == 1; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(inner->held_of(hung.get()), 1u);
+
+  // Widened to 4, then its store stops answering: nothing more is sent until reads come back,
+  // and then one more at a time again.
+  const auto stops = File();
+  std::vector<Done> stops_done(20);
+  for (auto& d : stops_done) reader.Submit(Request(stops, false, d));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(inner->Answer(stops.get()));
+  ASSERT_EQ(inner->held_of(stops.get()), 4u);
+  ASSERT_TRUE(Eventually([&] { return reader.Stats().probing == 2; }));
+  EXPECT_EQ(inner->held_of(stops.get()), 4u) << "what is at the store stays; nothing is added";
+  ASSERT_TRUE(inner->Answer(stops.get()));  // the window starts again at one, plus this one
+  EXPECT_EQ(reader.Stats().probing, 1u);
+  EXPECT_EQ(inner->held_of(stops.get()), 3u) << "3 in flight is over a window of 2";
+  while (inner->Answer()) {
+  }
+  for (auto& d : hung_done) ASSERT_TRUE(d.Wait());
+  for (auto& d : stops_done) ASSERT_TRUE(d.Wait());
+  reader.Stop();
+}
+
+// A store with a bounded queue: reads go as pieces of its request size, whose answers make the
+// read's; one file has at most its requests in flight and accelfs at most the store's, whatever
+// the share; a short piece (the end of the file) ends the read there.
+TEST(BoundedReaderTest, AStoresQueueBoundsPiecesPerFileAndInAll) {
+  auto* inner = new HeldReader(64);
+  BoundedReaderOptions options;
+  options.initial_window = 1u << 20;  // the bounds alone
+  std::atomic<int> asked{0};
+  options.limits = [&](const BackingFile&) {
+    ++asked;
+    return StoreLimits{8192, 3, 2};
+  };
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  const auto a = File();
+  const auto b = File();
+  alignas(4096) static std::byte buffer[32768];
+  Done whole;
+  ReadRequest r = Request(a, true, whole);
+  r.buffer = buffer;
+  r.capacity = 32768;
+  r.expected = 30000;
+  reader.Submit(std::move(r));
+  using Shape = std::tuple<uint64_t, size_t, std::byte*>;
+  EXPECT_EQ(inner->HeldShapes(),
+            (std::vector<Shape>{{0, 8192, buffer}, {8192, 8192, buffer + 8192}}))
+      << "two pieces: the file's bound";
+  Done other;
+  reader.Submit(Request(b, true, other));
+  EXPECT_EQ(inner->held_of(b.get()), 1u) << "the store's third request";
+  Done other2;
+  reader.Submit(Request(b, true, other2));
+  EXPECT_EQ(inner->held_of(b.get()), 1u) << "the store's bound: it waits";
+  ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_EQ(inner->held_of(a.get()), 2u) << "the file's next piece, waiting longer than b's read";
+  EXPECT_EQ(inner->held_of(b.get()), 1u);
+  ASSERT_TRUE(inner->Answer(b.get()));
+  EXPECT_EQ(inner->held_of(b.get()), 1u) << "b's second read: a is at its bound";
+  ASSERT_TRUE(inner->Answer(b.get()));
+  ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_EQ(inner->HeldShapes(), (std::vector<Shape>{{16384, 8192, buffer + 16384},
+                                                     {24576, 30000 - 24576, buffer + 24576}}));
+  ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_FALSE(whole.ready()) << "done once every piece is back";
+  ASSERT_TRUE(inner->Answer(a.get()));
+  ASSERT_TRUE(whole.Wait());
+  EXPECT_EQ(whole.value().value(), 30000u);
+  EXPECT_EQ(asked, 1) << "the limits are asked once per store";
+  EXPECT_EQ(reader.Stats().pieces, 1u);
+
+  // The file ended in its second piece: the read has the bytes up to there.
+  Done shorter;
+  ReadRequest s = Request(a, true, shorter);
+  s.buffer = buffer;
+  s.capacity = 32768;
+  s.expected = 32768;
+  reader.Submit(std::move(s));
+  ASSERT_TRUE(inner->Answer(a.get()));
+  ASSERT_TRUE(inner->Answer(a.get(), 1000));
+  ASSERT_TRUE(inner->Answer(a.get(), 8192));
+  ASSERT_TRUE(inner->Answer(a.get(), 8192));
+  ASSERT_TRUE(shorter.Wait());
+  EXPECT_EQ(shorter.value().value(), 8192u + 8192 - 1000);
+  ASSERT_TRUE(other.Wait());
+  ASSERT_TRUE(other2.Wait());
+  reader.Stop();
 }
 
 }  // namespace

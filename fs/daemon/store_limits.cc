@@ -1,0 +1,102 @@
+#include "fs/daemon/store_limits.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+#include "fs/common/mountinfo.h"
+
+namespace accelfs {
+namespace {
+
+constexpr long kFuseSuperMagic = 0x65735546;
+constexpr uint64_t kMaxFuseRequest = uint64_t{1} << 20;  // 256 pages
+constexpr uint64_t kPage = 4096;
+
+std::optional<uint64_t> ReadNumber(const std::string& path) {
+  std::ifstream in(path);
+  uint64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// The max_read= of a mount's super options, 0 when absent.
+uint64_t MaxReadOption(const std::string& options) {
+  size_t at = 0;
+  while (at <= options.size()) {
+    const size_t end = std::min(options.find(',', at), options.size());
+    const std::string_view option(options.data() + at, end - at);
+    constexpr std::string_view kKey = "max_read=";
+    if (option.starts_with(kKey)) {
+      uint64_t value = 0;
+      const auto [ptr, ec] =
+          std::from_chars(option.data() + kKey.size(), option.data() + option.size(), value);
+      if (ec == std::errc() && ptr == option.data() + option.size()) return value;
+    }
+    at = end + 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+StoreLimits LimitsForQueue(const FuseQueue& queue) {
+  StoreLimits limits;
+  uint64_t request = kMaxFuseRequest;
+  if (queue.max_read > 0) request = std::min(request, queue.max_read);
+  limits.request_bytes = std::max(kPage, request / kPage * kPage);
+  const unsigned background = std::max(queue.max_background, 1u);
+  limits.store_requests = std::max(1u, background / 2);
+  limits.file_requests = std::max(1u, background / 4);
+  return limits;
+}
+
+std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string& connections,
+                                     const std::string& mountinfo) {
+  struct statfs sfs {};
+  if (fstatfs(file.buffered_fd(), &sfs) != 0 || sfs.f_type != kFuseSuperMagic) return std::nullopt;
+  FuseQueue queue;
+  const dev_t dev = static_cast<dev_t>(file.dev());
+  // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.
+  const std::string dir =
+      connections + "/" + std::to_string((uint64_t{major(dev)} << 20) | minor(dev));
+  std::optional<uint64_t> background = ReadNumber(dir + "/max_background");
+  if (!background && access((connections + "/").c_str(), F_OK) == 0) {
+    // Not mounted yet (an empty directory): mount it, as systemd does at boot.
+    struct statfs cfs {};
+    if (statfs(connections.c_str(), &cfs) == 0 && cfs.f_type != 0x65735543 /* fusectl */ &&
+        mount("fusectl", connections.c_str(), "fusectl", 0, nullptr) == 0) {
+      background = ReadNumber(dir + "/max_background");
+    }
+  }
+  if (background && *background > 0) queue.max_background = static_cast<unsigned>(*background);
+  for (const MountInfo& m : ReadMountInfo(mountinfo)) {
+    if (m.major == major(dev) && m.minor == minor(dev))
+      queue.max_read = MaxReadOption(m.super_options);
+  }
+  return queue;
+}
+
+StoreLimits StoreLimitsOf(const BackingFile& file) {
+  const std::optional<FuseQueue> queue = FuseQueueOf(file);
+  if (!queue) return {};
+  const StoreLimits limits = LimitsForQueue(*queue);
+  spdlog::info(
+      "the store is a FUSE filesystem whose queue takes {} requests (max_background): reads of "
+      "it go as {} KiB requests, at most {} in flight, {} per file",
+      queue->max_background, limits.request_bytes / 1024, limits.store_requests,
+      limits.file_requests);
+  return limits;
+}
+
+}  // namespace accelfs

@@ -3,7 +3,7 @@
 //
 //   accelfs_netfs SOURCE MOUNTPOINT [-f] [--latency-ms 5] [--request-mbps 200]
 //                 [--total-mbps 2000] [--threads 64] [--max-background 64] [--readahead-kb 1024]
-//                 [--copy-replies] [--stats-file PATH] [--fault-file PATH]
+//                 [--copy-replies] [--fresh-inodes] [--stats-file PATH] [--fault-file PATH]
 //
 // Every READ of n bytes completes at max(arrival + latency + n / request bandwidth, the time the
 // store's shared link has carried it at the aggregate bandwidth): per-request cost, plus a
@@ -20,6 +20,11 @@
 // Like network storage, nothing survives a close: opens are answered without keep_cache, so the
 // kernel drops the file's cached pages at every open. Reads still go through the page cache (no
 // direct_io), so mmap works and the kernel's read-ahead shapes the READs, 1 MiB at most.
+//
+// With --fresh-inodes, a file's st_ino is a number NET gives it when it is looked up while NET
+// holds no inode for it, not SOURCE's: once the kernel forgets the inode (memory pressure,
+// drop_caches) the file comes back under a new number, as with sshfs, s3fs and every store on
+// libfuse's high-level API without `use_ino`.
 //
 // Prints one line at exit: READs served, bytes, mean READ size and the most READs in flight.
 // With --stats-file, the same line is also kept current in PATH while it serves (rewritten, by a
@@ -103,6 +108,7 @@ struct Options {
   unsigned readahead_kb = kMaxRead >> 10;  // 0 keeps the kernel's (128 KiB)
   bool copy_replies = false;               // never splice
   bool allow_other = false;                // users other than the mounting one may read it
+  bool fresh_inodes = false;               // st_ino numbered by NET, anew after a FORGET
   std::string stats_file;                  // empty: none
   std::string fault_file;                  // empty: no fault injection
 };
@@ -389,6 +395,7 @@ struct Inode {
   // Relative to SOURCE ("" for the root), by the name first looked up: what fault rules match.
   const std::string path;
   uint64_t nlookup = 0;  // GUARDED_BY(Net::mutex)
+  uint64_t number = 0;   // --fresh-inodes: the st_ino it shows; set once, under Net::mutex
 };
 
 struct Net {
@@ -404,6 +411,7 @@ struct Net {
   Inode root;
   std::mutex mutex;  // guards inodes and every Inode::nlookup
   std::map<std::pair<dev_t, ino_t>, std::unique_ptr<Inode>> inodes;
+  uint64_t next_number = 2;  // GUARDED_BY(mutex) --fresh-inodes; 1 is the root's
   bool splice = false;  // set by INIT, before any READ: replies are spliced from the source file
   std::unique_ptr<Faults> faults;   // set before the mount when --fault-file is given, else none
   fuse_session* session = nullptr;  // set before the mount
@@ -476,9 +484,11 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       close(fd);
     } else {
       inode = std::make_unique<Inode>(fd, e.attr.st_dev, e.attr.st_ino, path);
+      inode->number = net.next_number++;
     }
     ++inode->nlookup;
     e.ino = reinterpret_cast<uintptr_t>(inode.get());
+    if (net.options.fresh_inodes) e.attr.st_ino = inode->number;
   }
   e.attr_timeout = kAttrTimeout;
   e.entry_timeout = kAttrTimeout;
@@ -503,9 +513,11 @@ void OnForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
 
 void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   struct stat st {};
-  if (const int err = Stat(NetOf(req).Get(ino).fd, &st)) {
+  Net& net = NetOf(req);
+  if (const int err = Stat(net.Get(ino).fd, &st)) {
     fuse_reply_err(req, err);
   } else {
+    if (net.options.fresh_inodes) st.st_ino = ino == FUSE_ROOT_ID ? 1 : net.Get(ino).number;
     fuse_reply_attr(req, &st, kAttrTimeout);
   }
 }
@@ -886,6 +898,8 @@ int main(int argc, char** argv) {
   app.add_option("--readahead-kb", o.readahead_kb, "the mount's read_ahead_kb (0: kernel's)");
   app.add_flag("--allow-other", o.allow_other,
                "let every user read the mount (a daemon that is not root, over it)");
+  app.add_flag("--fresh-inodes", o.fresh_inodes,
+               "number inodes anew once the kernel forgets them (as sshfs and s3fs do)");
   app.add_flag("--copy-replies", o.copy_replies,
                "read each READ into a buffer and copy it into the reply, never splice");
   app.add_option("--stats-file", o.stats_file,

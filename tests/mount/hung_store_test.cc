@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,9 +80,11 @@ class HungStoreTest : public MountTest {
     WriteTestFile(store_ + "/model-00002-of-00002.safetensors", kShard, 2);
     WriteTestFile(store_ + "/config.json", 100 * 1024, 3);
     SetFaults("");
-    ASSERT_TRUE(net_.StartDaemon({ACCELFS_NETFS_BINARY, store_, net_mount_, "-f", "--latency-ms",
-                                  "1", "--request-mbps", "2000", "--fault-file", faults_},
-                                 CanonicalPath(net_mount_), "fuse.accelfs_netfs",
+    std::vector<std::string> argv = {ACCELFS_NETFS_BINARY, store_, net_mount_,       "-f",
+                                     "--latency-ms",       "1",    "--request-mbps", "2000",
+                                     "--fault-file",       faults_};
+    argv.insert(argv.end(), net_extra_.begin(), net_extra_.end());
+    ASSERT_TRUE(net_.StartDaemon(argv, CanonicalPath(net_mount_), "fuse.accelfs_netfs",
                                  dir_ / "netfs.log"));
   }
   // Whatever the test body did or failed, the calls it left waiting on the mount end before the
@@ -158,6 +161,7 @@ class HungStoreTest : public MountTest {
     return calls;
   }
 
+  std::vector<std::string> net_extra_;  // more NET options, set before SetUp
   const std::string store_ = dir_ / "store";
   const std::string net_mount_ = dir_ / "net";
   const std::string faults_ = dir_ / "faults";
@@ -493,6 +497,128 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   close(fd);
   EXPECT_FALSE(ProcessGone(daemon_.pid()));
 }
+
+// One file of a FUSE store hangs, or crawls at 1 MB/s, while a loader reads it through accelfs:
+// the store's own queue (max_background 12, libfuse's default, and 128) keeps room for everyone
+// else. Other files read through accelfs, `ls`, and a `cat` and an O_DIRECT `dd` of other files
+// straight from the store (not through accelfs) all complete, byte for byte, and the store's
+// connection never has all of its max_background taken. Before, accelfs put up to 32 reads of
+// 4 MiB (128 requests of 1 MiB) of the hung file into the store, which then held back every new
+// request of every process: each of those readers got nothing in 10 s.
+struct QueueCase {
+  const char* fault;  // the rule for the loader's shard once it is open
+  unsigned max_background;
+};
+
+class StoreQueueTest : public HungStoreTest, public ::testing::WithParamInterface<QueueCase> {
+ protected:
+  StoreQueueTest() {
+    // The store's link carries 16 MB/s in all: the shard is still coming when the fault starts.
+    net_extra_ = {"--max-background", std::to_string(GetParam().max_background), "--total-mbps",
+                  "16"};
+  }
+  void SetUp() override {
+    HungStoreTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    WriteTestFile(store_ + "/other.bin", 8 * kMiB, 4);
+    WriteTestFile(store_ + "/direct.bin", 8 * kMiB, 5);
+  }
+
+  // The store's fusectl directory (its connection is numbered by its device).
+  std::string Connection() const {
+    struct stat st {};
+    if (stat(net_mount_.c_str(), &st) != 0) return "";
+    // Named by the kernel's dev_t: major << 20 | minor.
+    return "/sys/fs/fuse/connections/" +
+           std::to_string((uint64_t{major(st.st_dev)} << 20) | minor(st.st_dev));
+  }
+  unsigned Waiting() const {
+    std::ifstream in(Connection() + "/waiting");
+    unsigned n = 0;
+    in >> n;
+    return n;
+  }
+};
+
+// The commands that reach the store while the fault holds; each must complete (a bound for a
+// hang, not a time goal: each takes well under a second without the fault).
+TEST_P(StoreQueueTest, OtherReadersOfTheStoreGoOnWhileOneFileHangsOrCrawls) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  const std::string shard = M("model-00001-of-00002.safetensors");
+  // Opened (its identity read) and started while the store still answers, then the fault.
+  const int fd = open(shard.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  std::vector<uint8_t> first(kMiB);
+  ASSERT_EQ(PreadFully(fd, first.data(), kMiB, 0), static_cast<int64_t>(kMiB));
+  ASSERT_NO_FATAL_FAILURE(SetFaults(std::string(GetParam().fault) + "\n"));
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  auto loader = Async([fd] {
+    std::vector<uint8_t> got(kMiB), want(kMiB);
+    for (uint64_t at = kMiB; at < kShard; at += kMiB) {
+      if (PreadFully(fd, got.data(), kMiB, at) != static_cast<int64_t>(kMiB)) return false;
+      FillBytes(1, at, want.data(), kMiB);
+      if (got != want) return false;
+    }
+    return true;
+  });
+  std::this_thread::sleep_for(2s);  // the loader's reads and accelfs's stream take what they get
+  const unsigned max_background = GetParam().max_background;
+  unsigned most_waiting = Waiting();
+
+  const auto timed = [](const char* what, const std::function<CommandResult()>& run) {
+    const auto begin = std::chrono::steady_clock::now();
+    CommandResult r = run();
+    std::printf("  %-40s %.3f s\n", what,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    return r;
+  };
+  std::printf("%s, the store's max_background %u:\n", GetParam().fault, max_background);
+  const CommandResult cat = timed("cmp of another file, straight from NET", [&] {
+    return RunCommand({"cmp", net_mount_ + "/other.bin", store_ + "/other.bin"}, 60s);
+  });
+  EXPECT_FALSE(cat.timed_out) << "a reader of the store outside accelfs got nothing in 60 s";
+  EXPECT_EQ(cat.exit_code, 0) << cat.out << cat.err;
+  most_waiting = std::max(most_waiting, Waiting());
+  const CommandResult dd = timed("O_DIRECT dd of another file from NET", [&] {
+    return RunCommand({"dd", "if=" + net_mount_ + "/direct.bin", "of=/dev/null", "bs=1M",
+                       "iflag=direct", "status=none"},
+                      60s);
+  });
+  EXPECT_FALSE(dd.timed_out) << "an O_DIRECT reader of the store got nothing in 60 s";
+  EXPECT_EQ(dd.exit_code, 0) << dd.err;
+  const CommandResult ls = timed("ls of the accelfs mount", [&] {
+    return RunCommand({"ls", "-l", mountpoint_}, 60s);
+  });
+  EXPECT_EQ(ls.exit_code, 0) << ls.err;
+  most_waiting = std::max(most_waiting, Waiting());
+  const auto begin = std::chrono::steady_clock::now();
+  const ReadOutcome small = ReadAndCheck(M("config.json"), 3, 100 * 1024);
+  const ReadOutcome other = ReadAndCheck(M("model-00002-of-00002.safetensors"), 2, kShard);
+  std::printf("  %-40s %.3f s\n", "100 KiB file and other shard, accelfs",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+  EXPECT_EQ(small.err, 0) << std::strerror(small.err);
+  EXPECT_FALSE(small.wrong);
+  EXPECT_EQ(other.err, 0) << std::strerror(other.err);
+  EXPECT_FALSE(other.wrong);
+  most_waiting = std::max(most_waiting, Waiting());
+  std::printf("  the store's connection had at most %u requests waiting (seen)\n", most_waiting);
+  EXPECT_LT(most_waiting, max_background) << "the store's queue was full";
+
+  SetFaults("");  // the loader finishes, right
+  ASSERT_EQ(loader.wait_for(120s), std::future_status::ready);
+  EXPECT_TRUE(loader.get()) << "the loader of the faulty file got a wrong byte or an error";
+  close(fd);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, StoreQueueTest,
+                         ::testing::Values(QueueCase{"hang 00001-of", 12},
+                                           QueueCase{"hang 00001-of", 128},
+                                           QueueCase{"slow 00001-of 1", 12},
+                                           QueueCase{"slow 00001-of 1", 128}),
+                         [](const ::testing::TestParamInfo<QueueCase>& info) {
+                           return std::string(info.param.fault[0] == 'h' ? "Hung" : "Crawling") +
+                                  "ShardMaxBackground" + std::to_string(info.param.max_background);
+                         });
 
 }  // namespace
 }  // namespace accelfs::testing

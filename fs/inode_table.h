@@ -48,7 +48,8 @@ struct Inode {
   // mu at open; set without it by a direct handle's READ (a hint: a late store only keeps the
   // next open in cached mode).
   std::atomic<bool> kernel_pages{false};
-  // Where the kernel first looked this inode up: its directory and name (for shard sets).
+  // Where the kernel last looked this inode up: its directory and name (for shard sets, and the
+  // check at open that the name still leads to it).
   std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)
   std::string name;               // GUARDED_BY(mu)
 };

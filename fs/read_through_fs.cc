@@ -143,11 +143,10 @@ Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
   auto [ino, node] = inodes_.Lookup(fd, out.attr);
   out.ino = ino;
   if (S_ISREG(out.attr.st_mode)) {
+    // The name last looked up: the one Open checks (a file of several names, a rename).
     std::lock_guard lock(node->mu);
-    if (!node->parent) {
-      node->parent = *dir;
-      node->name = child;
-    }
+    node->parent = *dir;
+    node->name = child;
   }
   return out;
 }
@@ -159,6 +158,14 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   struct stat st {};
+  // A file's attributes by its name, as Open opens it: where the store gives a file renamed over
+  // it the same inode number (rclone), the inode's own descriptor keeps the old file's for good.
+  if (auto [dir, name] = PlaceOf(**inode); dir) {
+    if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        st.st_dev == (*inode)->dev && st.st_ino == (*inode)->ino) {
+      return st;
+    }
+  }
   if (fstatat((*inode)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Error(errno);
   return st;
 }
@@ -243,16 +250,29 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   auto inode = Find(ino);
   if (!inode.ok()) return done(inode.error());
   if (S_ISDIR((*inode)->mode)) return done(Error(EISDIR));
-  const std::string path = FdPath((*inode)->fd);
+  // Opened by the name it was last looked up by, in its directory: the file the name leads to now,
+  // with the attributes the store shows for it now. Not through the inode's own descriptor: a
+  // store that numbers a file by its path (rclone) gives a file renamed over it the same inode
+  // number, and the old inode's attributes stay the kernel's for the store's attribute timeout;
+  // and a store that lets a file go once it has no name left (zfs-fuse) cannot open it again.
   struct stat st {};
-  Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
+  Result<std::shared_ptr<BackingFile>> file = Error(ENOENT);
+  if (auto [dir, name] = PlaceOf(**inode); dir) {
+    file = OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st);
+  } else {
+    file = OpenBacking(AT_FDCWD, FdPath((*inode)->fd).c_str(), 0, &st);
+  }
+  // No such name any more, or it leads to another file, or the file has no links left (deleted or
+  // replaced by a rename since the kernel looked the name up, and the kernel trusts that name for
+  // entry_timeout): ESTALE makes the kernel walk the path again with LOOKUP_REVAL, so the open
+  // reaches what the name means now.
+  if (!file.ok() && file.error().code() == ENOENT) return done(Error(ESTALE));
   if (!file.ok()) return done(file.error());
+  if (st.st_nlink == 0 || st.st_dev != (*inode)->dev || st.st_ino != (*inode)->ino) {
+    return done(Error(ESTALE));
+  }
   auto handle = std::make_unique<Handle>();
   handle->file = std::move(file.value());
-  // No links left: the backing file was deleted or replaced (a new file renamed over it) since the
-  // kernel looked its name up, and the kernel trusts that name for entry_timeout. ESTALE makes the
-  // kernel walk the path again with LOOKUP_REVAL, so the open reaches what the name means now.
-  if (st.st_nlink == 0) return done(Error(ESTALE));
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
   Result<FileKey> identity = cache_.Identify(handle->file, st);

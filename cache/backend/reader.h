@@ -141,6 +141,9 @@ struct ServedQueue {
 // data out of the backing filesystem's page cache; where it is refused the buffered descriptor
 // serves, followed by POSIX_FADV_DONTNEED. `flags` are added to both opens (e.g. O_NOFOLLOW);
 // `st` receives the opened file's attributes.
+// fstat(), but asking the store (statx AT_STATX_FORCE_SYNC): 0, or -1 and errno.
+int FreshStat(int fd, struct stat* st);
+
 Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
                                                  struct stat* st);
 

@@ -326,6 +326,7 @@ TEST_F(FillOnOpenTest, BlocksEvictedDuringTheFillAreFetchedAgain) {
 
   backend_.Hold(kFingerprintPage);  // identity samples pass
   const uint64_t submitted = backend_.submitted();
+  ASSERT_TRUE(backend_.WaitCompleted(submitted));  // the pinned read's count is in
   const uint64_t completed = backend_.completed();
   OpenAwaited open = StartOpen(Lookup("big"));
   backend_.Release(1);  // block 0 arrives; the last Get takes its room

@@ -13,7 +13,13 @@ packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-de
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)
 # e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
-test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs)
+# The real stores of tests/rig (the realstore tier): sshd and sshfs, rclone and s3fs over the npm
+# package s3rver (nodejs, npm), zfs-fuse; iproute2 for their network namespaces and tbf.
+# (npm only where no npm is there: a nodejs from elsewhere brings its own, and Debian's npm would
+# not install beside it.)
+rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs iproute2 python3)
+test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
+               "${rig_packages[@]}")
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]
@@ -93,9 +99,11 @@ case "${1:-}" in
     ;;
   test)
     install_missing "${test_packages[@]}"
+    command -v npm >/dev/null || install_missing npm
     check_format
     configure_tests build
     cmake --build build -j"$jobs"
+    tests/rig/install-s3rver.sh >/dev/null
     run_tests build
     # What a user builds: the daemon and the tools at -O3 compile without a warning. Installed
     # under /usr, it is the build the Debian package is made from: made, checked by lintian,
@@ -104,7 +112,8 @@ case "${1:-}" in
     tests/package/package_test.sh build-release build
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
-    run_tests build-asan
+    # The real stores once, in the plain build: what they test is the stores' behaviour.
+    run_tests build-asan -LE realstore
     # ThreadSanitizer: the unit and component tiers, and the mount tests of the paths with the
     # most threads (hung store and shutdown, names over the control channel, passthrough, signals).
     configure_tests build-tsan -DACCELFS_SANITIZE=thread

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -39,6 +40,23 @@ int FreshStat(int fd, struct stat* st) {
   return 0;
 }
 
+// FUSE, NFS, SMB and Ceph: filesystems whose reads wait on a process or a server.
+bool OnNetworkOrFuse(int fd) {
+  struct statfs sf {};
+  if (fstatfs(fd, &sf) != 0) return true;  // unknown: the safe side
+  switch (static_cast<uint64_t>(sf.f_type)) {
+    case 0x65735546:  // FUSE_SUPER_MAGIC
+    case 0x6969:      // NFS_SUPER_MAGIC
+    case 0x517B:      // SMB_SUPER_MAGIC
+    case 0xFE534D42:  // SMB2_MAGIC_NUMBER
+    case 0xFF534D42:  // CIFS_SUPER_MAGIC
+    case 0x00C36400:  // CEPH_SUPER_MAGIC
+      return true;
+    default:
+      return false;
+  }
+}
+
 Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
                                                  struct stat* st) {
   const int buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
@@ -51,6 +69,7 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
   const int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
   auto file = std::make_shared<BackingFile>(direct, buffered);
   file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
+  file->SetMayBlock(OnNetworkOrFuse(buffered));
   return file;
 }
 

@@ -42,6 +42,14 @@ class BackingFile {
   uint64_t dev() const { return dev_; }
   uint64_t ino() const { return ino_; }
 
+  // Reads of it may block whoever submits them, however they are sent: a FUSE store that does not
+  // take asynchronous direct I/O (rclone) has the kernel answer an O_DIRECT read inside
+  // io_uring_enter, so one hung read held the ring's only thread and every read behind it. Set
+  // for network and FUSE filesystems (OpenBacking); the io_uring reader sends such reads
+  // straight to its workers (IOSQE_ASYNC).
+  void SetMayBlock(bool may_block) { may_block_ = may_block; }
+  bool may_block() const { return may_block_; }
+
   int direct_fd() const { return direct_fd_; }
   int buffered_fd() const { return buffered_fd_; }
   bool direct() const { return direct_.load(std::memory_order_relaxed); }
@@ -53,6 +61,7 @@ class BackingFile {
   std::atomic<bool> direct_;
   uint64_t dev_ = 0;  // set once, before the file is shared
   uint64_t ino_ = 0;
+  bool may_block_ = false;  // set once, before the file is shared
 };
 
 struct ReadRequest {

@@ -120,6 +120,8 @@ class UringReader final : public BackendReader {
     const size_t want = op->direct ? RoundUp(r.expected, 4096) - op->done : r.expected - op->done;
     io_uring_prep_read(sqe, fd, r.buffer + op->done, static_cast<unsigned>(want),
                        r.offset + op->done);
+    // Never inline in io_uring_enter where the read may wait on a store (BackingFile::may_block).
+    if (r.file->may_block()) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     io_uring_sqe_set_data(sqe, op);
   }
 

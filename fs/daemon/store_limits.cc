@@ -57,7 +57,7 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
   limits.request_bytes = std::max(kPage, request / kPage * kPage);
   const unsigned background = std::max(queue.max_background, 1u);
   limits.store_requests = std::max(1u, background / 2);
-  limits.file_requests = std::max(1u, background / 4);
+  limits.file_requests = queue.sequential ? 1u : std::max(1u, background / 4);
   return limits;
 }
 
@@ -81,8 +81,10 @@ std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string&
   }
   if (background && *background > 0) queue.max_background = static_cast<unsigned>(*background);
   for (const MountInfo& m : ReadMountInfo(mountinfo)) {
-    if (m.major == major(dev) && m.minor == minor(dev))
+    if (m.major == major(dev) && m.minor == minor(dev)) {
       queue.max_read = MaxReadOption(m.super_options);
+      queue.sequential = m.fstype == "fuse.rclone";
+    }
   }
   return queue;
 }

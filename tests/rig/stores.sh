@@ -10,6 +10,7 @@
 #   stores.sh bytes STATE_DIR [--image]
 #   stores.sh fuse-conn STATE_DIR
 #   stores.sh path STATE_DIR
+#   stores.sh fault-file STATE_DIR
 #
 # up        makes the regular files of SRC_DIR (recursively) available
 #           read-write through KIND, mounted at MOUNTPOINT (created if
@@ -29,6 +30,10 @@
 # path      where the server keeps the files, for writes that must not go
 #           through the mount (sshfs: STATE_DIR/export; zfs: MOUNTPOINT);
 #           S3 kinds: prints nothing, exit 1.
+# fault-file  with --s3data-via-netfs: the fault file of the NET between
+#           s3rver and its object files (STATE_DIR/netfs.faults; rules as in
+#           tests/bench/netfs.cc, e.g. `hang KEY`; replace it by a rename).
+#           Without: prints nothing, exit 1.
 #
 # KIND: sshfs | rclone | s3fs | zfs
 #   sshfs   sshd (openssh-server, private config) in a network namespace,
@@ -54,6 +59,18 @@
 #   --s3fs-opts OPTS  extra `-o` options for s3fs (comma list).
 #   --s3rver-dir DIR  where tests/rig/install-s3rver.sh put s3rver (default
 #                     $ACCELFS_RIG_S3RVER_DIR, else ~/.cache/accelfs-rig/s3rver).
+#   --s3data-via-netfs NETFS
+#                     rclone, s3fs: s3rver reads its objects through NET
+#                     (NETFS: the accelfs_netfs binary), so that one object
+#                     can hang INSIDE the server (see fault-file). After the
+#                     upload each object file DATA/BUCKET/KEY._S3rver_object
+#                     moves to STATE_DIR/s3objects, which NET (no latency, no
+#                     bandwidth cap, --fault-file STATE_DIR/netfs.faults)
+#                     serves read-only at STATE_DIR/s3net, and is replaced by
+#                     a symlink into STATE_DIR/s3net; the .md5 and
+#                     metadata.json files stay. A GET writes nothing then, so
+#                     every object reads as before; a PUT over an uploaded
+#                     key fails (EROFS), new keys are plain files.
 #   --zfs-size SIZE   size of the sparse pool image (default 2G).
 #   --arc-mb MB       --max-arc-size of a zfs-fuse started here (default 16,
 #                     the smallest it takes).
@@ -116,6 +133,20 @@
 #   Debian default fuse-attr-timeout/fuse-entry-timeout = 3600 lets the
 #   kernel cache attributes and names for an hour (all writes go through the
 #   same mount, so that stays coherent).
+# - rclone mount: READs come as 128 KiB requests, and its mountinfo line has
+#   no max_read. A handle reads one request at a time; a READ waiting on a
+#   GET that stops (the object hung inside s3rver, see --s3data-via-netfs)
+#   also holds the FLUSH of that handle, so a reader killed meanwhile (e.g.
+#   by `timeout`) stays in D state in its exit until the GET goes on. An
+#   O_DIRECT read of it submitted through io_uring runs inline in
+#   io_uring_enter, which returns only once rclone answers (rclone does not
+#   take async direct I/O; over NET, libfuse 3, the submit returns at once
+#   and the read completes later).
+# - s3rver keeps an object as 3 files in DATA/BUCKET/(KEY's dirs/): KEY
+#   ._S3rver_object (the bytes), ._S3rver_object.md5 and ._S3rver_metadata
+#   .json; it stats (follows symlinks) and opens the object file anew for
+#   each GET and reads it in 64 KiB reads on libuv's pool (createReadStream):
+#   a READ that hangs holds one pool thread and that GET only.
 # - sshd: Debian's sshd needs /run/sshd; with UsePAM no it rejects accounts
 #   whose password field starts with "!" (locked), so UsePAM yes is used only
 #   when root is locked that way.
@@ -503,6 +534,68 @@ EOF
     tail -n 20 "$STATE/upload.log" >&2
     die "rclone copy to s3rver failed"
   }
+  [[ -z "$NETFS" ]] || s3_netfs_up
+}
+
+# --s3data-via-netfs: the object files move to STATE/s3objects, NET serves
+# that at STATE/s3net, and each object file in the data dir becomes a symlink
+# into STATE/s3net. The running s3rver needs no restart: it looks the file up
+# on every request. NET's mount is read-only; a GET only reads (the .md5 that
+# it would otherwise write was written by the upload).
+netfs_mounted() {
+  [[ -n "${NETFS_MNT:-}" ]] &&
+    findmnt -rn -o FSTYPE --mountpoint "$NETFS_MNT" 2>/dev/null | grep -qx fuse.accelfs_netfs
+}
+s3_netfs_up() {
+  local data=$STATE/s3data objs=$STATE/s3objects net=$STATE/s3net rel i
+  local -a rels=()
+  mapfile -d '' -t rels < <(cd "$data" && find . -type f -name '*._S3rver_object' -printf '%P\0')
+  ((${#rels[@]})) || die "--s3data-via-netfs: no object file in $data"
+  mkdir -p "$objs" "$net"
+  : >"$STATE/netfs.faults"
+  for rel in "${rels[@]}"; do
+    mkdir -p "$objs/$(dirname "$rel")"
+    mv "$data/$rel" "$objs/$rel"
+  done
+  NETFS_MNT=$net
+  state_set NETFS_MNT "$net"
+  setsid "$NETFS" "$objs" "$net" -f --latency-ms 0 --request-mbps 0 --total-mbps 0 \
+    --fault-file "$STATE/netfs.faults" </dev/null >>"$STATE/netfs.log" 2>&1 &
+  pid_save netfs $!
+  for ((i = 0; i < 200; i++)); do
+    netfs_mounted && break
+    pid_live netfs >/dev/null || break
+    sleep 0.1
+  done
+  netfs_mounted || {
+    tail -n 20 "$STATE/netfs.log" >&2
+    die "NET ($NETFS) did not mount $objs at $net"
+  }
+  for rel in "${rels[@]}"; do ln -s "$net/$rel" "$data/$rel"; done
+}
+# Answers every hung READ (an empty fault file), unmounts NET, ends it.
+netfs_release() {
+  [[ -n "${NETFS_MNT:-}" && -f "$STATE/netfs.faults" ]] || return 0
+  [[ -s "$STATE/netfs.faults" ]] || return 0
+  : >"$STATE/netfs.faults.tmp"
+  mv -f "$STATE/netfs.faults.tmp" "$STATE/netfs.faults"
+  sleep 0.2 # NET looks at the file every 50 ms
+}
+netfs_down() {
+  [[ -n "${NETFS_MNT:-}" ]] || return 0
+  local i
+  for ((i = 0; i < 20; i++)); do
+    netfs_mounted || break
+    if ((i < 10)); then
+      fusermount3 -u "$NETFS_MNT" 2>/dev/null || fusermount -u "$NETFS_MNT" 2>/dev/null || true
+    else
+      umount -l "$NETFS_MNT" 2>/dev/null || true
+    fi
+    netfs_mounted || break
+    sleep 0.2
+  done
+  stop_named netfs 5
+  if netfs_mounted; then umount -l "$NETFS_MNT" 2>/dev/null || true; fi
 }
 
 up_rclone() {
@@ -644,7 +737,7 @@ cmd_up() {
   RATE=1gbit BURST='' LATENCY=50ms SLOT='' TIMEOUT=60
   SSHFS_OPTS='' RCLONE_OPTS='' S3FS_OPTS=
   S3RVER_DIR=${ACCELFS_RIG_S3RVER_DIR:-${HOME:-/root}/.cache/accelfs-rig/s3rver}
-  ZFS_SIZE=2G ARC_MB=16
+  ZFS_SIZE=2G ARC_MB=16 NETFS=
   while (($#)); do
     case $1 in
       --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
@@ -657,6 +750,7 @@ cmd_up() {
       --rclone-opts) RCLONE_OPTS=${2?}; shift 2 ;;
       --s3fs-opts) S3FS_OPTS=${2?}; shift 2 ;;
       --s3rver-dir) S3RVER_DIR=${2:?}; shift 2 ;;
+      --s3data-via-netfs) NETFS=${2:?}; shift 2 ;;
       --zfs-size) ZFS_SIZE=${2:?}; shift 2 ;;
       --arc-mb) ARC_MB=${2:?}; shift 2 ;;
       -h | --help) usage ;;
@@ -681,6 +775,18 @@ cmd_up() {
     s3fs) need s3fs rclone node nsenter tc fusermount3 && need_s3rver ;;
     zfs) need zfs-fuse zpool zfs ;;
   esac
+  if [[ -n "$NETFS" ]]; then
+    case $KIND in
+      rclone | s3fs) ;;
+      *) log "--s3data-via-netfs is for the S3 kinds (rclone, s3fs)"; usage ;;
+    esac
+    if [[ "$NETFS" != */* ]]; then NETFS=$(command -v "$NETFS" || echo "$NETFS"); fi
+    if [[ ! -f "$NETFS" || ! -x "$NETFS" ]]; then
+      echo "stores.sh: SKIP: --s3data-via-netfs: '$NETFS' is not an executable (build accelfs_netfs)" >&2
+      exit 77
+    fi
+    NETFS=$(cd "$(dirname "$NETFS")" && pwd)/$(basename "$NETFS")
+  fi
   [[ -d "${pos[1]}" ]] || mkdir -p "${pos[1]}"
   STATE=$(cd "${pos[1]}" && pwd)
   SRC=$(cd "${pos[2]}" 2>/dev/null && pwd) || die "SRC_DIR ${pos[2]} is not a directory"
@@ -695,8 +801,10 @@ cmd_up() {
   fi
   # A STATE_DIR that held an earlier rig (now down) starts clean: old keys
   # would make ssh-keygen ask, an old export would mix with SRC_DIR.
-  rm -rf --one-file-system "$STATE"/{export,ssh,s3data,zfs,pids} \
-    "$STATE"/{client.argv,rclone.conf,passwd,rig.env.down} "$STATE"/*.log
+  rm -rf --one-file-system "$STATE"/{export,ssh,s3data,s3objects,zfs,pids} \
+    "$STATE"/{client.argv,rclone.conf,passwd,rig.env.down,netfs.faults} "$STATE"/*.log
+  mountpoint -q "$STATE/s3net" && die "$STATE/s3net is still mounted"
+  rm -rf --one-file-system "$STATE/s3net"
   mountpoint -q "$MNT" && die "$MNT is already a mount point"
   [[ -z "$(ls -A "$MNT")" ]] || die "$MNT is not empty"
   # A regular file to read once mounted, proving data flows, not just names.
@@ -725,6 +833,7 @@ cmd_up() {
 cmd_down() {
   state_load "${1:?usage: stores.sh down STATE_DIR}" || return 0
   release_dev # left by an interrupted remount
+  netfs_release # a hung READ in s3rver would hold its GET, and so the client
   if [[ "$KIND" == zfs ]]; then
     zfs_down
     # A mount left by a zfs-fuse that died answers ENOTCONN: detach it.
@@ -748,10 +857,12 @@ cmd_down() {
     ip netns del "$NS" 2>/dev/null || true
     ip link del "$VH" 2>/dev/null || true
   fi
+  netfs_down # after s3rver: nothing reads through NET any more
   # All gone? Then retire rig.env, so STATE_DIR can take a new `up` and a
   # second `down` has nothing to do. If not, keep it for another try.
   local left='' f
   store_mounted && left+=" mount:$MNT"
+  netfs_mounted && left+=" mount:$NETFS_MNT"
   for f in "$STATE"/pids/*; do
     [[ -f "$f" ]] && pid_live "${f##*/}" >/dev/null && left+=" process:${f##*/}"
   done
@@ -833,6 +944,12 @@ cmd_path() {
   esac
 }
 
+cmd_fault_file() {
+  state_load "${1:?usage: stores.sh fault-file STATE_DIR}" || die "no rig in $1"
+  [[ -n "${NETFS_MNT:-}" ]] || exit 1 # not brought up with --s3data-via-netfs
+  echo "$STATE/netfs.faults"
+}
+
 [[ $EUID == 0 ]] || die "must run as root (namespaces, mounts)"
 cmd=${1:-}
 (($#)) && shift
@@ -843,5 +960,6 @@ case $cmd in
   bytes) cmd_bytes "$@" ;;
   fuse-conn) cmd_fuse_conn "$@" ;;
   path) cmd_path "$@" ;;
+  fault-file) cmd_fault_file "$@" ;;
   *) usage ;;
 esac

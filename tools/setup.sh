@@ -103,7 +103,8 @@ case "${1:-}" in
     check_format
     configure_tests build
     cmake --build build -j"$jobs"
-    tests/rig/install-s3rver.sh >/dev/null
+    # The S3 server of the real-store tier, from npm; without it those tests skip, saying so.
+    tests/rig/install-s3rver.sh >/dev/null || echo "setup: s3rver not installed (npm failed)" >&2
     run_tests build
     # What a user builds: the daemon and the tools at -O3 compile without a warning. Installed
     # under /usr, it is the build the Debian package is made from: made, checked by lintian,

@@ -138,8 +138,12 @@ void FakeBackend::Run() {
       cut = sequence == short_at_;
       missing = short_by_;
     }
-    Result<size_t> result = fail ? Result<size_t>(Error(err)) : PreadBlock(request);
-    if (cut && result.ok()) result = result.value() - std::min(missing, result.value());
+    Result<size_t> read = fail ? Result<size_t>(Error(err)) : PreadBlock(request);
+    // Built anew rather than assigned: GCC 12 under ASan warns of an uninitialized Error in the
+    // assignment's variant (-Wmaybe-uninitialized, a false positive).
+    Result<size_t> result = cut && read.ok()
+                                ? Result<size_t>(read.value() - std::min(missing, read.value()))
+                                : std::move(read);
     const uint64_t delivered = result.ok() ? result.value() : 0;
     request.done(std::move(result));
     std::lock_guard lock(mu_);

@@ -79,6 +79,11 @@ class IdentityTest : public MountTest {
   void TearDown() override {
     MountTest::TearDown();  // accelfs first: it reads from NET
     net_.Stop();
+    UnmountHolders();
+  }
+  void UnmountHolders() {
+    for (const std::string& holder : holders_) UnmountAll(CanonicalPath(holder));
+    holders_.clear();
   }
 
   void StartNet(const std::vector<std::string>& extra = {}) {
@@ -127,6 +132,7 @@ class IdentityTest : public MountTest {
   const std::string stats_ = dir_ / "netfs.stats";
   AccelfsProcess net_;
   int net_starts_ = 0;
+  std::vector<std::string> holders_;  // tmpfs mounts that hold device numbers
 };
 
 // The kernel forgets the store's inodes (drop_caches; memory pressure does the same), and the
@@ -161,13 +167,19 @@ TEST_F(IdentityTest, CacheDirServesAfterTheStoreIsMountedAgain) {
   ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
   const dev_t first_dev = StatOf(net_mount_).st_dev;
   net_.Stop();
-  // The kernel would give the freed device number to the next mount: a tmpfs takes it meanwhile,
-  // as other mounts do between a store's two mounts across a reboot.
-  const std::string holder = dir_ / "holder";
-  ASSERT_EQ(mkdir(holder.c_str(), 0755), 0);
-  ASSERT_EQ(RunCommand({"mount", "-t", "tmpfs", "none", holder}).exit_code, 0);
+  // The kernel would give the freed device number to the next mount: tmpfs mounts take numbers
+  // until one has it, as other mounts do between a store's two mounts across a reboot. (Tests
+  // running beside this one free and take numbers too: one holder was not always enough.)
+  std::vector<std::string>& holders = holders_;
+  for (int i = 0; i < 16; ++i) {
+    const std::string holder = dir_ / ("holder" + std::to_string(i));
+    ASSERT_EQ(mkdir(holder.c_str(), 0755), 0);
+    ASSERT_EQ(RunCommand({"mount", "-t", "tmpfs", "none", holder}).exit_code, 0);
+    holders.push_back(holder);
+    if (StatOf(holder).st_dev == first_dev) break;
+  }
   ASSERT_NO_FATAL_FAILURE(StartNet());
-  UnmountAll(CanonicalPath(holder));
+  UnmountHolders();
   const dev_t second_dev = StatOf(net_mount_).st_dev;
   EXPECT_NE(first_dev, second_dev) << "the store's remount kept its device number";
   ASSERT_TRUE(daemon_.Start(source_, mountpoint_, dir_ / "second.log", CacheDir()));

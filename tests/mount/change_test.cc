@@ -19,15 +19,6 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// Reads `path` through the mount the way a loader would: open, read all, close.
-void ExpectContent(const std::string& path, uint64_t seed, uint64_t size) {
-  int error = 0;
-  const std::vector<uint8_t> got = ReadWholeFile(path, &error);
-  ASSERT_EQ(error, 0) << path << ": " << std::strerror(error);
-  ASSERT_EQ(got.size(), size) << path;
-  EXPECT_TRUE(got == Bytes(seed, 0, size)) << path << ": content is not seed " << seed;
-}
-
 void ExpectSize(const std::string& path, uint64_t size) {
   struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0) << std::strerror(errno);
@@ -50,39 +41,39 @@ class ChangeTest : public MountTest {};
 TEST_F(ChangeTest, FileReplacedByRenameReadsNewContentAtNextOpen) {
   WriteTestFile(Src("model.bin"), 100000, 1);
   ASSERT_NO_FATAL_FAILURE(StartMount());
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 1, 100000));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 1, 100000));
   ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("model.bin"), 100000));
 
   // The usual way to update a file: write a new one beside it, rename it over the old one.
   WriteTestFile(Src("model.bin.tmp"), 300001, 2);
   ASSERT_EQ(rename(Src("model.bin.tmp").c_str(), Src("model.bin").c_str()), 0);
 
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 2, 300001));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 2, 300001));
   ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("model.bin"), 300001));
 }
 
 TEST_F(ChangeTest, FileRewrittenInPlaceReadsNewContentAtNextOpen) {
   WriteTestFile(Src("model.bin"), 300001, 1);
   ASSERT_NO_FATAL_FAILURE(StartMount());
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 1, 300001));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 1, 300001));
   ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("model.bin"), 300001));
 
   // Same inode, O_TRUNC, shorter and different bytes.
   WriteTestFile(Src("model.bin"), 70001, 3);
 
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 3, 70001));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 3, 70001));
   ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("model.bin"), 70001));
 
   // And longer again.
   WriteTestFile(Src("model.bin"), 5 * kMiB + 7, 4);
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 4, 5 * kMiB + 7));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 4, 5 * kMiB + 7));
   ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("model.bin"), 5 * kMiB + 7));
 }
 
 TEST_F(ChangeTest, FileDeletedFromBackingIsGoneAtNextOpen) {
   WriteTestFile(Src("model.bin"), 100000, 1);
   ASSERT_NO_FATAL_FAILURE(StartMount());
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.bin"), 1, 100000));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.bin"), 1, 100000));
   ASSERT_EQ(unlink(Src("model.bin").c_str()), 0);
   const int fd = open(Mnt("model.bin").c_str(), O_RDONLY | O_CLOEXEC);
   const int err = errno;
@@ -98,8 +89,8 @@ TEST_F(ChangeTest, FileChangedAfterARepeatedOpenReadsNewContent) {
   WriteTestFile(Src("renamed.bin"), 200003, 2);
   ASSERT_NO_FATAL_FAILURE(StartMount());
   for (int i = 0; i < 2; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("inplace.bin"), 1, 300001));
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("renamed.bin"), 2, 200003));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("inplace.bin"), 1, 300001));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("renamed.bin"), 2, 200003));
   }
 
   WriteTestFile(Src("inplace.bin"), 4 * kMiB + 3, 3);
@@ -107,9 +98,9 @@ TEST_F(ChangeTest, FileChangedAfterARepeatedOpenReadsNewContent) {
   ASSERT_EQ(rename(Src("renamed.bin.tmp").c_str(), Src("renamed.bin").c_str()), 0);
 
   for (int i = 0; i < 2; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("inplace.bin"), 3, 4 * kMiB + 3));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("inplace.bin"), 3, 4 * kMiB + 3));
     ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("inplace.bin"), 4 * kMiB + 3));
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("renamed.bin"), 4, 70001));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("renamed.bin"), 4, 70001));
     ASSERT_NO_FATAL_FAILURE(ExpectSize(Mnt("renamed.bin"), 70001));
   }
 }
@@ -146,7 +137,7 @@ TEST_F(ChangeTest, BackingFileShrunkUnderAnOpenHandleAnswersEio) {
   // The daemon is still there, and other files still read.
   int status = 0;
   EXPECT_FALSE(daemon_.Wait(std::chrono::milliseconds(0), &status)) << daemon_.Log();
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other.bin"), 6, 3 * kMiB + 5));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("other.bin"), 6, 3 * kMiB + 5));
 }
 
 // A backend that fails with a real errno: the outer accelfs reads from an inner accelfs mount,
@@ -165,8 +156,8 @@ TEST_F(ChangeTest, BackendErrnoIsAnsweredAsEioThroughNestedMounts) {
   int status = 0;
   EXPECT_FALSE(outer.Wait(std::chrono::milliseconds(0), &status)) << outer.Log();
   EXPECT_FALSE(daemon_.Wait(std::chrono::milliseconds(0), &status)) << daemon_.Log();
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(outer_mnt + "/other.bin", 6, 3 * kMiB + 5));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("other.bin"), 6, 3 * kMiB + 5));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(outer_mnt + "/other.bin", 6, 3 * kMiB + 5));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("other.bin"), 6, 3 * kMiB + 5));
   EXPECT_EQ(outer.Stop(), 0) << outer.Log();
   EXPECT_EQ(SanitizerReports(outer.Log()), "") << outer.Log();
   EXPECT_FALSE(IsMounted(CanonicalPath(outer_mnt)));

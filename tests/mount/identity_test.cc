@@ -32,22 +32,6 @@ constexpr uint64_t kShard = 13 * kMiB + 4321;  // several 4 MiB blocks and a par
 constexpr uint64_t kSmall = 3000;
 constexpr const char* kShardName = "model-00001-of-00001.safetensors";
 
-// The daemon's exit line: "read N from the backend".
-std::string BackendRead(const std::string& log) {
-  const size_t end = log.find(" from the backend");
-  if (end == std::string::npos) return "(no exit line)";
-  const size_t start = log.rfind("read ", end);
-  return log.substr(start + 5, end - start - 5);
-}
-
-void ExpectContent(const std::string& path, uint64_t seed, uint64_t size) {
-  int error = 0;
-  const std::vector<uint8_t> got = ReadWholeFile(path, &error);
-  ASSERT_EQ(error, 0) << path << ": " << std::strerror(error);
-  ASSERT_EQ(got.size(), size) << path;
-  EXPECT_TRUE(got == Bytes(seed, 0, size)) << path << ": content is not seed " << seed;
-}
-
 struct stat StatOf(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(stat(path.c_str(), &st), 0) << path << ": " << std::strerror(errno);
@@ -123,8 +107,8 @@ class IdentityTest : public MountTest {
   }
 
   void ReadAll() {
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(kShardName), 21, kShard));
-    ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("config.json"), 22, kSmall));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(kShardName), 21, kShard));
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("config.json"), 22, kSmall));
   }
 
   const std::string store_ = dir_ / "store";
@@ -190,7 +174,7 @@ TEST_F(IdentityTest, CacheDirServesAfterTheStoreIsMountedAgain) {
               static_cast<uintmax_t>(net_bytes), static_cast<uintmax_t>(kShard + kSmall));
   EXPECT_LT(net_bytes, 256u * 1024) << "the model was fetched again";
   ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
-  EXPECT_EQ(BackendRead(daemon_.Log()), "0 B") << "nothing fetched again:\n" << daemon_.Log();
+  EXPECT_EQ(BackendReadAtExit(daemon_.Log()), "0 B") << "nothing fetched again:\n" << daemon_.Log();
 }
 
 // `cp -p` of a new file over the old one with the old one's mtime: the size and mtime the reader
@@ -215,13 +199,13 @@ TEST_F(IdentityTest, AFileReplacedKeepingItsSizeAndMtimeReadsNewContent) {
     std::this_thread::sleep_for(1100ms);  // NET's attributes time out (1 s)
   };
   ASSERT_NO_FATAL_FAILURE(replace_keeping_size_and_mtime(31));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(kShardName), 31, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(kShardName), 31, kShard));
 
   ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
   ASSERT_NO_FATAL_FAILURE(replace_keeping_size_and_mtime(32));
   ASSERT_TRUE(daemon_.Start(source_, mountpoint_, dir_ / "second.log", CacheDir()));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(kShardName), 32, kShard));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("config.json"), 22, kSmall));  // still cached
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(kShardName), 32, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("config.json"), 22, kSmall));  // still cached
 }
 
 // Two directories hold files of the same names, sizes and mtimes; swapped by renames, each path
@@ -241,18 +225,18 @@ TEST_F(IdentityTest, SwappedDirectoriesAndHardLinksReadTheirOwnFiles) {
   ASSERT_NO_FATAL_FAILURE(StartMount({"--entry-timeout", "0"}));
   const std::string a = std::string("a/") + kShardName;
   const std::string b = std::string("b/") + kShardName;
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(a), 41, kShard));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(b), 42, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(a), 41, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(b), 42, kShard));
 
   ASSERT_EQ(rename((store_ + "/a").c_str(), (store_ + "/t").c_str()), 0);
   ASSERT_EQ(rename((store_ + "/b").c_str(), (store_ + "/a").c_str()), 0);
   ASSERT_EQ(rename((store_ + "/t").c_str(), (store_ + "/b").c_str()), 0);
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(a), 42, kShard));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(b), 41, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(a), 42, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(b), 41, kShard));
 
   ASSERT_EQ(link((store_ + "/" + a).c_str(), (store_ + "/linked.safetensors").c_str()), 0);
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("linked.safetensors"), 42, kShard));
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(b), 41, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("linked.safetensors"), 42, kShard));
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(b), 41, kShard));
 }
 
 }  // namespace

@@ -457,4 +457,19 @@ std::vector<uint8_t> ReadWholeFile(const std::string& path, int* error) {
   return data;
 }
 
+void ExpectSeedContent(const std::string& path, uint64_t seed, uint64_t size) {
+  int error = 0;
+  const std::vector<uint8_t> got = ReadWholeFile(path, &error);
+  ASSERT_EQ(error, 0) << path << ": " << std::strerror(error);
+  ASSERT_EQ(got.size(), size) << path;
+  EXPECT_TRUE(got == Bytes(seed, 0, size)) << path << ": content is not seed " << seed;
+}
+
+std::string BackendReadAtExit(const std::string& log) {
+  const size_t end = log.find(" from the backend");
+  if (end == std::string::npos) return "(no exit line)";
+  const size_t start = log.rfind("read ", end);
+  return log.substr(start + 5, end - start - 5);
+}
+
 }  // namespace accelfs::testing

@@ -147,4 +147,12 @@ int64_t PreadFully(int fd, void* buffer, size_t length, uint64_t offset);
 // The whole content of `path`, read() until EOF. On failure `*error` is set to the errno (else 0).
 std::vector<uint8_t> ReadWholeFile(const std::string& path, int* error);
 
+// Reads `path` the way a loader would (open, read all, close) and expects the `size` bytes of
+// test seed `seed` (Bytes, tests/support/test_data.h). Use with ASSERT_NO_FATAL_FAILURE.
+void ExpectSeedContent(const std::string& path, uint64_t seed, uint64_t size);
+
+// From a daemon's log at --log-level info, its exit line's "read N from the backend": N, or
+// "(no exit line)".
+std::string BackendReadAtExit(const std::string& log);
+
 }  // namespace accelfs::testing

@@ -52,12 +52,7 @@ class RestartTest : public MountTest {
   }
 
   // The daemon's exit line: "read N from the backend".
-  static std::string BackendRead(const std::string& log) {
-    const size_t end = log.find(" from the backend");
-    if (end == std::string::npos) return "(no exit line)";
-    const size_t start = log.rfind("read ", end);
-    return log.substr(start + 5, end - start - 5);
-  }
+  static std::string BackendRead(const std::string& log) { return BackendReadAtExit(log); }
 
   std::string cache_dir_;
 };

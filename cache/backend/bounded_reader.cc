@@ -39,16 +39,26 @@ BoundedReader::~BoundedReader() {
   }
 }
 
-unsigned BoundedReader::Share() const {
-  const double depth = std::max(inner_->CurrentDepth(), 1u);
-  return std::max(1u, static_cast<unsigned>(std::ceil(depth * options_.share)));
+BoundedReader::Shares BoundedReader::Share() const {
+  const unsigned depth = std::max(inner_->CurrentDepth(), 1u);
+  const auto of = [depth](double fraction) {
+    return std::max(1u, static_cast<unsigned>(std::ceil(depth * fraction)));
+  };
+  Shares shares;
+  shares.many = of(options_.share);
+  // All but an eighth, and one slot at least, stays free for a file that comes.
+  shares.lone = std::max(shares.many, std::min(of(options_.lone_share), depth - 1));
+  return shares;
 }
 
-unsigned BoundedReader::Allowed(const PerFile& file, unsigned share) const {
-  unsigned allowed = std::min(file.probing ? 1u : file.window, share);
+unsigned BoundedReader::Allowed(const PerFile& file, Shares share) const {
+  const unsigned of_depth = files_.size() <= 1 ? share.lone : share.many;
+  unsigned allowed = std::min(file.probing ? 1u : file.window, of_depth);
   const auto store = stores_.find(file.store);
   if (store != stores_.end() && store->second.limits.file_requests > 0) {
-    allowed = std::min(allowed, store->second.limits.file_requests);
+    const StoreLimits& limits = store->second.limits;
+    const bool lone = store->second.files <= 1 && limits.lone_file_requests > 0;
+    allowed = std::min(allowed, lone ? limits.lone_file_requests : limits.file_requests);
   }
   return std::max(allowed, 1u);
 }
@@ -62,7 +72,7 @@ StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
   }
   const StoreLimits limits = options_.limits(file);  // sysfs and mountinfo: no lock held
   std::lock_guard lock(mu_);
-  return stores_.try_emplace(file.dev(), PerStore{limits, 0}).first->second.limits;
+  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0}).first->second.limits;
 }
 
 std::vector<ReadRequest> BoundedReader::Split(ReadRequest request, uint64_t bytes) {
@@ -153,6 +163,16 @@ void BoundedReader::Submit(ReadRequest request) {
         if (inserted) {
           file.store = piece.file->dev();
           file.window = std::clamp(options_.initial_window, 1u, kMaxWindow);
+          if (const auto idle = idle_.find(it->first); idle != idle_.end()) {
+            if (Clock::now() - idle->second.since < options_.probe_after) {
+              file.window = std::max(file.window, idle->second.window);
+              file.usual = idle->second.usual;
+            }
+            idle_.erase(idle);
+          }
+          if (const auto store = stores_.find(file.store); store != stores_.end()) {
+            ++store->second.files;
+          }
         }
         const bool demand = piece.demand;
         (demand ? file.demand : file.prefetch).emplace_back(Clock::now(), std::move(piece));
@@ -187,7 +207,7 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
 }
 
 void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
-  const unsigned share = Share();
+  const Shares share = Share();
   const unsigned flight = 2 * std::max(inner_->CurrentDepth(), 1u);
   while (active_ < flight) {
     // The oldest waiting request of a file under its share: demand, else prefetch. A scan of the
@@ -323,7 +343,14 @@ void BoundedReader::StallWhere(
 }
 
 BoundedReader::Files::iterator BoundedReader::EraseFile(Files::iterator it) {
-  if (it->second.probing) --stats_.probing;
+  if (it->second.probing) {
+    --stats_.probing;
+  } else {
+    idle_[it->first] = Idle{it->second.window, it->second.usual, Clock::now()};
+  }
+  if (const auto store = stores_.find(it->second.store); store != stores_.end()) {
+    --store->second.files;
+  }
   return files_.erase(it);
 }
 
@@ -337,6 +364,8 @@ void BoundedReader::Watch() {
       }
       // Slow start's fallback: a file none of whose reads came back for long sends one at a time.
       const Clock::time_point now = Clock::now();
+      std::erase_if(
+          idle_, [&](const auto& idle) { return now - idle.second.since >= options_.probe_after; });
       for (auto& [id, file] : files_) {
         if (file.in_flight == 0 || file.probing) continue;
         const Clock::duration quiet =

@@ -7,20 +7,31 @@
 // hung kernel filesystem may never complete and cannot be cancelled.
 //
 // - Share: each backing file (its inode, whichever open reads it) has at most `share` of the inner
-//   reader's depth in flight (demand and prefetch together, stalled reads included); its further
-//   requests wait here, so they take no slot and no window below. Another file's demand read
-//   finds a slot at once.
-// - Slow start: within its share a file has a window that starts at one read and widens by one
-//   with each read of it that completes (doubling per round trip), as a TCP sender's does. A file
-//   none of whose reads completes for `probe_after` (or four times its reads' usual time, if
+//   reader's depth in flight (demand and prefetch together, stalled reads included), or
+//   `lone_share` of it while no other file has reads in flight or waiting here (a single-file
+//   model, a lone shard: one file must be able to use the depth); its further requests wait here,
+//   so they take no slot and no window below. Another file's demand read finds a slot at once:
+//   the lone share leaves one at least, and the first file, now held to its share, gives the
+//   slots it has over it to the newcomer as its reads return.
+// - Slow start: within its share a file has a window that starts at `initial_window` reads (4, as
+//   a TCP sender's initial window: a file's two identity samples and its first reads go out
+//   together) and widens by one with each read of it that completes (doubling per round trip). A
+//   file none of whose reads completes for `probe_after` (or four times its reads' usual time, if
 //   longer) falls back to one read at a time, a probe, and widens again once that one returns. A
-//   file that hangs from its first read therefore holds one read of the store, not its share.
+//   file that hangs from its first read therefore holds its initial window of the store at most,
+//   not its share. A file that went idle keeps its window for `probe_after`: a loader that reads
+//   a block, copies it and reads the next leaves its file idle between reads many times a second,
+//   and starting each burst from the initial window again cost a round trip or two per burst
+//   (cold loads of 32 MiB shards through the NET emulator took 0.29 s against 0.19 s).
 // - The store's queue (DESIGN.md §6.11): `limits` tells, per backing filesystem, how many requests
 //   its own queue takes (a FUSE store's max_background) and how big one request is. A read bigger
 //   than that is sent as pieces of that size, each one request; accelfs keeps at most
-//   `store_requests` of them in flight to that store and one file at most `file_requests`, so one
-//   hung or crawling file can never fill the queue that every reader of the store, inside accelfs
-//   and out, goes through.
+//   `store_requests` of them in flight to that store and one file at most `file_requests`, or
+//   `lone_file_requests` while no other file of the store has a read in flight or waiting (a lone
+//   shard or a single-file model gets most of the store; one that arrives beside it finds the rest
+//   free and takes slots as the first file falls back to its `file_requests`). So one hung or
+//   crawling file can never fill the queue that every reader of the store, inside accelfs and out,
+//   goes through, nor take accelfs's last slot of it.
 // - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
 //   that it sees requests waiting for a slot (what makes an adaptive depth grow), few enough that
 //   a request's time since it was sent is its time at the backend, not in a queue below. Waiting
@@ -60,6 +71,9 @@ struct StoreLimits {
   uint64_t request_bytes = 0;   // one request of the store carries at most this (4 KiB multiple)
   unsigned store_requests = 0;  // pieces accelfs keeps in flight to the store, every file together
   unsigned file_requests = 0;   // of which one file at most
+  // One file at most while it is the store's only file with reads in flight or waiting (0: the
+  // same as file_requests). Less than store_requests: a file that arrives always finds a slot.
+  unsigned lone_file_requests = 0;
   bool operator==(const StoreLimits&) const = default;
 };
 // Called once per backing filesystem (st_dev), with a file of it, outside any lock of the reader.
@@ -70,11 +84,13 @@ struct BoundedReaderOptions {
   // still gets 16 of the default 32 (2.6 GB/s of 4 MiB reads at 25 ms each, above the NET
   // emulator's 2 GB/s), and everything else keeps the other half while one file crawls.
   double share = 0.5;
+  // Of the depth, for a file while it is the only one read: all but an eighth (one slot at least).
+  double lone_share = 0.875;
   std::chrono::milliseconds timeout{60'000};  // 0: never
   std::chrono::milliseconds stop_grace{2'000};
   // Slow start (see above): a file's window when it starts or starts again after idle, and the
   // quiet time after which it falls back to a probe.
-  unsigned initial_window = 1;
+  unsigned initial_window = 4;
   std::chrono::milliseconds probe_after{1'000};
   StoreLimitsFn limits;  // none: every store unbounded
 };
@@ -118,6 +134,7 @@ class BoundedReader final : public BackendReader {
   struct PerStore {
     StoreLimits limits;
     unsigned in_flight = 0;  // pieces of every file in flight, stalled ones included
+    unsigned files = 0;      // its files in files_: with reads in flight or waiting
   };
   struct InFlight {
     FileId file;
@@ -149,9 +166,13 @@ class BoundedReader final : public BackendReader {
   using Files = std::unordered_map<FileId, PerFile, FileIdHash>;
   // Forgets an idle file (its window starts again at one). REQUIRES: mu_ held.
   Files::iterator EraseFile(Files::iterator it);
-  unsigned Share() const;
+  struct Shares {
+    unsigned many = 1;  // a file's share beside others
+    unsigned lone = 1;  // the share of a file that is the only one
+  };
+  Shares Share() const;
   // The most `file` may have in flight now: its window within its share and its store's bound.
-  unsigned Allowed(const PerFile& file, unsigned share) const;
+  unsigned Allowed(const PerFile& file, Shares share) const;
   // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
   // not held.
   StoreLimits LimitsOf(const BackingFile& file);
@@ -170,6 +191,13 @@ class BoundedReader final : public BackendReader {
   std::condition_variable cv_;
   Files files_;                                    // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, PerStore> stores_;  // GUARDED_BY(mu_)
+  // Files gone idle lately: their window and usual read time, and when they went idle.
+  struct Idle {
+    unsigned window = 1;
+    Clock::duration usual{};
+    Clock::time_point since;
+  };
+  std::unordered_map<FileId, Idle, FileIdHash> idle_;  // GUARDED_BY(mu_)
   unsigned active_ = 0;  // GUARDED_BY(mu_) sent and not stalled nor answered
   std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 0;                              // GUARDED_BY(mu_)

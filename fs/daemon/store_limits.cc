@@ -58,6 +58,11 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
   const unsigned background = std::max(queue.max_background, 1u);
   limits.store_requests = std::max(1u, background / 2);
   limits.file_requests = queue.sequential ? 1u : std::max(1u, background / 4);
+  // A lone file: all of accelfs's half but an eighth of it (at least one slot) kept for the next.
+  limits.lone_file_requests =
+      queue.sequential ? 1u
+                       : std::max(limits.file_requests,
+                                  limits.store_requests - std::max(1u, limits.store_requests / 8));
   return limits;
 }
 
@@ -95,9 +100,9 @@ StoreLimits StoreLimitsOf(const BackingFile& file) {
   const StoreLimits limits = LimitsForQueue(*queue);
   spdlog::info(
       "the store is a FUSE filesystem whose queue takes {} requests (max_background): reads of "
-      "it go as {} KiB requests, at most {} in flight, {} per file",
+      "it go as {} KiB requests, at most {} in flight, {} per file ({} while it is the only one)",
       queue->max_background, limits.request_bytes / 1024, limits.store_requests,
-      limits.file_requests);
+      limits.file_requests, limits.lone_file_requests);
   return limits;
 }
 

@@ -30,8 +30,9 @@ struct FuseQueue {
 };
 
 // The limits for a store with `queue`: pieces of at most max_read (and 1 MiB), at most half its
-// queue for accelfs (the rest stays for readers outside it), at most a quarter for one file (one
-// where the store is `sequential`).
+// queue for accelfs (the rest stays for readers outside it), at most a quarter for one file, or
+// seven eighths of accelfs's half while it is the only file read (one where the store is
+// `sequential`).
 StoreLimits LimitsForQueue(const FuseQueue& queue);
 
 // `file`'s store's queue, or nothing when the file is not on a FUSE filesystem. Mounts fusectl on

@@ -93,11 +93,12 @@ ReadRequest Request(const std::shared_ptr<BackingFile>& file, bool demand, Done&
   return r;
 }
 
-// Options whose files start with their whole share (no slow start): the share and the timeout
-// alone.
+// Options whose files start with their whole share (no slow start), a lone file's the same as
+// any (half the depth): the share and the timeout alone.
 BoundedReaderOptions Wide(std::chrono::milliseconds timeout, std::chrono::milliseconds grace) {
   BoundedReaderOptions o;
   o.share = 0.5;
+  o.lone_share = 0.5;
   o.timeout = timeout;
   o.stop_grace = grace;
   o.initial_window = 1u << 20;
@@ -113,29 +114,38 @@ bool Eventually(const std::function<bool()>& condition) {
   return condition();
 }
 
-TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
+TEST(BoundedReaderTest, ALoneFileHasMostOfTheDepthAndAnotherFilesReadGoesAtOnce) {
   auto* inner = new HeldReader(8);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(0ms, 100ms));
+  BoundedReaderOptions options = Wide(0ms, 100ms);
+  options.lone_share = BoundedReaderOptions().lone_share;
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
   const auto hung = File();
   const auto other = File();
   std::vector<Done> hung_done(10);
   for (auto& d : hung_done) reader.Submit(Request(hung, /*demand=*/false, d));
-  EXPECT_EQ(inner->held_of(hung.get()), 4u) << "the share of a depth of 8";
-  EXPECT_EQ(reader.Stats().waiting, 6u);
+  EXPECT_EQ(inner->held_of(hung.get()), 7u) << "alone: a depth of 8 but one slot";
+  EXPECT_EQ(reader.Stats().waiting, 3u);
   Done other_done;
   reader.Submit(Request(other, /*demand=*/true, other_done));
   EXPECT_EQ(inner->held_of(other.get()), 1u) << "another file's demand read is sent at once";
+  Done other_second;
+  reader.Submit(Request(other, /*demand=*/true, other_second));
+  ASSERT_TRUE(inner->Answer(hung.get()));
+  EXPECT_EQ(inner->held_of(hung.get()), 6u) << "beside another file: over its share of 4";
+  EXPECT_EQ(inner->held_of(other.get()), 2u) << "the slot it gave back";
+  ASSERT_TRUE(inner->Answer(other.get()));
   ASSERT_TRUE(inner->Answer(other.get()));
   ASSERT_TRUE(other_done.Wait());
+  ASSERT_TRUE(other_second.Wait());
   EXPECT_EQ(other_done.value().value(), 4096u);
 
   // A demand read of the full file waits ahead of its own prefetch, and goes when a slot frees.
   Done hung_demand;
   reader.Submit(Request(hung, /*demand=*/true, hung_demand));
-  EXPECT_EQ(inner->held_of(hung.get()), 4u);
+  EXPECT_EQ(inner->held_of(hung.get()), 7u) << "alone again";
   ASSERT_TRUE(inner->Answer(hung.get()));
-  EXPECT_EQ(inner->held_of(hung.get()), 4u);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(inner->Answer(hung.get()));
+  EXPECT_EQ(inner->held_of(hung.get()), 7u);
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(inner->Answer(hung.get()));
   ASSERT_TRUE(hung_demand.Wait());
   while (inner->Answer()) {
   }
@@ -290,18 +300,19 @@ TEST(BoundedReaderTest, TheCacheAnswersAStalledBlocksReadersAndKeepsItWhenItArri
 // Slow start: a file's first read goes alone, and each one that comes back lets one more go, up to
 // the share; a file whose reads stop coming back falls back to one at a time and stays there while
 // they do not, so a file that hangs from its start holds a single read of the store.
-TEST(BoundedReaderTest, AFilesWindowStartsAtOneReadAndWidensAsItsReadsComeBack) {
-  auto* inner = new HeldReader(16);  // a share of 8
+TEST(BoundedReaderTest, AFilesWindowStartsAtFourReadsAndWidensAsItsReadsComeBack) {
+  auto* inner = new HeldReader(32);  // a lone file's share of 28
   BoundedReaderOptions options;
   options.probe_after = 60s;
   BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
   const auto file = File();
   std::vector<Done> done(40);
   for (auto& d : done) reader.Submit(Request(file, false, d));
-  EXPECT_EQ(inner->held_of(file.get()), 1u) << "one read before any came back";
-  for (size_t answered = 1; answered <= 10; ++answered) {
+  EXPECT_EQ(inner->held_of(file.get()), 4u) << "the initial window before any came back";
+  for (size_t answered = 1; answered <= 30; ++answered) {
     ASSERT_TRUE(inner->Answer(file.get()));
-    EXPECT_EQ(inner->held_of(file.get()), std::min<size_t>(answered + 1, 8)) << answered;
+    EXPECT_EQ(inner->held_of(file.get()), std::min<size_t>({answered + 4, 28, 40 - answered}))
+        << answered;
   }
   while (inner->Answer()) {
   }
@@ -313,8 +324,10 @@ TEST(BoundedReaderTest, AFileWhoseReadsStopComingBackFallsBackToOneProbeAtATime)
   auto* inner = new HeldReader(16);
   BoundedReaderOptions options;
   options.probe_after = 50ms;
+  options.initial_window = 1;
   BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
-  // Hung from its first read: however long it waits, one read of it is at the store.
+  // Hung from its first read: however long it waits, its initial window (one here) is what it
+  // has at the store.
   const auto hung = File();
   std::vector<Done> hung_done(10);
   for (auto& d : hung_done) reader.Submit(Request(hung, false, d));
@@ -405,6 +418,39 @@ TEST(BoundedReaderTest, AStoresQueueBoundsPiecesPerFileAndInAll) {
   EXPECT_EQ(shorter.value().value(), 8192u + 8192 - 1000);
   ASSERT_TRUE(other.Wait());
   ASSERT_TRUE(other2.Wait());
+  reader.Stop();
+}
+
+// A file alone in its store may take most of accelfs's part of the store's queue; once another
+// file of the store has reads, each is held to its file bound (the first gives slots back as its
+// reads return), and the first widens again when it is alone once more.
+TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideIt) {
+  auto* inner = new HeldReader(64);
+  BoundedReaderOptions options;
+  options.initial_window = 1u << 20;  // the bounds alone
+  options.limits = [](const BackingFile&) { return StoreLimits{1 << 20, 8, 2, 6}; };
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  const auto a = File();
+  const auto b = File();
+  std::vector<Done> a_done(20), b_done(4);
+  for (auto& d : a_done) reader.Submit(Request(a, false, d));
+  EXPECT_EQ(inner->held_of(a.get()), 6u) << "alone: its lone bound, two slots of eight left";
+  for (auto& d : b_done) reader.Submit(Request(b, true, d));
+  EXPECT_EQ(inner->held_of(b.get()), 2u) << "the slots left, its file bound";
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(inner->Answer(a.get()));
+    EXPECT_EQ(inner->held_of(a.get()), 5u - i) << "over its file bound beside b: nothing sent";
+  }
+  EXPECT_EQ(inner->held_of(a.get()), 2u);
+  ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_EQ(inner->held_of(a.get()), 2u) << "at its file bound beside b";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(inner->Answer(b.get()));
+  for (auto& d : b_done) ASSERT_TRUE(d.Wait());
+  ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_EQ(inner->held_of(a.get()), 6u) << "alone again: its lone bound";
+  while (inner->Answer()) {
+  }
+  for (auto& d : a_done) ASSERT_TRUE(d.Wait());
   reader.Stop();
 }
 

@@ -14,11 +14,11 @@
 namespace accelfs {
 namespace {
 
-TEST(StoreLimitsTest, HalfTheQueueForAccelfsAndAQuarterForOneFile) {
-  EXPECT_EQ(LimitsForQueue({12, 0}), (StoreLimits{1 << 20, 6, 3}));
-  EXPECT_EQ(LimitsForQueue({128, 0}), (StoreLimits{1 << 20, 64, 32}));
-  EXPECT_EQ(LimitsForQueue({1, 0}), (StoreLimits{1 << 20, 1, 1}));
-  EXPECT_EQ(LimitsForQueue({0, 0}), (StoreLimits{1 << 20, 1, 1})) << "a zero is taken as one";
+TEST(StoreLimitsTest, HalfTheQueueForAccelfsAQuarterForOneFileAndMostOfTheHalfForALoneOne) {
+  EXPECT_EQ(LimitsForQueue({12, 0}), (StoreLimits{1 << 20, 6, 3, 5}));
+  EXPECT_EQ(LimitsForQueue({128, 0}), (StoreLimits{1 << 20, 64, 32, 56}));
+  EXPECT_EQ(LimitsForQueue({1, 0}), (StoreLimits{1 << 20, 1, 1, 1}));
+  EXPECT_EQ(LimitsForQueue({0, 0}), (StoreLimits{1 << 20, 1, 1, 1})) << "a zero is taken as one";
 }
 
 TEST(StoreLimitsTest, RequestsAreTheStoresMaxReadInPagesAtMostOneMiB) {
@@ -30,7 +30,7 @@ TEST(StoreLimitsTest, RequestsAreTheStoresMaxReadInPagesAtMostOneMiB) {
 
 TEST(StoreLimitsTest, AStoreThatReadsFilesFrontToBackGetsOneRequestPerFile) {
   FuseQueue rclone{12, 0, /*sequential=*/true};
-  EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1}));
+  EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1, 1}));
 }
 
 TEST(StoreLimitsTest, AFileOnALocalFilesystemHasNoQueue) {

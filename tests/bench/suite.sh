@@ -3,7 +3,8 @@
 # an otherwise idle machine, from anywhere in the checkout:
 #
 #   tests/bench/suite.sh [--model-size-mib 4096] [--shards 4] [--tensor-mix mixed]
-#                        [--backends net,disk] [--dir /var/tmp/accelfs-suite] [--out FILE]
+#                        [--backends net,disk[,sshfs,rclone,s3fs,zfs]] [--rig-rate 1gbit]
+#                        [--dir /var/tmp/accelfs-suite] [--out FILE]
 #                        [--threads 4] [--procs 4] [--stagger-ms 1000] [--disk-mbps 200]
 #                        [--dest-mib 256] [--prime-mib MODEL+4×DEST+2048] [--case-timeout 900]
 #                        [--repeats 5] [--cold-repeats 3] [--lone-mib 3072] [--no-user]
@@ -32,6 +33,14 @@
 #         cgroup blkio throttle; the loaders read it and accelfs's daemon runs inside the throttled
 #         cgroup. Bytes read from it: /sys/block/loopN/stat sectors read × 512. Skipped with one
 #         line where the kernel has no usable io/blkio controller.
+#   sshfs, rclone, s3fs, zfs  (issue 31; none by default) a real store of tests/rig/stores.sh each,
+#         brought up with the model directory copied in (network kinds: the server in a network
+#         namespace behind a veth shaped to --rig-rate, default 1gbit) and down after its rows:
+#         direct, accelfs cold, warm and repeat only (no ceiling, accelfs-warm or small cache),
+#         the store remounted (`stores.sh remount`) before every direct and every cold run, and
+#         direct the median of --cold-repeats runs too. Bytes read from it: `stores.sh bytes`
+#         (what the server sent). Skipped with one line where the rig's programs are missing.
+#         The functions are in tests/bench/suite_rig.sh.
 #
 # Loaders (accelfs_loader): mmap + copy per tensor (1 thread); read() whole files, 1 MiB at a time
 # (eager); O_DIRECT preads of 16 MiB (fastsafetensors, InstantTensor, ServerlessLLM); --threads threads over the shards (multithread, mmap); --procs processes each loading
@@ -85,11 +94,14 @@
 # fast or slow by what freed memory just before it (docs/BENCHMARKS-HISTORY.md, "Memory priming").
 # Elsewhere priming takes a fraction of a second.
 #
-# Everything the suite mounts, the loop device and the cgroup are undone on exit, error or Ctrl-C.
+# Everything the suite mounts, the loop device, the cgroup and every rig store are undone on exit,
+# error or Ctrl-C.
 set -euo pipefail
 invoked_from=$PWD
 cd "$(dirname "$0")/../.."
 repo=$PWD
+# shellcheck source=tests/bench/suite_rig.sh
+source "$repo/tests/bench/suite_rig.sh"
 
 command_line="$(printf '%q ' "$0" "$@")"
 command_line=${command_line% }
@@ -122,6 +134,7 @@ while (($#)); do
     --shards) shards=$2; shift 2 ;;
     --tensor-mix) mix=$2; shift 2 ;;
     --backends) backends=$2; shift 2 ;;
+    --rig-rate) rig_rate=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
@@ -150,6 +163,7 @@ done
 [[ -z $prime_mib || $prime_mib =~ ^[0-9]+$ ]] || { echo "suite: --prime-mib must be an integer" >&2; exit 2; }
 [[ $lone_mib =~ ^[0-9]+$ ]] || { echo "suite: --lone-mib must be an integer (0: no lone file)" >&2; exit 2; }
 [[ $stagger_ms =~ ^[0-9]+$ ]] || { echo "suite: --stagger-ms must be an integer" >&2; exit 2; }
+[[ $rig_rate =~ ^[0-9.]+[a-zA-Z]*$ ]] || { echo "suite: --rig-rate is a tc rate (1gbit, 200mbit, 50mbps)" >&2; exit 2; }
 [[ $mix =~ ^(small|mixed|large)$ ]] || { echo "suite: --tensor-mix is small, mixed or large" >&2; exit 2; }
 ((model_mib % shards == 0)) || { echo "suite: --model-size-mib must be a multiple of --shards" >&2; exit 2; }
 run_net=0 run_disk=0
@@ -161,7 +175,8 @@ for b in ${backends//,/ }; do
   case $b in
     net) run_net=1 ;;
     disk) run_disk=1 ;;
-    *) echo "suite: unknown backend $b (net, disk)" >&2; exit 2 ;;
+    sshfs | rclone | s3fs | zfs) [[ " ${rig_kinds[*]} " == *" $b "* ]] || rig_kinds+=("$b") ;;
+    *) echo "suite: unknown backend $b (net, disk, sshfs, rclone, s3fs, zfs)" >&2; exit 2 ;;
   esac
 done
 [[ $(id -u) == 0 ]] || { echo "suite: run as root (it drops the page cache, mounts and throttles)" >&2; exit 1; }
@@ -276,6 +291,7 @@ cleanup() {
   unmount "$net_mnt"
   [[ -n $net_pid ]] && reap "$net_pid"
   ((disk_up)) && mounted "$disk_dir" && "$disk_sh" down "$disk_dir" >&2
+  rig_down
   [[ -n $pipe_max_old ]] && echo "$pipe_max_old" > /proc/sys/fs/pipe-max-size
   rm -rf "$shm" "$lone_shm"
   # An error or an interrupt: still write the rows measured so far, marked as such.
@@ -314,7 +330,8 @@ backend_bytes() {
     NET | "NET lone") read -r a b c d _ < "$net_stats"; echo "$d" ;;
     # Field 3 of a block device's stat: sectors (512 bytes) read.
     DISK) read -r a b c _ < "/sys/block/$loop_name/stat"; echo $((c * 512)) ;;
-    *) echo "" ;;
+    # A rig store: what its server sent; nothing for tmpfs.
+    *) rig_bytes "$1" ;;
   esac
 }
 
@@ -502,18 +519,24 @@ stop_accelfs() {
 daemon_hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$acc_pid/status" 2>/dev/null || true; }
 
 # ---- cases ------------------------------------------------------------------------------------
-# Before a cold run: the page cache dropped, memory primed.
+# Before a cold run: the backend's own caches emptied (store_cold: a command; a rig store's
+# remount, nothing for NET and DISK), the page cache dropped, memory primed.
+store_cold=(:)
 cold_prep() {
+  "${store_cold[@]}"
   drop_caches
   prime_next=1
 }
 # Before a cold accelfs run: a new daemon (new_daemon_args: BACKEND SOURCE CACHE_BYTES, see
-# start_accelfs) in place of the last one, then cold_prep.
+# start_accelfs) in place of the last one, the backend's caches emptied in between (no daemon
+# holds it then), the page cache dropped, memory primed.
 new_daemon_args=()
 new_daemon_cold() {
   [[ -z $acc_pid ]] || stop_accelfs
+  "${store_cold[@]}"
   start_accelfs "${new_daemon_args[@]}"
-  cold_prep
+  drop_caches
+  prime_next=1
 }
 
 # tmpfs: each loader on the /dev/shm copy — the memory ceiling every other row is held against.
@@ -541,14 +564,13 @@ case_ceiling() {
   done
 }
 
-# direct BACKEND PATH IN_CGROUP: each loader on the backend itself, page cache dropped.
+# direct BACKEND PATH IN_CGROUP [RUNS]: each loader on the backend itself, cold (cold_prep), the
+# median of RUNS (default 1) runs.
 case_direct() {
-  local backend=$1 path=$2 in_cgroup=$3 l
+  local backend=$1 path=$2 in_cgroup=$3 n=${4:-1} l
   for l in "${loaders[@]}"; do
-    drop_caches
-    prime_next=1
     # shellcheck disable=SC2086
-    measure "$backend" "$in_cgroup" "$loader" ${loader_args[$l]} "$path"
+    measure_median "$n" cold_prep "$backend" "$in_cgroup" "$loader" ${loader_args[$l]} "$path"
     record "$backend" direct "$l" "$m_gbps" "$m_secs" "$m_bytes" "" "$m_note"
   done
 }
@@ -795,7 +817,7 @@ goal() {
 
 format_goals() {
   local b k r l base target
-  if [[ -z ${!CEIL[*]} ]]; then
+  if [[ -z ${!CEIL[*]} && -z ${!RIG_STATE[*]} && -z ${!RIG_SKIPPED[*]} ]]; then
     echo "No backend ran: no goal to check."
     return
   fi
@@ -862,6 +884,7 @@ format_goals() {
       goal "NET as a user, warmed by accelfs-warm, ${loader_name[$l]}: ≥1× the /dev/shm copy (median of pairs)" "${GBPS[$k]:-} GB/s, median ratio ${r:--}×" "$(at_least "$r" 1.0)"
     done
   fi
+  rig_goals  # issue 31: the rig stores
 }
 
 format_results() {
@@ -893,15 +916,16 @@ format_results() {
   echo "- accelfs: \`--cache-size $cache_bytes\` (1.5× the model + 256 MiB); the small-cache case \`--cache-size $small_cache_bytes\` (half the model); ACCELFS_OPTS=\`${ACCELFS_OPTS:-}\`"
   ((run_net)) && echo "- NET: accelfs_netfs, ${net_params:-not run}"
   ((run_disk)) && echo "- DISK: ${disk_params:-skipped: ${disk_skipped:-not run}}"
+  rig_results_lines
   echo "- loaders (\`accelfs_loader ...\` on the mountpoint): $(for l in "${loaders[@]}"; do echo -n "$l \`${loader_args[$l]}\`; "; done | sed 's/; $//')"
   ((lone_mib > 0 && run_net)) && echo "- lone file: one model.safetensors of ${lone_bytes:-?} bytes ($mix tensor mix), generated in $lone_model, NET over its /dev/shm copy for the NET lone rows (× tmpfs and × model: against that copy and that file)"
   ((user_rows && run_net)) && echo "- as a user: the daemon and the loaders run as uid $user_uid (setpriv), /dev/fuse mode 0666 for those rows only"
-  echo "- ceiling: the best accelfs_ceiling row on the backend (NET: 16 and 64 threads, NET lone and DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
+  [[ -z ${!CEIL[*]} ]] || echo "- ceiling: the best accelfs_ceiling row on the backend (NET: 16 and 64 threads, NET lone and DISK: 64): $(for b in "${!CEIL[@]}"; do echo -n "$b ${CEIL[$b]} GB/s; "; done | sed 's/; $//')"
   echo "- ceiling and accelfs cold: the median of $cold_repeats runs, each accelfs one on a new daemon; tmpfs, accelfs warm and accelfs repeat: the median of $repeats runs; the note lists every run, and backend MiB read and daemon peak RSS are the most of any run; direct, accelfs-warm and the small cache: one run; GB/s = 1e9 bytes/s of what the loader copied (dp: every process's copy, so $procs× the model; tp: the model once); seconds: the loader's wall clock (dp/tp: first start to last finish, the staggered run's drops included); backend MiB read: what NET served or DISK's loop device read during the row; daemon peak RSS: VmHWM of that row's daemon (warm and repeat: the last cold run's)"
   echo
   format_table
   echo
-  echo "## Goals (docs/DESIGN.md §5, issue 3)"
+  echo "## Goals (docs/DESIGN.md §5, issue 3$( ((${#rig_kinds[@]})) && echo "; the rig stores: issue 31"))"
   echo
   format_goals
 }
@@ -931,6 +955,7 @@ say "model $model_bytes bytes; results to $out"
 case_tmpfs
 ((run_net)) && bench_net
 ((run_disk)) && bench_disk
+for kind in "${rig_kinds[@]}"; do bench_rig "$kind"; done
 format_results > "$out"
 results_written=1
 cat "$out"

@@ -7,6 +7,9 @@
 #include <optional>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+#include <sys/sysmacros.h>
+
 #include "cache/guard.h"
 
 namespace accelfs {
@@ -64,15 +67,16 @@ unsigned BoundedReader::Allowed(const PerFile& file, Shares share) const {
 }
 
 StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
-  if (!options_.limits) return {};
   {
     std::lock_guard lock(mu_);
     const auto it = stores_.find(file.dev());
     if (it != stores_.end()) return it->second.limits;
   }
-  const StoreLimits limits = options_.limits(file);  // sysfs and mountinfo: no lock held
+  // sysfs and mountinfo: no lock held
+  const StoreLimits limits = options_.limits ? options_.limits(file) : StoreLimits{};
   std::lock_guard lock(mu_);
-  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0}).first->second.limits;
+  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0, IoChoice(options_.io_choice)})
+      .first->second.limits;
 }
 
 std::vector<ReadRequest> BoundedReader::Split(ReadRequest request, uint64_t bytes) {
@@ -193,9 +197,28 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
   if (file.in_flight++ == 0) file.progress = now;  // an idle file's clock starts now
   ++active_;
   const auto store = stores_.find(file.store);
-  if (store != stores_.end()) ++store->second.in_flight;
+  int io_slice = -1;
+  if (store != stores_.end()) {
+    ++store->second.in_flight;
+    if (request.file->direct()) {
+      switch (options_.io) {
+        case BoundedReaderOptions::Io::kLearn: {
+          const IoChoice::Pick pick = store->second.io.Send(request.expected, now);
+          request.buffered = pick.buffered;
+          io_slice = pick.slice;
+          break;
+        }
+        case BoundedReaderOptions::Io::kDirect:
+          break;
+        case BoundedReaderOptions::Io::kBuffered:
+          request.buffered = true;
+          break;
+      }
+    }
+  }
   const uint64_t id = next_id_++;
   InFlight& f = in_flight_[id];
+  f.io_slice = io_slice;
   f.file = IdOf(*request.file);
   f.store = file.store;
   f.sent = now;
@@ -242,6 +265,8 @@ void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
 }
 
 void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
+  std::string chosen;  // IoChoice's choice, made by this read, for chosen_store
+  uint64_t chosen_store = 0;
   std::function<void(Result<size_t>)> done;
   std::vector<ReadRequest> send;
   bool was_lost = false;
@@ -254,7 +279,18 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
     --file.in_flight;
     const Clock::time_point now = Clock::now();
     file.progress = now;
-    if (const auto store = stores_.find(f.store); store != stores_.end()) --store->second.in_flight;
+    if (const auto store = stores_.find(f.store); store != stores_.end()) {
+      PerStore& s = store->second;
+      --s.in_flight;
+      if (f.io_slice >= 0 && s.io.state() == IoChoice::State::kTrying) {
+        s.io.Back(f.io_slice, result.ok() ? result.value() : 0, result.ok(), now);
+        if (s.io.state() != IoChoice::State::kTrying) {
+          chosen_store = f.store;
+          chosen = s.io.Describe();
+          if (s.io.state() == IoChoice::State::kBuffered) ++stats_.buffered_stores;
+        }
+      }
+    }
     if (result.ok()) {  // slow start: one more in flight per read that came back
       const Clock::duration took = now - f.sent;
       file.usual = file.usual == Clock::duration{} ? took : (file.usual * 7 + took) / 8;
@@ -278,6 +314,8 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
     if (stopping_) cv_.notify_all();      // Stop waits for in-flight requests
   }
   if (was_lost) inner_->NoteLost(-1);
+  if (!chosen.empty())
+    spdlog::info("the store of device {}:{}: {}", major(chosen_store), minor(chosen_store), chosen);
   for (ReadRequest& r : send) inner_->Submit(std::move(r));
   if (done) done(std::move(result));
 }

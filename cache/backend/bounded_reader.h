@@ -32,6 +32,8 @@
 //   free and takes slots as the first file falls back to its `file_requests`). So one hung or
 //   crawling file can never fill the queue that every reader of the store, inside accelfs and out,
 //   goes through, nor take accelfs's last slot of it.
+// - O_DIRECT or the page cache (IoChoice): each store's first reads try both, and the rest go the
+//   way that read faster (`io`: or as the operator says). The choice is logged once per store.
 // - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
 //   that it sees requests waiting for a slot (what makes an adaptive depth grow), few enough that
 //   a request's time since it was sent is its time at the backend, not in a queue below. Waiting
@@ -61,6 +63,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/backend/io_choice.h"
 #include "cache/backend/reader.h"
 
 namespace accelfs {
@@ -93,6 +96,10 @@ struct BoundedReaderOptions {
   unsigned initial_window = 4;
   std::chrono::milliseconds probe_after{1'000};
   StoreLimitsFn limits;  // none: every store unbounded
+  // How reads of a file that takes O_DIRECT are sent: learned per store, or always one way.
+  enum class Io { kLearn, kDirect, kBuffered };
+  Io io = Io::kLearn;
+  IoChoice::Options io_choice;
 };
 
 struct BoundedReaderStats {
@@ -102,6 +109,7 @@ struct BoundedReaderStats {
   uint64_t abandoned = 0;  // requests still in flight when Stop gave up on them
   uint64_t probing = 0;    // files held to one read now because their reads stopped completing
   uint64_t pieces = 0;     // reads split into a store's request size, since start
+  uint64_t buffered_stores = 0;  // stores read through the page cache (IoChoice's choice)
 };
 
 class BoundedReader final : public BackendReader {
@@ -135,6 +143,7 @@ class BoundedReader final : public BackendReader {
     StoreLimits limits;
     unsigned in_flight = 0;  // pieces of every file in flight, stalled ones included
     unsigned files = 0;      // its files in files_: with reads in flight or waiting
+    IoChoice io;
   };
   struct InFlight {
     FileId file;
@@ -144,6 +153,7 @@ class BoundedReader final : public BackendReader {
     std::function<void()> stalled;
     std::function<void(Result<size_t>)> done;
     std::optional<Result<size_t>> result;  // arrived while kStalling
+    int io_slice = -1;                     // IoChoice's, of its store
   };
   struct PerFile {
     uint64_t store = 0;          // its filesystem (st_dev): the key of stores_

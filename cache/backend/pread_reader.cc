@@ -75,7 +75,7 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
 
 Result<size_t> PreadBlock(const ReadRequest& request) {
   size_t done = 0;
-  bool direct = request.file->direct();
+  bool direct = request.file->direct() && !request.buffered;
   while (done < request.expected) {
     const int fd = direct ? request.file->direct_fd() : request.file->buffered_fd();
     // O_DIRECT wants aligned lengths; the buffer has room for the rounded-up size.

@@ -73,6 +73,9 @@ struct ReadRequest {
   // A reader is waiting for these bytes (a demand miss), as opposed to prefetch: demand requests
   // are served before every queued prefetch request.
   bool demand = true;
+  // Read through the page cache even where the file takes O_DIRECT: its store was found to read
+  // faster so (cache/backend/io_choice.h; BoundedReader sets it).
+  bool buffered = false;
   // The same bytes as `buffer` through a read-only mapping, or nullptr. A reader that can reads
   // one byte of each page there once the read has filled the buffer, before answering. On a VM
   // that shadows page tables, the first read of a page through a read-only user mapping costs a

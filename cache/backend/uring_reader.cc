@@ -193,7 +193,7 @@ class UringReader final : public BackendReader {
       }
       for (auto& request : batch) {
         auto* op = new Op{std::move(request), 0, false, Clock::now(), epoch_};
-        op->direct = op->request.file->direct();
+        op->direct = op->request.file->direct() && !op->request.buffered;
         Prep(op);
         ++in_flight_;
       }

@@ -186,6 +186,14 @@ Status ApplyReadahead(const std::string& text, Config& config, const ParseContex
   return Status::Ok();
 }
 
+Status ApplyStoreIo(const std::string& text, Config& config, const ParseContext&) {
+  if (text != "auto" && text != "direct" && text != "buffered") {
+    return Bad("--store-io " + Quoted(text) + ": must be auto, direct or buffered");
+  }
+  config.store_io = text;
+  return Status::Ok();
+}
+
 Status ApplyBackendDepth(const std::string& text, Config& config, const ParseContext&) {
   const std::optional<uint64_t> v = ParseCount(text);
   if (!v || *v < 1 || *v > 4096) {
@@ -271,6 +279,10 @@ const std::vector<OptionSpec>& Options() {
        "Seconds a backend read may hang, while its file completes nothing else, before its "
        "readers get ETIMEDOUT (0: never)",
        [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
+      {"store-io", "", "MODE",
+       "auto (try O_DIRECT and the page cache on each store's first reads, keep the faster), "
+       "direct or buffered",
+       [](C c) { return c.store_io; }, ApplyStoreIo},
       {"readahead", "", "KB",
        "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
        [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},

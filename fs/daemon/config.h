@@ -45,6 +45,10 @@ struct Config {
   // clock); an NFS hard mount's major timeout is 60 s. 0: never.
   double backend_timeout = 60;
 
+  // How reads of the store are sent where it takes O_DIRECT: "auto" tries both on each store's
+  // first bytes and keeps the faster (cache/backend/io_choice.h), "direct" or "buffered" always.
+  std::string store_io = "auto";
+
   // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
   // 128 KiB to 3.1 GB/s at 4 MiB (docs/DESIGN.md section 2). 0 leaves the kernel's value.
   uint32_t readahead_kb = 8192;

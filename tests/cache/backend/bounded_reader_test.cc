@@ -4,6 +4,8 @@
 // that does not wait for a hung read, and the block cache's answer to a stall.
 #include "cache/backend/bounded_reader.h"
 
+#include <fcntl.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -48,6 +50,13 @@ class HeldReader final : public BackendReader {
     return n;
   }
   // The offsets, expected bytes and buffers of what is held, oldest first.
+  // Of the requests held now, how many go through the page cache (ReadRequest::buffered).
+  size_t held_buffered() const {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    for (const auto& r : held_) n += r.buffered;
+    return n;
+  }
   std::vector<std::tuple<uint64_t, size_t, std::byte*>> HeldShapes() const {
     std::lock_guard lock(mu_);
     std::vector<std::tuple<uint64_t, size_t, std::byte*>> out;
@@ -452,6 +461,62 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
   }
   for (auto& d : a_done) ASSERT_TRUE(d.Wait());
   reader.Stop();
+}
+
+// A store's first reads try O_DIRECT and the page cache by turns (IoChoice), and the rest go the
+// way that read faster; a file that refuses O_DIRECT is read through the page cache anyway, and
+// the operator's choice holds without a trial.
+TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
+  // A file that takes O_DIRECT: its descriptors are /dev/null's.
+  const auto direct_file = [] {
+    return std::make_shared<BackingFile>(open("/dev/null", O_RDONLY | O_CLOEXEC),
+                                         open("/dev/null", O_RDONLY | O_CLOEXEC));
+  };
+  for (const auto io : {BoundedReaderOptions::Io::kLearn, BoundedReaderOptions::Io::kDirect,
+                        BoundedReaderOptions::Io::kBuffered}) {
+    SCOPED_TRACE(static_cast<int>(io));
+    auto* inner = new HeldReader(64);
+    BoundedReaderOptions options;
+    options.initial_window = 1u << 20;
+    options.io = io;
+    options.io_choice.slice_bytes = 4096;  // one read per slice
+    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    const auto file = direct_file();
+    std::vector<Done> done(IoChoice::kSlices + 1);
+    std::vector<bool> modes;
+    for (auto& d : done) {  // the warm-up, then the slices, one at a time
+      reader.Submit(Request(file, true, d));
+      modes.push_back(inner->held_buffered() == 1);
+      ASSERT_TRUE(inner->Answer());
+    }
+    Done after;
+    reader.Submit(Request(file, true, after));
+    const bool buffered_after = inner->held_buffered() == 1;
+    ASSERT_TRUE(inner->Answer());
+    switch (io) {
+      case BoundedReaderOptions::Io::kLearn:
+        EXPECT_EQ(modes, (std::vector<bool>{false, false, true, true, false, false, true}));
+        EXPECT_EQ(buffered_after, reader.Stats().buffered_stores == 1);
+        break;
+      case BoundedReaderOptions::Io::kDirect:
+        EXPECT_EQ(modes, std::vector<bool>(done.size(), false));
+        EXPECT_FALSE(buffered_after);
+        break;
+      case BoundedReaderOptions::Io::kBuffered:
+        EXPECT_EQ(modes, std::vector<bool>(done.size(), true));
+        EXPECT_TRUE(buffered_after);
+        break;
+    }
+    Done refused;  // File(): no O_DIRECT descriptor; the readers read it buffered whatever is set
+    reader.Submit(Request(File(), true, refused));
+    EXPECT_EQ(inner->held_buffered(), 0u) << "not marked: nothing to choose";
+    while (inner->Answer()) {
+    }
+    for (auto& d : done) ASSERT_TRUE(d.Wait());
+    ASSERT_TRUE(after.Wait());
+    ASSERT_TRUE(refused.Wait());
+    reader.Stop();
+  }
 }
 
 }  // namespace

@@ -529,5 +529,18 @@ TEST(ParseCommandLineTest, BackendTimeout) {
   ExpectUsageError({"/src", "/mnt", "-o", "backend_timeout="}, "needs a value");
 }
 
+TEST(ParseCommandLineTest, StoreIo) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_io, "auto");
+  c = ParseOk({"--store-io", "buffered"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_io, "buffered");
+  c = ParseOk({"-o", "store_io=direct"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_io, "direct");
+  ExpectUsageError({"/src", "/mnt", "--store-io", "fast"}, "--store-io 'fast'");
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -126,7 +126,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
       {"backend-depth", "16"},    {"backend-timeout", "5"},    {"readahead", "4M"},
       {"stream-threshold", "1M"}, {"attr-timeout", "7"},       {"entry-timeout", "9"},
       {"log-level", "debug"},     {"metrics", "9100"},         {"fill-on-open", "off"},
-      {"control-group", "disk"}};
+      {"control-group", "disk"},  {"store-io", "buffered"}};
   for (const OptionSpec& o : Options()) {
     SCOPED_TRACE(std::string(o.name));
     std::string value;
@@ -162,6 +162,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     EXPECT_EQ(a.config->foreground, b.config->foreground);
     EXPECT_EQ(a.config->passthrough, b.config->passthrough);
     EXPECT_EQ(a.config->push, b.config->push);
+    EXPECT_EQ(a.config->store_io, b.config->store_io);
     // And it changed something: every option has an effect.
     const Config& c = *a.config;
     const bool changed =
@@ -173,7 +174,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
         c.log_level != defaults.log_level || c.metrics_address != defaults.metrics_address ||
         c.fill_on_open != defaults.fill_on_open || c.control_group != defaults.control_group ||
         c.foreground != defaults.foreground || c.passthrough != defaults.passthrough ||
-        c.push != defaults.push;
+        c.push != defaults.push || c.store_io != defaults.store_io;
     EXPECT_TRUE(changed);
   }
 }

@@ -9,8 +9,12 @@
 
 namespace accelfs {
 
-std::vector<FingerprintSpan> FingerprintSpans(uint64_t size) {
+std::vector<FingerprintSpan> FingerprintSpans(uint64_t size, bool tail_only) {
   if (size == 0) return {};
+  if (tail_only && size > 2 * kFingerprintPage) {
+    const uint64_t last = (size - 1) / kFingerprintPage * kFingerprintPage;
+    return {{last - kFingerprintPage, kFingerprintPage}, {last, size - last}};
+  }
   const uint64_t first = std::min(size, kFingerprintPage);
   if (size <= first) return {{0, first}};
   const uint64_t last = std::max((size - 1) / kFingerprintPage * kFingerprintPage, first);
@@ -30,7 +34,8 @@ uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
 
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const std::function<bool()>& cancelled) {
-  const std::vector<FingerprintSpan> spans = FingerprintSpans(static_cast<uint64_t>(st.st_size));
+  const std::vector<FingerprintSpan> spans =
+      FingerprintSpans(static_cast<uint64_t>(st.st_size), file->tail_samples());
   if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0));
   // One aligned page per span (O_DIRECT), filled in parallel. The state is the requests' own: a
   // read stalled past the backend timeout answers here at once, yet may still write into its page

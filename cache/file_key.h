@@ -37,14 +37,16 @@ struct FileKey {
 };
 
 // The bytes of a file's identity that are read from the file itself: at most its first and last
-// page, each 4 KiB-aligned (O_DIRECT), the last one not before the end of the first.
+// page, each 4 KiB-aligned (O_DIRECT), the last one not before the end of the first. With
+// `tail_only` (a store that reads ahead from any offset, BackingFile::tail_samples), its last two
+// pages instead: the same 8 KiB for a file up to 8 KiB, the end of the file beyond.
 struct FingerprintSpan {
   uint64_t offset = 0;
   uint64_t length = 0;
 };
 constexpr uint64_t kFingerprintPage = 4096;
 // The spans of a file of `size` bytes: none for an empty file, one up to 8 KiB.
-std::vector<FingerprintSpan> FingerprintSpans(uint64_t size);
+std::vector<FingerprintSpan> FingerprintSpans(uint64_t size, bool tail_only = false);
 
 // A stable 64-bit hash (FNV-1a) of the sampled bytes: the same bytes give the same value in every
 // build and on every machine, since a cache dir's records keep it across daemons.

@@ -77,6 +77,10 @@ struct StoreLimits {
   // One file at most while it is the store's only file with reads in flight or waiting (0: the
   // same as file_requests). Less than store_requests: a file that arrives always finds a slot.
   unsigned lone_file_requests = 0;
+  // The store reads each file best as one stream, front to back (rclone: each handle a ranged GET
+  // that restarts at every jump): no IoChoice trial, which would read a file through two handles
+  // by turns (rclone sent 1.4x the model during one), O_DIRECT only.
+  bool sequential = false;
   bool operator==(const StoreLimits&) const = default;
 };
 // Called once per backing filesystem (st_dev), with a file of it, outside any lock of the reader.

@@ -7,11 +7,16 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <mutex>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 
 #include "cache/block.h"
+#include "fs/common/mountinfo.h"
 
 namespace accelfs {
 
@@ -38,6 +43,30 @@ int FreshStat(int fd, struct stat* st) {
   st->st_mtim = {sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec};
   st->st_ctim = {sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec};
   return 0;
+}
+
+// The FUSE filesystems of object stores, by mountinfo type. Each turns a read at any offset of a
+// file into a ranged GET from there that reads ahead: s3fs fetches multipart_size x parallel_count
+// (50 MB by default) into memory it drops at close, rclone streams up to its chunk size until the
+// handle seeks (~1 MB on the wire before it notices); goofys, geesefs, mountpoint-s3, gcsfuse and
+// blobfuse do the like. Their files are sampled at the end only (BackingFile::tail_samples).
+bool ReadsAheadFromAnyOffset(int fd, dev_t dev) {
+  static constexpr std::string_view kTypes[] = {
+      "fuse.s3fs",          "fuse.rclone",  "fuse.goofys",    "fuse.geesefs",
+      "fuse.mountpoint-s3", "fuse.gcsfuse", "fuse.blobfuse2", "fuse.blobfuse"};
+  struct statfs sf {};
+  if (fstatfs(fd, &sf) != 0 || static_cast<uint64_t>(sf.f_type) != 0x65735546) return false;
+  static std::mutex mu;
+  static std::unordered_map<dev_t, bool> known;  // GUARDED_BY(mu): one mountinfo read per store
+  std::lock_guard lock(mu);
+  if (const auto it = known.find(dev); it != known.end()) return it->second;
+  bool ahead = false;
+  for (const MountInfo& m : ReadMountInfo()) {
+    if (makedev(m.major, m.minor) != dev) continue;
+    ahead = std::find(std::begin(kTypes), std::end(kTypes), m.fstype) != std::end(kTypes);
+  }
+  known.emplace(dev, ahead);
+  return ahead;
 }
 
 // FUSE, NFS, SMB and Ceph: filesystems whose reads wait on a process or a server.
@@ -70,6 +99,7 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
   auto file = std::make_shared<BackingFile>(direct, buffered);
   file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
   file->SetMayBlock(OnNetworkOrFuse(buffered));
+  file->SetTailSamples(ReadsAheadFromAnyOffset(buffered, st->st_dev));
   return file;
 }
 

@@ -50,6 +50,12 @@ class BackingFile {
   void SetMayBlock(bool may_block) { may_block_ = may_block; }
   bool may_block() const { return may_block_; }
 
+  // Its identity is sampled at its end only (FingerprintSpans): the file's store reads ahead from
+  // the offset of any read (an object store's FUSE filesystem: s3fs fetched 50 MB from a 4 KiB
+  // read of a file's first page, on each open). Set by OpenBacking from the store's type.
+  void SetTailSamples(bool tail) { tail_samples_ = tail; }
+  bool tail_samples() const { return tail_samples_; }
+
   int direct_fd() const { return direct_fd_; }
   int buffered_fd() const { return buffered_fd_; }
   bool direct() const { return direct_.load(std::memory_order_relaxed); }
@@ -61,7 +67,8 @@ class BackingFile {
   std::atomic<bool> direct_;
   uint64_t dev_ = 0;  // set once, before the file is shared
   uint64_t ino_ = 0;
-  bool may_block_ = false;  // set once, before the file is shared
+  bool may_block_ = false;     // set once, before the file is shared
+  bool tail_samples_ = false;  // set once, before the file is shared
 };
 
 struct ReadRequest {

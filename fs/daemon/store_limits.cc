@@ -58,6 +58,7 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
   const unsigned background = std::max(queue.max_background, 1u);
   limits.store_requests = std::max(1u, background / 2);
   limits.file_requests = queue.sequential ? 1u : std::max(1u, background / 4);
+  limits.sequential = queue.sequential;
   // A lone file: all of accelfs's half but an eighth of it (at least one slot) kept for the next.
   limits.lone_file_requests =
       queue.sequential ? 1u

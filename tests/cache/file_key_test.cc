@@ -27,9 +27,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::pair<uint64_t, uint64_t>> Spans(uint64_t size) {
+std::vector<std::pair<uint64_t, uint64_t>> Spans(uint64_t size, bool tail_only = false) {
   std::vector<std::pair<uint64_t, uint64_t>> out;
-  for (const FingerprintSpan& s : FingerprintSpans(size)) out.emplace_back(s.offset, s.length);
+  for (const FingerprintSpan& s : FingerprintSpans(size, tail_only)) {
+    out.emplace_back(s.offset, s.length);
+  }
   return out;
 }
 
@@ -42,6 +44,18 @@ TEST(FileKeyTest, TheFirstAndTheLastPageAreSampled) {
   EXPECT_EQ(Spans(8192), (V{{0, 4096}, {4096, 4096}}));
   EXPECT_EQ(Spans(10000), (V{{0, 4096}, {8192, 1808}}));
   EXPECT_EQ(Spans(uint64_t{1} << 32), (V{{0, 4096}, {(uint64_t{1} << 32) - 4096, 4096}}));
+}
+
+// A store that reads ahead from any offset (s3fs, rclone): nothing before the file's last 8 KiB.
+TEST(FileKeyTest, TailOnlyStoresAreSampledInTheirLastTwoPages) {
+  using V = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(Spans(0, true), V{});
+  EXPECT_EQ(Spans(4096, true), (V{{0, 4096}}));
+  EXPECT_EQ(Spans(8192, true), (V{{0, 4096}, {4096, 4096}})) << "the whole file either way";
+  EXPECT_EQ(Spans(8193, true), (V{{4096, 4096}, {8192, 1}}));
+  EXPECT_EQ(Spans(10000, true), (V{{4096, 4096}, {8192, 1808}}));
+  EXPECT_EQ(Spans(uint64_t{1} << 32, true),
+            (V{{(uint64_t{1} << 32) - 8192, 4096}, {(uint64_t{1} << 32) - 4096, 4096}}));
 }
 
 TEST(FileKeyTest, TheFingerprintIsTheSameInEveryBuild) {

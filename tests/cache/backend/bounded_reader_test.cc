@@ -519,5 +519,30 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
   }
 }
 
+// A store that reads each file as one stream (rclone) is not tried both ways: that would read the
+// file through two handles by turns.
+TEST(BoundedReaderTest, ASequentialStoreIsReadWithODirectOnly) {
+  auto* inner = new HeldReader(64);
+  BoundedReaderOptions options;
+  options.io_choice.slice_bytes = 4096;
+  options.limits = [](const BackingFile&) {
+    StoreLimits limits{1 << 20, 6, 1, 1};
+    limits.sequential = true;
+    return limits;
+  };
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  const auto file = std::make_shared<BackingFile>(open("/dev/null", O_RDONLY | O_CLOEXEC),
+                                                  open("/dev/null", O_RDONLY | O_CLOEXEC));
+  std::vector<Done> done(2 * IoChoice::kSlices);
+  for (auto& d : done) {
+    reader.Submit(Request(file, true, d));
+    EXPECT_EQ(inner->held_buffered(), 0u);
+    ASSERT_TRUE(inner->Answer());
+  }
+  for (auto& d : done) ASSERT_TRUE(d.Wait());
+  EXPECT_EQ(reader.Stats().buffered_stores, 0u);
+  reader.Stop();
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -30,7 +30,7 @@ TEST(StoreLimitsTest, RequestsAreTheStoresMaxReadInPagesAtMostOneMiB) {
 
 TEST(StoreLimitsTest, AStoreThatReadsFilesFrontToBackGetsOneRequestPerFile) {
   FuseQueue rclone{12, 0, /*sequential=*/true};
-  EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1, 1}));
+  EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1, 1, /*sequential=*/true}));
 }
 
 TEST(StoreLimitsTest, AFileOnALocalFilesystemHasNoQueue) {

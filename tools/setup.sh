@@ -19,7 +19,7 @@ package_packages=(help2man dpkg-dev file)
 # not install beside it.)
 rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs iproute2 python3)
 test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
-               "${rig_packages[@]}")
+               "${rig_packages[@]}" prometheus)
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]

@@ -18,6 +18,8 @@ package_packages=(help2man dpkg-dev file)
 # (npm only where no npm is there: a nodejs from elsewhere brings its own, and Debian's npm would
 # not install beside it.)
 rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs iproute2 python3)
+# prometheus: its promtool checks and unit-tests the alert rules of tools/monitoring (the server the
+# package also ships is not used).
 test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
                "${rig_packages[@]}" prometheus)
 jobs=$(nproc)

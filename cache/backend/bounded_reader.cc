@@ -42,21 +42,13 @@ BoundedReader::~BoundedReader() {
   }
 }
 
-BoundedReader::Shares BoundedReader::Share() const {
-  const unsigned depth = std::max(inner_->CurrentDepth(), 1u);
-  const auto of = [depth](double fraction) {
-    return std::max(1u, static_cast<unsigned>(std::ceil(depth * fraction)));
-  };
-  Shares shares;
-  shares.many = of(options_.share);
-  // All but an eighth, and one slot at least, stays free for a file that comes.
-  shares.lone = std::max(shares.many, std::min(of(options_.lone_share), depth - 1));
-  return shares;
+unsigned BoundedReader::Share() const {
+  const double depth = std::max(inner_->CurrentDepth(), 1u);
+  return std::max(1u, static_cast<unsigned>(std::ceil(depth * options_.share)));
 }
 
-unsigned BoundedReader::Allowed(const PerFile& file, Shares share) const {
-  const unsigned of_depth = files_.size() <= 1 ? share.lone : share.many;
-  unsigned allowed = std::min(file.probing ? 1u : file.window, of_depth);
+unsigned BoundedReader::Allowed(const PerFile& file, unsigned share) const {
+  unsigned allowed = std::min(file.probing ? 1u : file.window, share);
   const auto store = stores_.find(file.store);
   if (store != stores_.end() && store->second.limits.file_requests > 0) {
     const StoreLimits& limits = store->second.limits;
@@ -230,7 +222,7 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
 }
 
 void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
-  const Shares share = Share();
+  const unsigned share = Share();
   const unsigned flight = 2 * std::max(inner_->CurrentDepth(), 1u);
   while (active_ < flight) {
     // The oldest waiting request of a file under its share: demand, else prefetch. A scan of the

@@ -7,12 +7,13 @@
 // hung kernel filesystem may never complete and cannot be cancelled.
 //
 // - Share: each backing file (its inode, whichever open reads it) has at most `share` of the inner
-//   reader's depth in flight (demand and prefetch together, stalled reads included), or
-//   `lone_share` of it while no other file has reads in flight or waiting here (a single-file
-//   model, a lone shard: one file must be able to use the depth); its further requests wait here,
-//   so they take no slot and no window below. Another file's demand read finds a slot at once:
-//   the lone share leaves one at least, and the first file, now held to its share, gives the
-//   slots it has over it to the newcomer as its reads return.
+//   reader's depth in flight (demand and prefetch together, stalled reads included); its further
+//   requests wait here, so they take no slot and no window below. Another file's demand read
+//   finds a slot at once. Half, even for a file read alone: with seven eighths for a lone file, a
+//   shard that hung after its window had opened held 28 of 32 slots, the adaptive depth then
+//   stepped down under it (its reads waited), and another file through accelfs got no slot until
+//   the backend timeout (StoreQueueTest, max_background 128). A hung read holds its slot until it
+//   stalls, so what a file may hold is what the others may lose.
 // - Slow start: within its share a file has a window that starts at `initial_window` reads (4, as
 //   a TCP sender's initial window: a file's two identity samples and its first reads go out
 //   together) and widens by one with each read of it that completes (doubling per round trip). A
@@ -91,8 +92,6 @@ struct BoundedReaderOptions {
   // still gets 16 of the default 32 (2.6 GB/s of 4 MiB reads at 25 ms each, above the NET
   // emulator's 2 GB/s), and everything else keeps the other half while one file crawls.
   double share = 0.5;
-  // Of the depth, for a file while it is the only one read: all but an eighth (one slot at least).
-  double lone_share = 0.875;
   std::chrono::milliseconds timeout{60'000};  // 0: never
   std::chrono::milliseconds stop_grace{2'000};
   // Slow start (see above): a file's window when it starts or starts again after idle, and the
@@ -180,13 +179,9 @@ class BoundedReader final : public BackendReader {
   using Files = std::unordered_map<FileId, PerFile, FileIdHash>;
   // Forgets an idle file (its window starts again at one). REQUIRES: mu_ held.
   Files::iterator EraseFile(Files::iterator it);
-  struct Shares {
-    unsigned many = 1;  // a file's share beside others
-    unsigned lone = 1;  // the share of a file that is the only one
-  };
-  Shares Share() const;
+  unsigned Share() const;
   // The most `file` may have in flight now: its window within its share and its store's bound.
-  unsigned Allowed(const PerFile& file, Shares share) const;
+  unsigned Allowed(const PerFile& file, unsigned share) const;
   // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
   // not held.
   StoreLimits LimitsOf(const BackingFile& file);

@@ -19,103 +19,32 @@
 #include <string>
 
 #include "cache/block.h"
+#include "cache/block_record.h"
 #include "cache/crc32c.h"
 #include "cache/ram_block_store.h"
 
 #include <spdlog/spdlog.h>
 
 namespace accelfs {
+
+using block_record::CrcOffset;
+using block_record::kChecksummed;
+using block_record::kDataSuffix;
+using block_record::kMagic;
+using block_record::kMapSuffix;
+using block_record::MarkOffset;
+using block_record::RecordBytes;
+using block_record::RecordHeader;
+
 namespace {
 
-// Version 2 added the checksums; a version 1 record is not ours any more (its blocks are fetched
-// again once).
-// '3': records keyed by content identity (size, mtime, ctime, fingerprint), not (dev, ino). An
-// older record does not parse and is removed: its file is fetched once more.
-constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '3'};
-// RecordHeader::flags: the record's checksums were computed (a disk directory's), so its blocks
-// are checked before they are served. Without it they are all 0 (a RAM-backed directory's).
-constexpr uint32_t kChecksummed = 1;
-constexpr char kDataSuffix[] = ".data";
-constexpr char kMapSuffix[] = ".map";
 constexpr char kLockName[] = "lock";
-
-// The record's header; then block i's presence byte at sizeof(RecordHeader) + i, and after the
-// last of those, block i's CRC-32C (little-endian, 4 bytes) at CrcOffset(blocks, i).
-struct RecordHeader {
-  char magic[8];
-  uint32_t block_size;
-  uint32_t flags;
-  uint64_t size;
-  int64_t mtime_ns;
-  int64_t ctime_ns;
-  uint64_t fingerprint;
-  uint64_t padding[2];
-};
-static_assert(sizeof(RecordHeader) == kBlockRecordHeaderBytes);
-
-off_t MarkOffset(uint64_t index) { return static_cast<off_t>(sizeof(RecordHeader) + index); }
-off_t CrcOffset(uint64_t blocks, uint64_t index) {
-  return static_cast<off_t>(sizeof(RecordHeader) + blocks + index * sizeof(uint32_t));
-}
-uint64_t RecordBytes(uint64_t blocks) {
-  return sizeof(RecordHeader) + blocks * (1 + sizeof(uint32_t));
-}
 
 bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
   return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
 }
 
-bool EndsWith(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
 }  // namespace
-
-Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size) {
-  RecordHeader header{};
-  if (record.size() < sizeof(header) || block_size == 0) return Error(EINVAL);
-  std::memcpy(&header, record.data(), sizeof(header));  // `record` need not be aligned
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.block_size != block_size) {
-    return Error(EINVAL);
-  }
-  return FileKey{header.size, header.mtime_ns, header.ctime_ns, header.fingerprint};
-}
-
-Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size) {
-  const Result<FileKey> key = ParseBlockRecordHeader(record, block_size);
-  if (!key.ok()) return key.error();
-  // Not BlockCount: a hostile size near 2^64 would wrap it.
-  const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
-  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 5 wrap.
-  const uint64_t body = record.size() - sizeof(RecordHeader);
-  if (body % (1 + sizeof(uint32_t)) != 0 || body / (1 + sizeof(uint32_t)) != blocks) {
-    return Error(EINVAL);
-  }
-  RecordHeader header{};
-  std::memcpy(&header, record.data(), sizeof(header));
-  const bool checksummed = (header.flags & kChecksummed) != 0;
-  try {
-    BlockRecord parsed{key.value(), checksummed, {}};
-    const std::span<const std::byte> marks = record.subspan(sizeof(RecordHeader));
-    for (uint64_t i = 0; i < blocks; ++i) {
-      if (marks[i] != std::byte{1}) continue;
-      parsed.present.push_back(
-          {{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size), checksummed});
-    }
-    return parsed;
-  } catch (const std::bad_alloc&) {
-    return Error(ENOMEM);
-  }
-}
-
-std::string StoredName(const FileKey& key) {
-  char name[80];
-  std::snprintf(name, sizeof(name), "%016" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64,
-                key.fingerprint, key.size, static_cast<uint64_t>(key.mtime_ns),
-                static_cast<uint64_t>(key.ctime_ns));
-  return name;
-}
 
 FileBlockStore::FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size,
                                bool persistent, bool sync)
@@ -204,72 +133,6 @@ FileBlockStore::~FileBlockStore() {
   }
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
   close(root_fd_);
-}
-
-void FileBlockStore::LoadStored() {
-  std::lock_guard lock(mu_);
-  const int dir_fd = dup(root_fd_);
-  DIR* dir = dir_fd < 0 ? nullptr : fdopendir(dir_fd);
-  if (dir == nullptr) {
-    if (dir_fd >= 0) close(dir_fd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (const dirent* entry = readdir(dir)) names.emplace_back(entry->d_name);
-  closedir(dir);
-  std::sort(names.begin(), names.end());  // a stable order: files by identity
-
-  std::vector<std::string> kept;  // stems in use, sorted as `names` is
-  for (const std::string& name : names) {
-    if (!EndsWith(name, kMapSuffix)) continue;
-    const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
-    const int map_fd = openat(root_fd_, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    std::byte head[kBlockRecordHeaderBytes];
-    const Result<FileKey> parsed_key =
-        map_fd >= 0 && pread(map_fd, head, sizeof(head), 0) == sizeof(head)
-            ? ParseBlockRecordHeader(head, block_size_)
-            : Error(EINVAL);
-    if (!parsed_key.ok()) {
-      if (map_fd >= 0) close(map_fd);
-      RemoveFiles(stem);  // unreadable, or blocks of another size: nothing in it can be used
-      continue;
-    }
-    const FileKey key = parsed_key.value();
-    const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    struct stat st {};
-    struct stat map_st {};
-    const uint64_t record_bytes = RecordBytes(BlockCount(key.size, block_size_));
-    // The sizes are checked before the record is read, so a hostile header costs no memory.
-    bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-              static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
-              static_cast<uint64_t>(map_st.st_size) == record_bytes;
-    std::vector<std::byte> bytes(ok ? record_bytes : 0);
-    ok = ok && pread(map_fd, bytes.data(), record_bytes, 0) == static_cast<ssize_t>(record_bytes);
-    Result<BlockRecord> record = ok ? ParseBlockRecord(bytes, block_size_) : Error(EINVAL);
-    if (!record.ok() || record->key != key) {
-      close(map_fd);
-      if (fd >= 0) close(fd);
-      RemoveFiles(stem);
-      continue;
-    }
-    if (record->present.empty()) {
-      close(map_fd);
-      close(fd);
-      RemoveFiles(stem);
-      continue;
-    }
-    stored_.insert(stored_.end(), record->present.begin(), record->present.end());
-    File& stored = files_[key];
-    stored.fd = fd;
-    stored.map_fd = map_fd;
-    kept.push_back(stem);
-  }
-  // Data whose record is gone (a daemon killed while removing a file's two names).
-  for (const std::string& name : names) {
-    if (!EndsWith(name, kDataSuffix)) continue;
-    const std::string stem = name.substr(0, name.size() - std::strlen(kDataSuffix));
-    if (!std::binary_search(kept.begin(), kept.end(), stem)) unlinkat(root_fd_, name.c_str(), 0);
-  }
 }
 
 void FileBlockStore::RemoveFiles(const std::string& stem) const {

@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/block_record.h"
 #include "cache/block_store.h"
 
 namespace accelfs {
@@ -143,33 +144,5 @@ class FileBlockStore final : public BlockStore {
   std::atomic<bool> other_logged_{false};   // a fallback for another reason was logged
   std::atomic<uint64_t> fallbacks_{0};      // blocks given from memory (Fallbacks)
 };
-
-// The cache-directory file name stem for `key` (hex dev-ino-size-mtime).
-std::string StoredName(const FileKey& key);
-
-// A record (NAME.map) read back. Records are outside input to the daemon that reads them: whatever
-// a file in the cache directory holds, parsing it is an Error or a record, never a crash.
-struct BlockRecord {
-  FileKey key;
-  bool checksummed = false;          // its checksums were recorded: its blocks' `check` is set
-  std::vector<StoredBlock> present;  // ascending by index, each with its bytes in the file
-};
-
-// A record's header: the magic, the block size and the identity, 64 bytes.
-inline constexpr size_t kBlockRecordHeaderBytes = 64;
-
-// The identity a record's header names. `record` holds at least the header; what follows is
-// ignored, so a caller can check the header before reading the rest. Error(EINVAL) when `record`
-// is shorter than the header, the magic is not ours, or the header's block size is not
-// `block_size` (blocks of another size: nothing in the record can be used) or is 0.
-Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size);
-
-// A whole record: the header as ParseBlockRecordHeader takes it, then exactly one byte per block
-// of the file the header names, then exactly four (a checksum) per block. A block is present when
-// its byte is 1; any other value counts as absent (only 0 and 1 are ever written). Error(EINVAL) as
-// ParseBlockRecordHeader, or when the record's length is not the header's plus five bytes per
-// block; Error(ENOMEM) when memory runs out. Does not check that the record's file name is
-// StoredName(key): the caller knows the name.
-Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size);
 
 }  // namespace accelfs

@@ -15,52 +15,15 @@
 
 #include "cache/block.h"
 #include "cache/readahead.h"
+#include "fs/read_through_handles.h"
 
 namespace accelfs {
-
-struct ReadThroughFs::Handle {
-  std::shared_ptr<Inode> inode;
-  uint64_t ino = 0;  // the FUSE inode number
-  std::shared_ptr<BackingFile> file;
-  FileKey identity;
-  int backing_id = 0;   // passthrough mode when > 0
-  bool direct = false;  // cached mode, reads around the page cache
-  // In the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a direct one
-  // from its first READ that looks like a mapping's fault (kRefused when a file changed since the
-  // open: PagePusher::WatchFrom). Set before any Get of a READ, read in Release, which the kernel
-  // sends only after every READ of the handle is answered.
-  enum Watch : int { kNotWatched, kWatched, kRefused };
-  std::atomic<int> watch{kNotWatched};
-  uint64_t push_epoch = 0;              // PagePusher::Epoch() at the open
-  std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
-  std::mutex mu;
-  ReadaheadState readahead;  // GUARDED_BY(mu)
-};
-
-// An open waiting for its whole file to be cached (FsOptions::fill_on_open).
-struct ReadThroughFs::Fill {
-  std::unique_ptr<Handle> handle;
-  OpenDone done;
-  std::chrono::steady_clock::time_point started;
-  int rounds = 0;                   // only the thread ending a round touches it
-  std::atomic<uint64_t> left{0};    // answers outstanding in this round, plus one
-  std::atomic<bool> failed{false};  // a backend read failed: no second round
-};
-
-struct ReadThroughFs::DirHandle {
-  std::vector<DirEntry> entries;  // snapshot taken at opendir; offsets index into it
-  uint64_t ino = 0;
-};
 
 namespace {
 
 // How long an open of a changed file waits for the RELEASE of the passthrough handles of its old
 // contents: the kernel sends RELEASE after close() returns, in the background, within milliseconds.
 constexpr std::chrono::seconds kReleaseWait{1};
-
-// Fill on open: rounds of Gets of the whole file before the open is answered. A second round
-// fetches what others' reads evicted during the first.
-constexpr int kFillRounds = 2;
 
 // One READ that spans one or more blocks; replies once every block has answered.
 struct PendingRead {
@@ -70,20 +33,6 @@ struct PendingRead {
   int error = 0;                  // GUARDED_BY(mu) first failure
   ReadDone done;
 };
-
-// Removes handle `id` from `handles` and returns it (destroyed by the caller, after the lock);
-// nullptr for an id that is not there. REQUIRES: `mu` guards `handles`.
-template <typename T>
-std::unique_ptr<T> TakeHandle(std::mutex& mu,
-                              std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
-                              uint64_t id) {
-  std::lock_guard lock(mu);
-  auto it = handles.find(id);
-  if (it == handles.end()) return nullptr;
-  std::unique_ptr<T> handle = std::move(it->second);
-  handles.erase(it);
-  return handle;
-}
 
 }  // namespace
 
@@ -300,90 +249,6 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   RunFill(fill);
 }
 
-bool ReadThroughFs::WantsFill(const Handle& handle) {
-  if (options_.fill == FsOptions::Fill::kOff || registry_ == nullptr || !registry_->Enabled() ||
-      prefetcher_ == nullptr || !cache_.store().KeepsFiles() ||
-      !prefetcher_->Streams(handle.identity)) {
-    return false;
-  }
-  // It must fit in the budget (whether it fits beside what others pin is seen at the end of the
-  // fill, see FillRoundDone: those pins are released as their reads end).
-  if (FillBudget(handle.identity) > cache_.Stats().budget_bytes) return false;
-  {
-    // A handle of the inode open in cached mode keeps it out of passthrough mode anyway, and so
-    // do passthrough handles of the file's old contents (the kernel binds one backing file to an
-    // inode).
-    std::lock_guard lock(handle.inode->mu);
-    const Inode& node = *handle.inode;
-    if (node.cached_opens > 0) return false;
-    if (node.passthrough_opens > 0 && node.passthrough_identity != handle.identity) return false;
-  }
-  if (cache_.ResidentBytes(handle.identity) >= handle.identity.size) return false;
-  if (options_.fill == FsOptions::Fill::kShards) {
-    // Only where the next shard's fetch overlaps the loader's read of this one.
-    auto [dir, name] = PlaceOf(*handle.inode);
-    return dir && name.ends_with(".safetensors") && !shard_opener_->Next(dir->fd, name).empty();
-  }
-  return true;
-}
-
-uint64_t ReadThroughFs::FillBudget(const FileKey& file) const {
-  return BlockCount(file.size, options_.block_size) *
-         cache_.store().CapacityFor(options_.block_size);
-}
-
-void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
-  const FileKey identity = fill->handle->identity;
-  const uint64_t blocks = BlockCount(identity.size, options_.block_size);
-  ++fill->rounds;
-  // One more than the blocks: this loop's own count, so that answers arriving during the loop
-  // (cached blocks answer at once) cannot end the round before every Get was made.
-  fill->left.store(blocks + 1, std::memory_order_relaxed);
-  // One round's Gets at a time: the backend reader serves demand first come, first served, so
-  // the file opened first is cached first, and a loader thread can read it while the files of
-  // the others are still coming (several threads opening shards at once). With the rounds'
-  // Gets interleaved every such open would be answered only at the end.
-  {
-    std::lock_guard order(fill_order_mu_);
-    for (uint64_t b = 0; b < blocks; ++b) {
-      // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
-      // budget pinned by others) must not hold room that those others wait for. The Ref given to
-      // the callback is given back at once.
-      cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
-                 fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
-                   if (block.ok()) {
-                     block.value().Reset();  // before the round can end: it counts what is pinned
-                   } else {
-                     fill->failed.store(true, std::memory_order_relaxed);
-                   }
-                   if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
-                 });
-    }
-  }
-  // Outside the lock: ending the round may start the next one.
-  if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
-}
-
-void ReadThroughFs::FillRoundDone(const std::shared_ptr<Fill>& fill) {
-  const FileKey identity = fill->handle->identity;
-  // Blocks fetched in this round can have been evicted before its end by others' reads (a small
-  // cache still pinned by the previous file, whose RELEASE the kernel sends just after this
-  // OPEN). Fetch them again once, when the file fits beside what is pinned now.
-  if (!fill->failed.load(std::memory_order_relaxed) && fill->rounds < kFillRounds &&
-      cache_.ResidentBytes(identity) < identity.size) {
-    const CacheStats stats = cache_.Stats();
-    if (stats.pinned_bytes + FillBudget(identity) <= stats.budget_bytes) return RunFill(fill);
-  }
-  filling_opens_.fetch_sub(1, std::memory_order_relaxed);
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - fill->started);
-  spdlog::debug("open of inode {} waited {} ms for {} bytes to be cached ({} round{}{})",
-                fill->handle->ino, waited.count(), identity.size, fill->rounds,
-                fill->rounds == 1 ? "" : "s",
-                fill->failed.load(std::memory_order_relaxed) ? ", a backend read failed" : "");
-  FinishOpen(std::move(fill->handle), /*next_started=*/true, fill->done, /*may_wait=*/false);
-}
-
 std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& inode) {
   std::lock_guard lock(inode.mu);
   return {inode.parent, inode.name};
@@ -502,24 +367,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   if (handle->backing_id == 0) handle->pinned.clear();  // unpinned with no inode lock held
   out.backing_id = handle->backing_id;
   out.direct = handle->direct;
-  // A file served by the daemon starts streaming in at its first open, before any READ.
-  if (prefetcher_ != nullptr) {
-    const bool safetensors = name.ends_with(".safetensors");
-    if (handle->backing_id == 0) prefetcher_->OnOpen(handle->identity, handle->file, safetensors);
-    // The shard a loader opens after this one streams in once this one's stream is done, or at
-    // once when this one is already cached (passed through).
-    if (safetensors && dir && !next_started) {
-      const uint64_t size = handle->identity.size;
-      if (handle->backing_id > 0) {
-        shard_opener_->StartNextAfter(dir, name, size);
-      } else {
-        prefetcher_->SetSuccessor(handle->identity,
-                                  [opener = shard_opener_.get(), dir, name, size] {
-                                    opener->StartNextAfter(dir, name, size);
-                                  });
-      }
-    }
-  }
+  StartStreams(*handle, dir, name, next_started);
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);
@@ -527,6 +375,25 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
   done(out);
+}
+
+void ReadThroughFs::StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,
+                                 const std::string& name, bool next_started) {
+  if (prefetcher_ == nullptr) return;
+  // A file served by the daemon starts streaming in at its first open, before any READ.
+  const bool safetensors = name.ends_with(".safetensors");
+  if (handle.backing_id == 0) prefetcher_->OnOpen(handle.identity, handle.file, safetensors);
+  // The shard a loader opens after this one streams in once this one's stream is done, or at
+  // once when this one is already cached (passed through).
+  if (!safetensors || !dir || next_started) return;
+  const uint64_t size = handle.identity.size;
+  if (handle.backing_id > 0) {
+    shard_opener_->StartNextAfter(dir, name, size);
+  } else {
+    prefetcher_->SetSuccessor(handle.identity, [opener = shard_opener_.get(), dir, name, size] {
+      opener->StartNextAfter(dir, name, size);
+    });
+  }
 }
 
 void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done) {
@@ -645,60 +512,5 @@ std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
   }
   return out;
 }
-
-Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
-  const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
-  auto inode = Find(ino);
-  if (!inode.ok()) return inode.error();
-  const int fd = openat((*inode)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error(errno);
-  DIR* dir = fdopendir(fd);
-  if (dir == nullptr) {
-    const int err = errno;
-    close(fd);
-    return Error(err);
-  }
-  auto handle = std::make_unique<DirHandle>();
-  handle->ino = ino;
-  errno = 0;
-  while (dirent* d = readdir(dir)) {
-    DirEntry e;
-    e.name = d->d_name;
-    e.ino = d->d_ino;
-    e.type = d->d_type == DT_UNKNOWN ? 0 : DTTOIF(d->d_type);
-    e.next = handle->entries.size() + 1;
-    handle->entries.push_back(std::move(e));
-  }
-  const int err = errno;
-  closedir(dir);
-  if (err != 0) return Error(err);
-  const uint64_t dh = reinterpret_cast<uint64_t>(handle.get());
-  std::lock_guard lock(handles_mu_);
-  dir_handles_.emplace(dh, std::move(handle));
-  return dh;
-}
-
-Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit) {
-  // Reaches SOURCE only through Lookup, which counts its own call.
-  auto* handle = reinterpret_cast<DirHandle*>(dh);
-  for (uint64_t i = offset; i < handle->entries.size(); ++i) {
-    const DirEntry& e = handle->entries[i];
-    const bool dot = e.name == "." || e.name == "..";
-    if (!plus || dot) {
-      if (!emit(e, nullptr)) break;
-      continue;
-    }
-    Result<EntryOut> entry = Lookup(handle->ino, e.name);
-    // An entry that vanished since opendir is still listed, without attributes.
-    const EntryOut* out = entry.ok() ? &entry.value() : nullptr;
-    if (!emit(e, out)) {
-      if (out != nullptr) Forget(out->ino, 1);
-      break;
-    }
-  }
-  return Status::Ok();
-}
-
-void ReadThroughFs::ReleaseDir(uint64_t dh) { TakeHandle(handles_mu_, dir_handles_, dh); }
 
 }  // namespace accelfs

@@ -223,6 +223,10 @@ class ReadThroughFs {
   // Counts one more handle of `node` in passthrough mode (node.mu held), before its OPEN is
   // answered: node.backing_id stays registered while any handle given it is counted.
   void CountPassthroughOpen(Inode& node);
+  // The streams an open starts: the file's own (served by the daemon), and the next shard's after
+  // it, unless a fill started that already (`next_started`).
+  void StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,
+                    const std::string& name, bool next_started);
   // The directory the kernel first found `inode` in, and the name there.
   static std::pair<std::shared_ptr<Inode>, std::string> PlaceOf(Inode& inode);
 

@@ -336,6 +336,19 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
   return true;
 }
 
+bool Warmer::TellResident(const WarmJob& job) {
+  if (!options_.resident) return true;
+  for (const WarmJob::File& file : job.files_) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return false;
+    }
+    options_.resident(file.key, file.dev, file.ino);
+  }
+  std::lock_guard lock(mu_);
+  return !stopping_;
+}
+
 void Warmer::RunJob(WarmJob& job) {
   std::shared_ptr<WarmJob> owner;
   {
@@ -415,20 +428,9 @@ void Warmer::RunJob(WarmJob& job) {
              "see the daemon's log)");
     return;
   }
-  if (options_.resident) {
-    for (const WarmJob::File& file : job.files_) {
-      {
-        std::lock_guard lock(mu_);
-        if (stopping_) break;
-      }
-      options_.resident(file.key, file.dev, file.ino);
-    }
-    std::unique_lock lock(mu_);
-    if (stopping_) {
-      lock.unlock();
-      Fail(job, "the daemon is stopping");
-      return;
-    }
+  if (!TellResident(job)) {
+    Fail(job, "the daemon is stopping");
+    return;
   }
   {
     std::lock_guard lock(job.mu_);

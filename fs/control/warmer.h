@@ -115,6 +115,9 @@ class Warmer {
  private:
   void Run();
   void RunJob(WarmJob& job);
+  // Tells options_.resident of each file of a finished job (loads the page cache of a mount that
+  // wants it). False when the daemon is stopping.
+  bool TellResident(const WarmJob& job);
   // Asks for every block of `file` not cached yet, waiting for a free slot and for room. False
   // when the job must end (stopping, or no room for too long).
   bool IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner);

@@ -1,0 +1,150 @@
+#include "cache/block_record.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "cache/block.h"
+#include "cache/file_block_store.h"
+
+namespace accelfs {
+
+using block_record::kChecksummed;
+using block_record::kDataSuffix;
+using block_record::kMagic;
+using block_record::kMapSuffix;
+using block_record::RecordBytes;
+using block_record::RecordHeader;
+
+namespace {
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size) {
+  RecordHeader header{};
+  if (record.size() < sizeof(header) || block_size == 0) return Error(EINVAL);
+  std::memcpy(&header, record.data(), sizeof(header));  // `record` need not be aligned
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.block_size != block_size) {
+    return Error(EINVAL);
+  }
+  return FileKey{header.size, header.mtime_ns, header.ctime_ns, header.fingerprint};
+}
+
+Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size) {
+  const Result<FileKey> key = ParseBlockRecordHeader(record, block_size);
+  if (!key.ok()) return key.error();
+  // Not BlockCount: a hostile size near 2^64 would wrap it.
+  const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
+  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 5 wrap.
+  const uint64_t body = record.size() - sizeof(RecordHeader);
+  if (body % (1 + sizeof(uint32_t)) != 0 || body / (1 + sizeof(uint32_t)) != blocks) {
+    return Error(EINVAL);
+  }
+  RecordHeader header{};
+  std::memcpy(&header, record.data(), sizeof(header));
+  const bool checksummed = (header.flags & kChecksummed) != 0;
+  try {
+    BlockRecord parsed{key.value(), checksummed, {}};
+    const std::span<const std::byte> marks = record.subspan(sizeof(RecordHeader));
+    for (uint64_t i = 0; i < blocks; ++i) {
+      if (marks[i] != std::byte{1}) continue;
+      parsed.present.push_back(
+          {{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size), checksummed});
+    }
+    return parsed;
+  } catch (const std::bad_alloc&) {
+    return Error(ENOMEM);
+  }
+}
+
+std::string StoredName(const FileKey& key) {
+  char name[80];
+  std::snprintf(name, sizeof(name), "%016" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64,
+                key.fingerprint, key.size, static_cast<uint64_t>(key.mtime_ns),
+                static_cast<uint64_t>(key.ctime_ns));
+  return name;
+}
+
+// Reading a cache directory's records back at start (FileBlockStore::OpenDir).
+void FileBlockStore::LoadStored() {
+  std::lock_guard lock(mu_);
+  const int dir_fd = dup(root_fd_);
+  DIR* dir = dir_fd < 0 ? nullptr : fdopendir(dir_fd);
+  if (dir == nullptr) {
+    if (dir_fd >= 0) close(dir_fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(dir)) names.emplace_back(entry->d_name);
+  closedir(dir);
+  std::sort(names.begin(), names.end());  // a stable order: files by identity
+
+  std::vector<std::string> kept;  // stems in use, sorted as `names` is
+  for (const std::string& name : names) {
+    if (!EndsWith(name, kMapSuffix)) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
+    const int map_fd = openat(root_fd_, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    std::byte head[kBlockRecordHeaderBytes];
+    const Result<FileKey> parsed_key =
+        map_fd >= 0 && pread(map_fd, head, sizeof(head), 0) == sizeof(head)
+            ? ParseBlockRecordHeader(head, block_size_)
+            : Error(EINVAL);
+    if (!parsed_key.ok()) {
+      if (map_fd >= 0) close(map_fd);
+      RemoveFiles(stem);  // unreadable, or blocks of another size: nothing in it can be used
+      continue;
+    }
+    const FileKey key = parsed_key.value();
+    const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st {};
+    struct stat map_st {};
+    const uint64_t record_bytes = RecordBytes(BlockCount(key.size, block_size_));
+    // The sizes are checked before the record is read, so a hostile header costs no memory.
+    bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+              static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
+              static_cast<uint64_t>(map_st.st_size) == record_bytes;
+    std::vector<std::byte> bytes(ok ? record_bytes : 0);
+    ok = ok && pread(map_fd, bytes.data(), record_bytes, 0) == static_cast<ssize_t>(record_bytes);
+    Result<BlockRecord> record = ok ? ParseBlockRecord(bytes, block_size_) : Error(EINVAL);
+    if (!record.ok() || record->key != key) {
+      close(map_fd);
+      if (fd >= 0) close(fd);
+      RemoveFiles(stem);
+      continue;
+    }
+    if (record->present.empty()) {
+      close(map_fd);
+      close(fd);
+      RemoveFiles(stem);
+      continue;
+    }
+    stored_.insert(stored_.end(), record->present.begin(), record->present.end());
+    File& stored = files_[key];
+    stored.fd = fd;
+    stored.map_fd = map_fd;
+    kept.push_back(stem);
+  }
+  // Data whose record is gone (a daemon killed while removing a file's two names).
+  for (const std::string& name : names) {
+    if (!EndsWith(name, kDataSuffix)) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(kDataSuffix));
+    if (!std::binary_search(kept.begin(), kept.end(), stem)) unlinkat(root_fd_, name.c_str(), 0);
+  }
+}
+
+}  // namespace accelfs

@@ -1,0 +1,67 @@
+// The handles of ReadThroughFs, shared by the files that implement it: read_through_fs.cc (the
+// inode and file operations), fill_on_open.cc (opens that wait for their whole file) and
+// read_through_dirs.cc (directory handles). Not for other users.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/readahead.h"
+#include "fs/read_through_fs.h"
+
+namespace accelfs {
+
+struct ReadThroughFs::Handle {
+  std::shared_ptr<Inode> inode;
+  uint64_t ino = 0;  // the FUSE inode number
+  std::shared_ptr<BackingFile> file;
+  FileKey identity;
+  int backing_id = 0;   // passthrough mode when > 0
+  bool direct = false;  // cached mode, reads around the page cache
+  // In the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a direct one
+  // from its first READ that looks like a mapping's fault (kRefused when a file changed since the
+  // open: PagePusher::WatchFrom). Set before any Get of a READ, read in Release, which the kernel
+  // sends only after every READ of the handle is answered.
+  enum Watch : int { kNotWatched, kWatched, kRefused };
+  std::atomic<int> watch{kNotWatched};
+  uint64_t push_epoch = 0;              // PagePusher::Epoch() at the open
+  std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
+  std::mutex mu;
+  ReadaheadState readahead;  // GUARDED_BY(mu)
+};
+
+// An open waiting for its whole file to be cached (FsOptions::fill_on_open).
+struct ReadThroughFs::Fill {
+  std::unique_ptr<Handle> handle;
+  OpenDone done;
+  std::chrono::steady_clock::time_point started;
+  int rounds = 0;                   // only the thread ending a round touches it
+  std::atomic<uint64_t> left{0};    // answers outstanding in this round, plus one
+  std::atomic<bool> failed{false};  // a backend read failed: no second round
+};
+
+struct ReadThroughFs::DirHandle {
+  std::vector<DirEntry> entries;  // snapshot taken at opendir; offsets index into it
+  uint64_t ino = 0;
+};
+
+// Removes handle `id` from `handles` and returns it (destroyed by the caller, after the lock);
+// nullptr for an id that is not there. REQUIRES: `mu` guards `handles`.
+template <typename T>
+std::unique_ptr<T> TakeHandle(std::mutex& mu,
+                              std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
+                              uint64_t id) {
+  std::lock_guard lock(mu);
+  auto it = handles.find(id);
+  if (it == handles.end()) return nullptr;
+  std::unique_ptr<T> handle = std::move(it->second);
+  handles.erase(it);
+  return handle;
+}
+
+}  // namespace accelfs

@@ -224,38 +224,38 @@ void Warmer::Run() {
   }
 }
 
+Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::File& file) {
+  if (file.identified) {
+    if (file.key.size == 0) return std::shared_ptr<BackingFile>();
+    return OpenAgain(root_fd_, cache_, file.path, file.key);
+  }
+  // The first turn of the file: what it is now is what the job warms.
+  Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, file.path);
+  if (!identified.ok()) return identified.error();
+  file.key = identified->key;
+  file.dev = static_cast<uint64_t>(identified->st.st_dev);
+  file.ino = static_cast<uint64_t>(identified->st.st_ino);
+  file.identified = true;
+  const uint64_t resident = cache_.ResidentBytes(file.key);
+  {
+    std::lock_guard lock(job.mu_);
+    job.progress_.resident_at_start += resident;
+    job.progress_.bytes_done += resident;
+  }
+  return std::move(identified->backing);
+}
+
 bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner) {
   WarmJob::File& file = job.files_[index];
   const uint32_t block_size = options_.block_size;
   // Opened only while its blocks are asked for (the fetches hold it while they run): a model of
   // thousands of files must not hold thousands of descriptors.
-  std::shared_ptr<BackingFile> backing;
-  if (!file.identified) {
-    // The first turn of the file: what it is now is what the job warms.
-    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, file.path);
-    if (!identified.ok()) {
-      Fail(job, identified.error().Message());
-      return false;
-    }
-    file.key = identified->key;
-    file.dev = static_cast<uint64_t>(identified->st.st_dev);
-    file.ino = static_cast<uint64_t>(identified->st.st_ino);
-    file.identified = true;
-    const uint64_t resident = cache_.ResidentBytes(file.key);
-    {
-      std::lock_guard lock(job.mu_);
-      job.progress_.resident_at_start += resident;
-      job.progress_.bytes_done += resident;
-    }
-    backing = std::move(identified->backing);
-  } else if (file.key.size > 0) {
-    Result<std::shared_ptr<BackingFile>> opened = OpenAgain(root_fd_, cache_, file.path, file.key);
-    if (!opened.ok()) {
-      Fail(job, opened.error().Message());
-      return false;
-    }
-    backing = std::move(opened.value());
+  Result<std::shared_ptr<BackingFile>> opened = OpenForTurn(job, file);
+  if (!opened.ok()) {
+    Fail(job, opened.error().Message());
+    return false;
   }
+  const std::shared_ptr<BackingFile> backing = std::move(opened.value());
   const uint64_t blocks = BlockCount(file.key.size, block_size);
   auto last_progress = Clock::now();
   for (uint64_t b = 0; b < blocks;) {

@@ -115,6 +115,9 @@ class Warmer {
  private:
   void Run();
   void RunJob(WarmJob& job);
+  // The file of a job's turn, opened: identified at its first turn (its key, inode and what of it
+  // is resident then go into the job), opened again as that key after. No file for an empty one.
+  Result<std::shared_ptr<BackingFile>> OpenForTurn(WarmJob& job, WarmJob::File& file);
   // Tells options_.resident of each file of a finished job (loads the page cache of a mount that
   // wants it). False when the daemon is stopping.
   bool TellResident(const WarmJob& job);

@@ -101,7 +101,7 @@ struct BoundedReaderOptions {
   StoreLimitsFn limits;  // none: every store unbounded
   // How reads of a file that takes O_DIRECT are sent: learned per store, or always one way.
   enum class Io { kLearn, kDirect, kBuffered };
-  Io io = Io::kLearn;
+  Io io = Io::kDirect;
   IoChoice::Options io_choice;
 };
 

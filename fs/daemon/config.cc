@@ -280,8 +280,7 @@ const std::vector<OptionSpec>& Options() {
        "readers get ETIMEDOUT (0: never)",
        [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
       {"store-io", "", "MODE",
-       "auto (try O_DIRECT and the page cache on each store's first reads, keep the faster), "
-       "direct or buffered",
+       "direct, buffered, or auto (try both on each store's first reads, keep the faster)",
        [](C c) { return c.store_io; }, ApplyStoreIo},
       {"readahead", "", "KB",
        "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",

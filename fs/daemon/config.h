@@ -47,7 +47,11 @@ struct Config {
 
   // How reads of the store are sent where it takes O_DIRECT: "auto" tries both on each store's
   // first bytes and keeps the faster (cache/backend/io_choice.h), "direct" or "buffered" always.
-  std::string store_io = "auto";
+  // O_DIRECT by default: through the page cache a store reads ahead of accelfs's reads, and what
+  // it read ahead is dropped with the pages (NET sent 1.10-1.36x the model for 4 loaders at once
+  // in the quick suite, once a trial had picked buffered or during the trial), and the trial's
+  // pick on NET swung with the machine's noise (DESIGN.md §6.12).
+  std::string store_io = "direct";
 
   // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
   // 128 KiB to 3.1 GB/s at 4 MiB (docs/DESIGN.md section 2). 0 leaves the kernel's value.

@@ -196,9 +196,9 @@ void Daemon::MakeBackend() {
   // A FUSE store's own queue is shared by every reader on the node: never fill it
   // (fs/daemon/store_limits.h).
   bounded_options.limits = StoreLimitsOf;
-  bounded_options.io = config_.store_io == "direct"     ? BoundedReaderOptions::Io::kDirect
+  bounded_options.io = config_.store_io == "auto"       ? BoundedReaderOptions::Io::kLearn
                        : config_.store_io == "buffered" ? BoundedReaderOptions::Io::kBuffered
-                                                        : BoundedReaderOptions::Io::kLearn;
+                                                        : BoundedReaderOptions::Io::kDirect;
   auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
   bounded_ = bounded.get();
   reader_ = std::move(bounded);

@@ -513,6 +513,7 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
 TEST(BoundedReaderTest, ASequentialStoreIsReadWithODirectOnly) {
   auto* inner = new HeldReader(64);
   BoundedReaderOptions options;
+  options.io = BoundedReaderOptions::Io::kLearn;
   options.io_choice.slice_bytes = 4096;
   options.limits = [](const BackingFile&) {
     StoreLimits limits{1 << 20, 6, 1, 1};

@@ -532,6 +532,9 @@ TEST(ParseCommandLineTest, BackendTimeout) {
 TEST(ParseCommandLineTest, StoreIo) {
   auto c = ParseOk({});
   ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_io, "direct");
+  c = ParseOk({"--store-io", "auto"});
+  ASSERT_TRUE(c);
   EXPECT_EQ(c->store_io, "auto");
   c = ParseOk({"--store-io", "buffered"});
   ASSERT_TRUE(c);

@@ -33,8 +33,9 @@
 //   free and takes slots as the first file falls back to its `file_requests`). So one hung or
 //   crawling file can never fill the queue that every reader of the store, inside accelfs and out,
 //   goes through, nor take accelfs's last slot of it.
-// - O_DIRECT or the page cache (IoChoice): each store's first reads try both, and the rest go the
-//   way that read faster (`io`: or as the operator says). The choice is logged once per store.
+// - O_DIRECT or the page cache (`io`): O_DIRECT by default; kLearn tries both on each store's
+//   first reads and sends the rest the way that read faster (IoChoice, logged once per store);
+//   never on a `sequential` store.
 // - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
 //   that it sees requests waiting for a slot (what makes an adaptive depth grow), few enough that
 //   a request's time since it was sent is its time at the backend, not in a queue below. Waiting

@@ -45,17 +45,18 @@ int FreshStat(int fd, struct stat* st) {
   return 0;
 }
 
+constexpr uint64_t kFuseSuperMagic = 0x65735546;
+
 // The FUSE filesystems of object stores, by mountinfo type. Each turns a read at any offset of a
 // file into a ranged GET from there that reads ahead: s3fs fetches multipart_size x parallel_count
 // (50 MB by default) into memory it drops at close, rclone streams up to its chunk size until the
 // handle seeks (~1 MB on the wire before it notices); goofys, geesefs, mountpoint-s3, gcsfuse and
 // blobfuse do the like. Their files are sampled at the end only (BackingFile::tail_samples).
-bool ReadsAheadFromAnyOffset(int fd, dev_t dev) {
+// REQUIRES: `dev` is a FUSE filesystem's.
+bool ReadsAheadFromAnyOffset(dev_t dev) {
   static constexpr std::string_view kTypes[] = {
       "fuse.s3fs",          "fuse.rclone",  "fuse.goofys",    "fuse.geesefs",
       "fuse.mountpoint-s3", "fuse.gcsfuse", "fuse.blobfuse2", "fuse.blobfuse"};
-  struct statfs sf {};
-  if (fstatfs(fd, &sf) != 0 || static_cast<uint64_t>(sf.f_type) != 0x65735546) return false;
   static std::mutex mu;
   static std::unordered_map<dev_t, bool> known;  // GUARDED_BY(mu): one mountinfo read per store
   std::lock_guard lock(mu);
@@ -69,12 +70,10 @@ bool ReadsAheadFromAnyOffset(int fd, dev_t dev) {
   return ahead;
 }
 
-// FUSE, NFS, SMB and Ceph: filesystems whose reads wait on a process or a server.
-bool OnNetworkOrFuse(int fd) {
-  struct statfs sf {};
-  if (fstatfs(fd, &sf) != 0) return true;  // unknown: the safe side
-  switch (static_cast<uint64_t>(sf.f_type)) {
-    case 0x65735546:  // FUSE_SUPER_MAGIC
+// FUSE, NFS, SMB and Ceph (by statfs type): filesystems whose reads wait on a process or a server.
+bool WaitsOnAServer(uint64_t type) {
+  switch (type) {
+    case kFuseSuperMagic:
     case 0x6969:      // NFS_SUPER_MAGIC
     case 0x517B:      // SMB_SUPER_MAGIC
     case 0xFE534D42:  // SMB2_MAGIC_NUMBER
@@ -98,8 +97,13 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
   const int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
   auto file = std::make_shared<BackingFile>(direct, buffered);
   file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
-  file->SetMayBlock(OnNetworkOrFuse(buffered));
-  file->SetTailSamples(ReadsAheadFromAnyOffset(buffered, st->st_dev));
+  // One statfs for both (on a FUSE store it is a request to the store's daemon; sshfs sends it on
+  // to the server). Unknown: the safe side, a file whose reads may block.
+  struct statfs sf {};
+  const bool typed = fstatfs(buffered, &sf) == 0;
+  const auto type = static_cast<uint64_t>(sf.f_type);
+  file->SetMayBlock(!typed || WaitsOnAServer(type));
+  file->SetTailSamples(typed && type == kFuseSuperMagic && ReadsAheadFromAnyOffset(st->st_dev));
   return file;
 }
 

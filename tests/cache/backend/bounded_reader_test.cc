@@ -90,6 +90,12 @@ class HeldReader final : public BackendReader {
 
 std::shared_ptr<BackingFile> File() { return std::make_shared<BackingFile>(-1, -1); }
 
+// A file that takes O_DIRECT (BackingFile::direct()): its descriptors are /dev/null's.
+std::shared_ptr<BackingFile> DirectFile() {
+  return std::make_shared<BackingFile>(open("/dev/null", O_RDONLY | O_CLOEXEC),
+                                       open("/dev/null", O_RDONLY | O_CLOEXEC));
+}
+
 ReadRequest Request(const std::shared_ptr<BackingFile>& file, bool demand, Done& done,
                     std::function<void()> stalled = nullptr) {
   ReadRequest r;
@@ -456,11 +462,6 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
 // way that read faster; a file that refuses O_DIRECT is read through the page cache anyway, and
 // the operator's choice holds without a trial.
 TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
-  // A file that takes O_DIRECT: its descriptors are /dev/null's.
-  const auto direct_file = [] {
-    return std::make_shared<BackingFile>(open("/dev/null", O_RDONLY | O_CLOEXEC),
-                                         open("/dev/null", O_RDONLY | O_CLOEXEC));
-  };
   for (const auto io : {BoundedReaderOptions::Io::kLearn, BoundedReaderOptions::Io::kDirect,
                         BoundedReaderOptions::Io::kBuffered}) {
     SCOPED_TRACE(static_cast<int>(io));
@@ -470,7 +471,7 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
     options.io = io;
     options.io_choice.slice_bytes = 4096;  // one read per slice
     BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
-    const auto file = direct_file();
+    const auto file = DirectFile();
     std::vector<Done> done(IoChoice::kSlices + 1);
     std::vector<bool> modes;
     for (auto& d : done) {  // the warm-up, then the slices, one at a time
@@ -521,8 +522,7 @@ TEST(BoundedReaderTest, ASequentialStoreIsReadWithODirectOnly) {
     return limits;
   };
   BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
-  const auto file = std::make_shared<BackingFile>(open("/dev/null", O_RDONLY | O_CLOEXEC),
-                                                  open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const auto file = DirectFile();
   std::vector<Done> done(2 * IoChoice::kSlices);
   for (auto& d : done) {
     reader.Submit(Request(file, true, d));

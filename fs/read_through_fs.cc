@@ -50,9 +50,10 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
               }()),
       prefetcher_(prefetcher),
       // Shards stream ahead of the one being read while they and it fit in half the cache.
-      shard_opener_(prefetcher != nullptr ? std::make_unique<ShardOpener>(
-                                                *prefetcher, cache.Stats().budget_bytes / 2, &cache)
-                                          : nullptr) {}
+      shard_opener_(prefetcher != nullptr
+                        ? std::make_unique<ShardOpener>(*prefetcher, cache.Stats().budget_bytes / 2,
+                                                        &cache, options.buffered_reads)
+                        : nullptr) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 
@@ -207,9 +208,9 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   struct stat st {};
   Result<std::shared_ptr<BackingFile>> file = Error(ENOENT);
   if (auto [dir, name] = PlaceOf(**inode); dir) {
-    file = OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st);
+    file = OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st, options_.buffered_reads);
   } else {
-    file = OpenBacking(AT_FDCWD, FdPath((*inode)->fd).c_str(), 0, &st);
+    file = OpenBacking(AT_FDCWD, FdPath((*inode)->fd).c_str(), 0, &st, options_.buffered_reads);
   }
   // No such name any more, or it leads to another file, or the file has no links left (deleted or
   // replaced by a rename since the kernel looked the name up, and the kernel trusts that name for

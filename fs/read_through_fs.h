@@ -47,6 +47,9 @@ struct FsOptions {
   // (EnableDirectReads: a cached-mode open there means the kernel maps the inode). Either way a
   // direct handle is pushed into from its first READ that looks like a mapping's fault.
   bool push_every_cached_open = true;
+  // The backend may read the store through its page cache (--store-io auto or buffered): a FUSE
+  // store's files are then opened twice, O_DIRECT and buffered (OpenBacking).
+  bool buffered_reads = false;
 };
 
 // --fill-on-open auto: below this many CPUs every large file is filled before its open is

@@ -18,9 +18,11 @@
 
 namespace accelfs {
 
-ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache)
+ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache,
+                         bool buffered_reads)
     : prefetcher_(prefetcher),
       lookahead_bytes_(lookahead_bytes),
+      buffered_reads_(buffered_reads),
       order_(cache),
       thread_([this] { Run(); }) {}
 
@@ -68,7 +70,7 @@ void ShardOpener::Run() {
       continue;
     }
     Result<std::shared_ptr<BackingFile>> backing =
-        OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st);
+        OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st, buffered_reads_);
     if (!backing.ok() || !S_ISREG(st.st_mode)) {
       spdlog::debug("next shard {} not prefetched: {}", name,
                     backing.ok() ? "not a regular file" : backing.error().Message());

@@ -39,7 +39,9 @@ class ShardOpener {
   // shards streaming ahead of it may add up to (the first shard after it streams regardless,
   // limited by its stream's window).
   // `cache`, where given, is what the shard order reads a directory's index through (ShardOrder).
-  ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache = nullptr);
+  // `buffered_reads`: as FsOptions::buffered_reads.
+  ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, BlockCache* cache = nullptr,
+              bool buffered_reads = false);
   ~ShardOpener();  // stops the thread; queued starts are dropped
   ShardOpener(const ShardOpener&) = delete;
   ShardOpener& operator=(const ShardOpener&) = delete;
@@ -65,6 +67,7 @@ class ShardOpener {
 
   Prefetcher& prefetcher_;
   const uint64_t lookahead_bytes_;
+  const bool buffered_reads_;
   ShardOrder order_;
   std::mutex mu_;
   std::condition_variable wake_;

@@ -192,7 +192,7 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
   int io_slice = -1;
   if (store != stores_.end()) {
     ++store->second.in_flight;
-    if (request.file->direct() && !store->second.limits.sequential) {
+    if (request.file->direct() && request.file->can_buffer() && !store->second.limits.sequential) {
       switch (options_.io) {
         case BoundedReaderOptions::Io::kLearn: {
           const IoChoice::Pick pick = store->second.io.Send(request.expected, now);

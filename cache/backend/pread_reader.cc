@@ -86,30 +86,42 @@ bool WaitsOnAServer(uint64_t type) {
 }
 
 Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
-                                                 struct stat* st) {
-  const int buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
-  if (buffered < 0) return Error(errno);
-  if (FreshStat(buffered, st) != 0) {
-    const int err = errno;
-    close(buffered);
-    return Error(err);
+                                                 struct stat* st, bool buffered_reads) {
+  int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
+  int buffered = -1;
+  int first = direct;
+  if (direct < 0) {  // refused (tmpfs before 6.6: EINVAL), or no such file: the buffered open says
+    buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
+    if (buffered < 0) return Error(errno);
+    first = buffered;
   }
-  const int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
+  const auto fail = [&](int err) -> Result<std::shared_ptr<BackingFile>> {
+    if (direct >= 0) close(direct);
+    if (buffered >= 0) close(buffered);
+    return Error(err);
+  };
+  if (FreshStat(first, st) != 0) return fail(errno);
+  // One statfs for all (on a FUSE store it is a request to the store's daemon; sshfs sends it on
+  // to the server). Unknown: the safe side, a file whose reads may block and that keeps a
+  // buffered descriptor.
+  struct statfs sf {};
+  const bool typed = fstatfs(first, &sf) == 0;
+  const auto type = static_cast<uint64_t>(sf.f_type);
+  const bool fuse = typed && type == kFuseSuperMagic;
+  if (buffered < 0 && (buffered_reads || !fuse)) {
+    buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
+    if (buffered < 0) return fail(errno);
+  }
   auto file = std::make_shared<BackingFile>(direct, buffered);
   file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
-  // One statfs for both (on a FUSE store it is a request to the store's daemon; sshfs sends it on
-  // to the server). Unknown: the safe side, a file whose reads may block.
-  struct statfs sf {};
-  const bool typed = fstatfs(buffered, &sf) == 0;
-  const auto type = static_cast<uint64_t>(sf.f_type);
   file->SetMayBlock(!typed || WaitsOnAServer(type));
-  file->SetTailSamples(typed && type == kFuseSuperMagic && ReadsAheadFromAnyOffset(st->st_dev));
+  file->SetTailSamples(fuse && ReadsAheadFromAnyOffset(st->st_dev));
   return file;
 }
 
 Result<size_t> PreadBlock(const ReadRequest& request) {
   size_t done = 0;
-  bool direct = request.file->direct() && !request.buffered;
+  bool direct = request.file->direct() && !(request.buffered && request.file->can_buffer());
   while (done < request.expected) {
     const int fd = direct ? request.file->direct_fd() : request.file->buffered_fd();
     // O_DIRECT wants aligned lengths; the buffer has room for the rounded-up size.
@@ -118,8 +130,7 @@ Result<size_t> PreadBlock(const ReadRequest& request) {
         pread(fd, request.buffer + done, want, static_cast<off_t>(request.offset + done));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      if (errno == EINVAL && direct) {
-        request.file->DisableDirect();
+      if (errno == EINVAL && direct && request.file->DisableDirect()) {
         direct = false;
         continue;
       }
@@ -127,8 +138,9 @@ Result<size_t> PreadBlock(const ReadRequest& request) {
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);
-    // An O_DIRECT read that stopped at an unaligned offset cannot be continued with O_DIRECT.
-    if (direct && done % 4096 != 0) direct = false;
+    // An O_DIRECT read that stopped at an unaligned offset cannot be continued with O_DIRECT
+    // (but on FUSE, which has no buffered descriptor then: O_DIRECT has no alignment rule there).
+    if (direct && done % 4096 != 0 && request.file->can_buffer()) direct = false;
   }
   if (!direct) DropBackingPageCache(request, done);
   return std::min(done, request.expected);
@@ -136,7 +148,7 @@ Result<size_t> PreadBlock(const ReadRequest& request) {
 
 void DropBackingPageCache(const ReadRequest& request, size_t bytes) {
   if (bytes > 0) {
-    posix_fadvise(request.file->buffered_fd(), static_cast<off_t>(request.offset),
+    posix_fadvise(request.file->any_fd(), static_cast<off_t>(request.offset),
                   static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
   }
 }

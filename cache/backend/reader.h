@@ -22,6 +22,9 @@ namespace accelfs {
 
 // An open backing file. `direct_fd` (O_DIRECT) is preferred while `direct` holds; a reader that
 // sees the backing filesystem refuse O_DIRECT clears `direct` and uses `buffered_fd` from then on.
+// A file of a FUSE store may have no buffered descriptor (-1, OpenBacking): there O_DIRECT has no
+// alignment rule, so nothing ever falls back, and each descriptor is an OPEN and a RELEASE the
+// store serves (sshfs: an SFTP round trip, and a file on another of its SSH connections).
 class BackingFile {
  public:
   BackingFile(int direct_fd, int buffered_fd)
@@ -58,8 +61,17 @@ class BackingFile {
 
   int direct_fd() const { return direct_fd_; }
   int buffered_fd() const { return buffered_fd_; }
+  // A descriptor of it, either (for fstatfs, fadvise).
+  int any_fd() const { return direct_fd_ >= 0 ? direct_fd_ : buffered_fd_; }
   bool direct() const { return direct_.load(std::memory_order_relaxed); }
-  void DisableDirect() { direct_.store(false, std::memory_order_relaxed); }
+  // Whether a read may go through the page cache: there is a buffered descriptor.
+  bool can_buffer() const { return buffered_fd_ >= 0; }
+  // After the store refused an O_DIRECT read: buffered from then on, where it can (true).
+  bool DisableDirect() {
+    if (!can_buffer()) return false;
+    direct_.store(false, std::memory_order_relaxed);
+    return true;
+  }
 
  private:
   const int direct_fd_;
@@ -163,11 +175,15 @@ struct ServedQueue {
 // fstat(), but asking the store (statx AT_STATX_FORCE_SYNC): 0, or -1 and errno.
 int FreshStat(int fd, struct stat* st);
 
+// Opens `path` (relative to `dir_fd`, with `flags` added) with O_DIRECT and takes its attributes
+// from the store (FreshStat). A buffered descriptor is opened too where O_DIRECT is refused or
+// has alignment rules (every filesystem but FUSE), and, with `buffered_reads` (the daemon may read
+// the store through its page cache: `--store-io auto|buffered`), everywhere.
 Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
-                                                 struct stat* st);
+                                                 struct stat* st, bool buffered_reads = false);
 
 // Shared by the readers: read into request.buffer with pread until `expected` bytes or EOF.
-// Handles O_DIRECT refusal (EINVAL) by falling back to the buffered descriptor.
+// Handles O_DIRECT refusal (EINVAL) by falling back to the buffered descriptor, where there is one.
 Result<size_t> PreadBlock(const ReadRequest& request);
 
 // After a buffered read, the backing filesystem's page cache copy is not needed: we hold the data.

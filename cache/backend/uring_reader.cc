@@ -131,8 +131,8 @@ class UringReader final : public BackendReader {
       Prep(op);
       return false;
     }
-    if (res == -EINVAL && op->direct) {  // the backing filesystem refuses O_DIRECT
-      op->request.file->DisableDirect();
+    // The backing filesystem refuses O_DIRECT: buffered, where the file has a descriptor for it.
+    if (res == -EINVAL && op->direct && op->request.file->DisableDirect()) {
       op->direct = false;
       Prep(op);
       return false;
@@ -146,7 +146,8 @@ class UringReader final : public BackendReader {
       Finish(op, std::min(op->done, op->request.expected));
       return true;
     }
-    if (op->direct && op->done % 4096 != 0) op->direct = false;  // cannot continue unaligned
+    // O_DIRECT cannot continue unaligned (FUSE, which has no buffered descriptor then, can).
+    if (op->direct && op->done % 4096 != 0 && op->request.file->can_buffer()) op->direct = false;
     Prep(op);
     return false;
   }
@@ -193,7 +194,8 @@ class UringReader final : public BackendReader {
       }
       for (auto& request : batch) {
         auto* op = new Op{std::move(request), 0, false, Clock::now(), epoch_};
-        op->direct = op->request.file->direct() && !op->request.buffered;
+        op->direct =
+            op->request.file->direct() && !(op->request.buffered && op->request.file->can_buffer());
         Prep(op);
         ++in_flight_;
       }

@@ -33,12 +33,14 @@ constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
 // Opens the file found at `path` for the backend and identifies it (a read of its first and last
 // page through the cache's backend, cache/file_key.h).
-Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path) {
+// `buffered_reads`: as WarmerOptions::buffered_reads.
+Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path,
+                                      bool buffered_reads) {
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
   IdentifiedFile out;
-  Result<std::shared_ptr<BackingFile>> backing =
-      OpenBacking(AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st);
+  Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
+      AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st, buffered_reads);
   close(*fd);
   if (!backing.ok()) {
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
@@ -54,8 +56,9 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
 
 // Opens the file found at `path` for the backend, checking that it is still what was measured.
 Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
-                                               const std::string& path, const FileKey& key) {
-  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path);
+                                               const std::string& path, const FileKey& key,
+                                               bool buffered_reads) {
+  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path, buffered_reads);
   if (!file.ok()) return file.error();
   if (file->key != key) {
     return Error(ESTALE,
@@ -170,7 +173,8 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
-    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, f.path);
+    Result<IdentifiedFile> identified =
+        OpenIdentified(root_fd_, cache_, f.path, options_.buffered_reads);
     if (!identified.ok()) return identified.error();
     const FileKey key = identified->key;
     const uint64_t before = cache_.ResidentBytes(key);
@@ -186,7 +190,8 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
   for (const FoundFile& f : *found) {
-    Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, f.path);
+    Result<IdentifiedFile> identified =
+        OpenIdentified(root_fd_, cache_, f.path, options_.buffered_reads);
     if (!identified.ok()) return identified.error();
     const FileKey key = identified->key;
     out.push_back({f.path, key.size, cache_.ResidentBytes(key)});
@@ -227,10 +232,11 @@ void Warmer::Run() {
 Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::File& file) {
   if (file.identified) {
     if (file.key.size == 0) return std::shared_ptr<BackingFile>();
-    return OpenAgain(root_fd_, cache_, file.path, file.key);
+    return OpenAgain(root_fd_, cache_, file.path, file.key, options_.buffered_reads);
   }
   // The first turn of the file: what it is now is what the job warms.
-  Result<IdentifiedFile> identified = OpenIdentified(root_fd_, cache_, file.path);
+  Result<IdentifiedFile> identified =
+      OpenIdentified(root_fd_, cache_, file.path, options_.buffered_reads);
   if (!identified.ok()) return identified.error();
   file.key = identified->key;
   file.dev = static_cast<uint64_t>(identified->st.st_dev);

@@ -77,6 +77,8 @@ struct WarmerOptions {
   // A job that finds no room (and sees no fetch finish) for this long fails with a message rather
   // than waiting forever: the budget is then full of blocks nobody reads or that open files pin.
   std::chrono::milliseconds no_room_timeout = std::chrono::seconds(60);
+  // As FsOptions::buffered_reads: the backend may read the store through its page cache.
+  bool buffered_reads = false;
   // Called on the warmer's thread for each file of a job, in the job's order, once all of them
   // are whole in the cache and before the job is done; not once the warmer is stopping. (The
   // daemon loads them into the kernel's page cache where the mount has no passthrough.)

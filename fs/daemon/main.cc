@@ -239,6 +239,7 @@ Status Daemon::BuildFilesystem() {
   fs_options_.readahead_blocks = config_.readahead_blocks;
   fs_options_.fill = FillModeFor(config_.fill_on_open, UsableCpus());
   fs_options_.push_every_cached_open = config_.push == "on";
+  fs_options_.buffered_reads = config_.store_io != "direct";
   auto fs = ReadThroughFs::Create(paths_->source, *cache_, fs_options_, prefetcher_.get());
   if (!fs.ok()) return Failure("source '" + config_.source + "': " + fs.error().Message());
   fs_ = std::move(fs.value());
@@ -313,6 +314,7 @@ Status Daemon::StartControlPlane() {
   WarmerOptions warm;
   warm.block_size = config_.block_size;
   warm.max_in_flight = config_.backend_depth;
+  warm.buffered_reads = fs_options_.buffered_reads;
   // Without passthrough every read of a warmed file would go through the daemon, copied into new
   // page cache one READ of the kernel's read-ahead (128 KiB) at a time, at a fraction of the speed
   // of a /dev/shm copy. So the warm also writes each file into its inode's page cache, and the

@@ -70,7 +70,7 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
 std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string& connections,
                                      const std::string& mountinfo) {
   struct statfs sfs {};
-  if (fstatfs(file.buffered_fd(), &sfs) != 0 || sfs.f_type != kFuseSuperMagic) return std::nullopt;
+  if (fstatfs(file.any_fd(), &sfs) != 0 || sfs.f_type != kFuseSuperMagic) return std::nullopt;
   FuseQueue queue;
   const dev_t dev = static_cast<dev_t>(file.dev());
   // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.

@@ -26,7 +26,8 @@
 // drop_caches) the file comes back under a new number, as with sshfs, s3fs and every store on
 // libfuse's high-level API without `use_ino`.
 //
-// Prints one line at exit: READs served, bytes, mean READ size and the most READs in flight.
+// Prints one line at exit: READs served, bytes, mean READ size, the most READs in flight and the
+// OPENs of files answered.
 // With --stats-file, the same line is also kept current in PATH while it serves (rewritten, by a
 // rename, within 20 ms of any change, and once more at exit), so that a benchmark can take the
 // bytes a case read from the store without unmounting it.
@@ -417,6 +418,7 @@ struct Net {
   fuse_session* session = nullptr;  // set before the mount
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> opens{0};  // OPENs of files answered
   std::atomic<unsigned> in_flight{0};
   std::atomic<unsigned> max_in_flight{0};
 };
@@ -555,6 +557,7 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   fi->fh = static_cast<uint64_t>(fd);
+  net.opens.fetch_add(1);
   fi->keep_cache = 0;  // network storage: every open starts cold
   fi->direct_io = 0;   // through the page cache, so that mmap works
   fuse_reply_open(req, fi);
@@ -735,10 +738,11 @@ std::string StatsLine(const Net& net) {
   const uint64_t bytes = net.bytes.load();
   char line[256];
   std::snprintf(line, sizeof(line),
-                "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight\n",
+                "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight, "
+                "%llu OPENs\n",
                 static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes),
                 reads ? static_cast<double>(bytes) / static_cast<double>(reads) / 1024 : 0.0,
-                net.max_in_flight.load());
+                net.max_in_flight.load(), static_cast<unsigned long long>(net.opens.load()));
   return line;
 }
 

@@ -500,6 +500,41 @@ TEST_F(HungStoreTest, AStoreThatStopsAnsweringLeavesReadsOfAnOpenCachedFileGoing
   EXPECT_FALSE(ProcessGone(daemon_.pid()));
 }
 
+// Each open through accelfs opens the store's file once: on a FUSE store every descriptor is an
+// OPEN and a RELEASE the store serves (sshfs: an SFTP round trip, and the file on another of its
+// SSH connections), and O_DIRECT, accelfs's default, has no alignment rule there to fall back
+// from. With --store-io buffered the store's file is opened for buffered reads too. Counted by
+// the store itself (NET's OPENs), bytes checked.
+class StoreOpensTest : public HungStoreTest {
+ protected:
+  StoreOpensTest() { net_extra_ = {"--stats-file", stats_}; }
+  // NET's OPENs so far, once its stats file has caught up (rewritten every 20 ms).
+  uint64_t Opens() const {
+    std::this_thread::sleep_for(200ms);
+    std::ifstream in(stats_);
+    std::string line;
+    std::getline(in, line);
+    const size_t flight = line.find("in flight, ");
+    if (flight == std::string::npos) return ~uint64_t{0};
+    return std::stoull(line.substr(flight + std::strlen("in flight, ")));
+  }
+  const std::string stats_ = dir_ / "net.stats";
+};
+
+TEST_F(StoreOpensTest, AnOpenOpensTheStoresFileOnceAndTwiceForBufferedReads) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  uint64_t before = Opens();
+  ASSERT_NE(before, ~uint64_t{0}) << "no OPENs in NET's stats";
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(M("config.json"), 3, 100 * 1024));
+  EXPECT_EQ(Opens() - before, 1u) << "store OPENs for one open through accelfs";
+
+  ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--store-io", "buffered"}));
+  before = Opens();
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(M("config.json"), 3, 100 * 1024));
+  EXPECT_EQ(Opens() - before, 2u) << "store OPENs for one open, --store-io buffered";
+}
+
 // One file of a FUSE store hangs, or crawls at 1 MB/s, while a loader reads it through accelfs:
 // the store's own queue (max_background 12, libfuse's default, and 128) keeps room for everyone
 // else. Other files read through accelfs, `ls`, and a `cmp` and an O_DIRECT `dd` of other files

@@ -29,7 +29,7 @@ FileKey KeyOfFd(int fd) {
   return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()));
 }
 
-FileKey KeyOf(const BackingFile& file) { return KeyOfFd(file.buffered_fd()); }
+FileKey KeyOf(const BackingFile& file) { return KeyOfFd(file.any_fd()); }
 
 FileKey KeyOfPath(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

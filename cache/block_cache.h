@@ -92,9 +92,13 @@ class BlockCache {
   // The content identity of `file` (IdentifyFile, cache/file_key.h), its sample read through this
   // cache's backend reader. Blocks the caller: never on a reader's thread. ECANCELED once
   // InterruptIdentify was called.
+  // The file remembers it (BackingFile::SetIdentity).
   Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st) {
-    return IdentifyFile(reader_, file, st,
-                        [this] { return identify_interrupted_.load(std::memory_order_relaxed); });
+    Result<FileKey> key = IdentifyFile(reader_, file, st, [this] {
+      return identify_interrupted_.load(std::memory_order_relaxed);
+    });
+    if (key.ok()) file->SetIdentity(key.value());
+    return key;
   }
   // Ends every Identify that waits on the store, now and from now on (ECANCELED): the daemon is
   // stopping, and the threads that wait are FUSE workers its loop must join first.

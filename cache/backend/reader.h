@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/file_key.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -59,6 +60,19 @@ class BackingFile {
   void SetTailSamples(bool tail) { tail_samples_ = tail; }
   bool tail_samples() const { return tail_samples_; }
 
+  // Its content identity (cache/file_key.h), once known: BlockCache::Identify sets it. What a
+  // swarm names the file's bytes by (SwarmReader); reads before it go to the store. Set once: a
+  // later call changes nothing.
+  void SetIdentity(const FileKey& key) {
+    int none = 0;
+    if (!identity_state_.compare_exchange_strong(none, 1, std::memory_order_acquire)) return;
+    identity_ = key;
+    identity_state_.store(2, std::memory_order_release);
+  }
+  const FileKey* identity() const {
+    return identity_state_.load(std::memory_order_acquire) == 2 ? &identity_ : nullptr;
+  }
+
   int direct_fd() const { return direct_fd_; }
   int buffered_fd() const { return buffered_fd_; }
   // A descriptor of it, either (for fstatfs, fadvise).
@@ -79,8 +93,10 @@ class BackingFile {
   std::atomic<bool> direct_;
   uint64_t dev_ = 0;  // set once, before the file is shared
   uint64_t ino_ = 0;
-  bool may_block_ = false;     // set once, before the file is shared
-  bool tail_samples_ = false;  // set once, before the file is shared
+  bool may_block_ = false;              // set once, before the file is shared
+  bool tail_samples_ = false;           // set once, before the file is shared
+  std::atomic<int> identity_state_{0};  // 0: none, 1: being set, 2: identity_ holds it
+  FileKey identity_;
 };
 
 struct ReadRequest {

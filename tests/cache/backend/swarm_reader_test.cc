@@ -1,0 +1,278 @@
+// SwarmReader: nodes in one process, each a real libtorrent engine on loopback in front of a real
+// store reader (pread of a real file), with a real shared dir. Every byte is compared with the
+// file; what each node read from its store is counted by the reader itself.
+#include "cache/backend/swarm_reader.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/backend/pread_reader.h"
+#include "cache/block.h"
+#include "tests/support/backing_file.h"
+#include "tests/support/test_data.h"
+
+namespace accelfs::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint32_t kPiece = 64 * 1024;
+constexpr uint32_t kChunkPieces = 4;
+// Five chunks, the last one short and ending inside a piece.
+constexpr uint64_t kSize = 4 * kChunkPieces * kPiece + 2 * kPiece + 1000;
+
+// A port nothing listens on now (bound and let go).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+class SwarmReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(mkdir(shared_.c_str(), 0755), 0);
+    WriteTestFile(path_, kSize, 77);
+    for (int& port : ports_) port = FreePort();
+  }
+
+  SwarmOptions Options(int node) const {
+    SwarmOptions o;
+    o.listen = Loopback(ports_[static_cast<size_t>(node)]);
+    for (int port : ports_) o.peers.push_back(Loopback(port));  // itself too, as a fleet's list
+    o.dir = shared_;
+    o.piece_bytes = kPiece;
+    o.chunk_pieces = kChunkPieces;
+    o.stale_claim = 1s;
+    o.peer_wait = 2s;
+    return o;
+  }
+
+  std::unique_ptr<SwarmReader> Node(SwarmOptions o) {
+    Result<std::unique_ptr<SwarmReader>> r =
+        SwarmReader::Create(std::make_unique<PreadReader>(2), std::move(o));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().Message());
+    return r.ok() ? std::move(r.value()) : nullptr;
+  }
+  std::unique_ptr<SwarmReader> Node(int node) { return Node(Options(node)); }
+
+  // A BackingFile of the model, its identity known as the daemon's open leaves it.
+  std::shared_ptr<BackingFile> File() const {
+    auto file = OpenBackingFile(path_);
+    file->SetIdentity(KeyOfPath(path_));
+    return file;
+  }
+
+  // Every block of the file through `reader`, all submitted at once in `order` (block indexes);
+  // EXPECTs each to be the file's bytes.
+  void ReadAll(SwarmReader& reader, std::vector<uint64_t> order) {
+    const std::shared_ptr<BackingFile> file = File();
+    struct Free {
+      void operator()(std::byte* p) const { std::free(p); }
+    };
+    std::vector<std::unique_ptr<std::byte, Free>> buffers;
+    std::vector<std::future<Result<size_t>>> got;
+    std::vector<std::shared_ptr<std::promise<Result<size_t>>>> promises;
+    for (uint64_t index : order) {
+      const uint64_t offset = index * kPiece;
+      const size_t expected = BlockBytes(index, kSize, kPiece);
+      buffers.emplace_back(static_cast<std::byte*>(std::aligned_alloc(4096, kPiece)));
+      auto promise = std::make_shared<std::promise<Result<size_t>>>();
+      got.push_back(promise->get_future());
+      ReadRequest r;
+      r.file = file;
+      r.offset = offset;
+      r.buffer = buffers.back().get();
+      r.capacity = kPiece;
+      r.expected = expected;
+      r.done = [promise](Result<size_t> n) { promise->set_value(std::move(n)); };
+      reader.Submit(std::move(r));
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      ASSERT_EQ(got[i].wait_for(60s), std::future_status::ready) << "block " << order[i];
+      const Result<size_t> n = got[i].get();
+      const uint64_t offset = order[i] * kPiece;
+      const size_t expected = BlockBytes(order[i], kSize, kPiece);
+      ASSERT_TRUE(n.ok()) << "block " << order[i] << ": " << n.error().Message();
+      ASSERT_EQ(n.value(), expected) << "block " << order[i];
+      const std::vector<uint8_t> want = PreadBytes(path_, offset, expected);
+      ASSERT_EQ(std::memcmp(buffers[i].get(), want.data(), expected), 0)
+          << "a wrong byte in block " << order[i];
+    }
+  }
+
+  static std::vector<uint64_t> InOrder() {
+    std::vector<uint64_t> order((kSize + kPiece - 1) / kPiece);
+    std::iota(order.begin(), order.end(), 0);
+    return order;
+  }
+  static std::vector<uint64_t> Shuffled(uint64_t seed) {
+    std::vector<uint64_t> order = InOrder();
+    std::printf("shuffle seed %llu\n", static_cast<unsigned long long>(seed));
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    return order;
+  }
+
+  TempDir dir_{"accelfs-swarm"};
+  const std::string shared_ = dir_ / "shared";
+  const std::string path_ = dir_ / "model.bin";
+  std::array<int, 3> ports_{};
+};
+
+// One node alone reads every chunk from the store, once; a second node then gets every byte
+// from it and none from its store.
+TEST_F(SwarmReaderTest, ASecondNodeGetsEveryByteFromTheFirst) {
+  auto a = Node(0);
+  auto b = Node(1);
+  ASSERT_TRUE(a && b);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  EXPECT_EQ(a->Stats().store_bytes, kSize);
+  EXPECT_EQ(a->Stats().chunks_claimed, 5u);
+
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*b, Shuffled(std::random_device{}())));
+  EXPECT_EQ(b->Stats().store_bytes, 0u) << "the second node read its store";
+  EXPECT_EQ(b->Stats().peer_bytes, kSize);
+  EXPECT_EQ(b->Stats().chunks_joined, 5u);
+  EXPECT_EQ(b->Stats().fallbacks, 0u);
+  EXPECT_EQ(b->Stats().hash_failures, 0u);
+}
+
+// Three nodes read the file at once, each in its own order: the fleet reads each chunk from the
+// store once, whoever claimed it, and every node has every byte right.
+TEST_F(SwarmReaderTest, NodesReadingAtOnceReadTheStoreOnce) {
+  std::vector<std::unique_ptr<SwarmReader>> nodes;
+  for (int i = 0; i < 3; ++i) nodes.push_back(Node(i));
+  for (auto& n : nodes) ASSERT_TRUE(n);
+  const uint64_t seed = std::random_device{}();
+  std::vector<std::thread> loaders;
+  for (int i = 0; i < 3; ++i) {
+    loaders.emplace_back([&, i] { ReadAll(*nodes[static_cast<size_t>(i)], Shuffled(seed + i)); });
+  }
+  for (auto& t : loaders) t.join();
+  uint64_t store = 0;
+  uint64_t claimed = 0;
+  for (auto& n : nodes) {
+    store += n->Stats().store_bytes;
+    claimed += n->Stats().chunks_claimed;
+    EXPECT_EQ(n->Stats().fallbacks, 0u);
+  }
+  EXPECT_EQ(claimed, 5u);
+  EXPECT_EQ(store, kSize) << "the fleet read the store more than once";
+}
+
+// The node that claimed a chunk dies before it has the chunk (its store hangs, its claim is not
+// refreshed): a node waiting on it takes the chunk over after stale_claim and reads it itself.
+TEST_F(SwarmReaderTest, AStaleClaimIsTakenOver) {
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  // Every chunk claimed, as a node that died left its claims (the dir's names: FileId).
+  const FileKey key = KeyOfPath(path_);
+  char id[160];
+  std::snprintf(id, sizeof(id), "%016llx-%llx-%llx-%llx-%ux%u",
+                static_cast<unsigned long long>(key.fingerprint),
+                static_cast<unsigned long long>(key.size),
+                static_cast<unsigned long long>(key.mtime_ns),
+                static_cast<unsigned long long>(key.ctime_ns), kPiece, kChunkPieces);
+  ASSERT_EQ(mkdir((shared_ + "/" + id).c_str(), 0755), 0);
+  for (int c = 0; c < 5; ++c) {
+    std::ofstream(shared_ + "/" + id + "/" + std::to_string(c) + ".claim") << "dead\n";
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
+  std::printf("read after taking over dead claims in %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+  EXPECT_EQ(b->Stats().store_bytes, kSize);
+  EXPECT_EQ(b->Stats().chunks_claimed, 5u);
+}
+
+// The chunk's torrent is in the dir but no peer holds it any more (its node is gone): readers
+// wait peer_wait, then read the store, counted as fallbacks.
+TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
+  {
+    auto a = Node(0);
+    ASSERT_TRUE(a);
+    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  }  // node 0 is gone; its torrents stay in the dir
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
+  EXPECT_EQ(b->Stats().store_bytes, kSize);
+  EXPECT_GT(b->Stats().fallbacks, 0u);
+  EXPECT_EQ(b->Stats().peer_bytes, 0u);
+}
+
+// Reads the swarm does not take (no identity yet: the identity samples; not at a block's start)
+// go to the store.
+TEST_F(SwarmReaderTest, ReadsWithoutIdentityOrAlignmentGoToTheStore) {
+  auto a = Node(0);
+  ASSERT_TRUE(a);
+  auto file = OpenBackingFile(path_);  // no identity
+  std::unique_ptr<std::byte, decltype(&std::free)> buffer(
+      static_cast<std::byte*>(std::aligned_alloc(4096, kPiece)), &std::free);
+  std::promise<Result<size_t>> got;
+  ReadRequest r;
+  r.file = file;
+  r.offset = 4096;
+  r.buffer = buffer.get();
+  r.capacity = kPiece;
+  r.expected = 8192;
+  r.done = [&](Result<size_t> n) { got.set_value(std::move(n)); };
+  a->Submit(std::move(r));
+  const Result<size_t> n = got.get_future().get();
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 8192u);
+  EXPECT_EQ(std::memcmp(buffer.get(), PreadBytes(path_, 4096, 8192).data(), 8192), 0);
+  EXPECT_EQ(a->Stats().store_bytes, 8192u);
+  EXPECT_EQ(a->Stats().chunks_claimed, 0u);
+}
+
+TEST_F(SwarmReaderTest, BadOptionsSayWhich) {
+  const auto error = [&](SwarmOptions o) {
+    Result<std::unique_ptr<SwarmReader>> r =
+        SwarmReader::Create(std::make_unique<PreadReader>(1), std::move(o));
+    return r.ok() ? std::string("created") : r.error().Message();
+  };
+  SwarmOptions o = Options(0);
+  o.listen = "127.0.0.1";
+  EXPECT_NE(error(o).find("--swarm-listen"), std::string::npos) << error(o);
+  o = Options(0);
+  o.peers = {"10.0.0.1:99999"};
+  EXPECT_NE(error(o).find("--swarm-peers"), std::string::npos) << error(o);
+  o = Options(0);
+  o.allow = {"10.0.0.0/33"};
+  EXPECT_NE(error(o).find("--swarm-allow"), std::string::npos) << error(o);
+  o = Options(0);
+  o.dir = dir_ / "missing";
+  EXPECT_NE(error(o).find("--swarm-dir"), std::string::npos) << error(o);
+  o = Options(0);
+  o.piece_bytes = 1000;
+  EXPECT_NE(error(o).find("--block-size"), std::string::npos) << error(o);
+}
+
+}  // namespace
+}  // namespace accelfs::testing

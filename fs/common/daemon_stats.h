@@ -45,6 +45,16 @@ struct DaemonStats {
   // the oldest has waited: a store that stopped answering shows here.
   uint64_t store_calls = 0;
   double oldest_store_call_s = 0;
+  // The fleet (--swarm-listen): 0 everywhere when the swarm is off.
+  uint64_t swarm_on = 0;              // 1 when the daemon is in a swarm
+  uint64_t swarm_store_bytes = 0;     // read from SOURCE, through the swarm's reader
+  uint64_t swarm_peer_bytes = 0;      // got from peers, hash checked
+  uint64_t swarm_sent_bytes = 0;      // sent to peers
+  uint64_t swarm_peers = 0;           // peer connections now
+  uint64_t swarm_fallbacks = 0;       // reads that waited on peers in vain, then read SOURCE
+  uint64_t swarm_hash_failures = 0;   // pieces from peers that failed their hash check
+  uint64_t swarm_chunks_claimed = 0;  // chunks this node read from SOURCE for the fleet
+  uint64_t swarm_chunks_joined = 0;   // chunks this node took from the swarm
 };
 
 using StatsSource = std::function<DaemonStats()>;
@@ -210,6 +220,30 @@ inline constexpr std::array kStatsFields = [] {
       Row<&D::oldest_store_call_s>("oldest_store_call_s", kGauge, kSeconds,
                                    "accelfs_store_call_oldest_seconds",
                                    "Seconds the oldest call into SOURCE's filesystem has waited."),
+      Row<&D::swarm_on>("swarm_on", kGauge, kCount, "accelfs_swarm_on",
+                        "1 when the daemon shares blocks with a fleet (--swarm-listen)."),
+      Row<&D::swarm_store_bytes>("swarm_store_bytes", kCounter, kBytes,
+                                 "accelfs_swarm_store_read_bytes_total",
+                                 "Bytes the swarm's reader read from SOURCE."),
+      Row<&D::swarm_peer_bytes>("swarm_peer_bytes", kCounter, kBytes,
+                                "accelfs_swarm_peer_read_bytes_total",
+                                "Bytes got from peers, each piece hash checked."),
+      Row<&D::swarm_sent_bytes>("swarm_sent_bytes", kCounter, kBytes,
+                                "accelfs_swarm_sent_bytes_total", "Bytes sent to peers."),
+      Row<&D::swarm_peers>("swarm_peers", kGauge, kCount, "accelfs_swarm_peers",
+                           "Peer connections of the swarm now."),
+      Row<&D::swarm_fallbacks>("swarm_fallbacks", kCounter, kCount, "accelfs_swarm_fallbacks_total",
+                               "Reads that waited on peers in vain and were read from SOURCE."),
+      Row<&D::swarm_hash_failures>("swarm_hash_failures", kCounter, kCount,
+                                   "accelfs_swarm_hash_failures_total",
+                                   "Pieces from peers that failed their hash check (fetched "
+                                   "again, never served)."),
+      Row<&D::swarm_chunks_claimed>("swarm_chunks_claimed", kCounter, kCount,
+                                    "accelfs_swarm_chunks_claimed_total",
+                                    "Chunks this node read from SOURCE for the fleet."),
+      Row<&D::swarm_chunks_joined>("swarm_chunks_joined", kCounter, kCount,
+                                   "accelfs_swarm_chunks_joined_total",
+                                   "Chunks this node took from the swarm."),
       Row<&D::uptime_s>("uptime_s", kGauge, kSeconds, "accelfs_uptime_seconds",
                         "Seconds since the daemon started."),
   };

@@ -248,6 +248,75 @@ Status ApplyMetrics(const std::string& text, Config& config, const ParseContext&
   return Status::Ok();
 }
 
+// A comma list's items (--swarm-peers, --swarm-allow); none empty.
+Result<std::vector<std::string>> CommaList(const std::string& text, const std::string& option) {
+  std::vector<std::string> items;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) return Error(EINVAL, option + " " + Quoted(text) + ": an empty item");
+    items.push_back(item);
+  }
+  if (items.empty()) return Error(EINVAL, option + " needs at least one item");
+  return items;
+}
+
+Status ApplySwarmListen(const std::string& text, Config& config, const ParseContext&) {
+  const std::optional<std::string> address = ParseListenAddress(text);
+  if (!address || text.find(':') == std::string::npos || text.starts_with(":")) {
+    return Bad("--swarm-listen " + Quoted(text) +
+               ": expected ADDR:PORT, the address of this node that the others reach (an IP "
+               "address, [::1] for IPv6; port 1-65535)");
+  }
+  config.swarm_listen = *address;
+  return Status::Ok();
+}
+
+Status ApplySwarmPeers(const std::string& text, Config& config, const ParseContext&) {
+  Result<std::vector<std::string>> peers = CommaList(text, "--swarm-peers");
+  if (!peers.ok()) return Bad(peers.error().Message());
+  for (const std::string& peer : peers.value()) {
+    const size_t colon = peer.rfind(':');
+    const std::optional<uint64_t> port =
+        colon == std::string::npos ? std::nullopt : ParseCount(peer.substr(colon + 1));
+    if (colon == 0 || !port || *port < 1 || *port > 65535) {
+      return Bad("--swarm-peers " + Quoted(peer) + ": expected HOST:PORT (port 1-65535)");
+    }
+  }
+  config.swarm_peers = std::move(peers.value());
+  return Status::Ok();
+}
+
+Status ApplySwarmAllow(const std::string& text, Config& config, const ParseContext&) {
+  Result<std::vector<std::string>> networks = CommaList(text, "--swarm-allow");
+  if (!networks.ok()) return Bad(networks.error().Message());
+  config.swarm_allow = std::move(networks.value());  // parsed by the swarm, which says which
+  return Status::Ok();
+}
+
+Status ApplySwarmMemory(const std::string& text, Config& config, const ParseContext&) {
+  Result<uint64_t> v = ParseSize(text, 0);
+  if (!v.ok()) return Bad("--swarm-memory " + v.error().Message());
+  if (v.value() == 0) return Bad("--swarm-memory must be more than 0");
+  config.swarm_memory = v.value();
+  return Status::Ok();
+}
+
+// The swarm's options need --swarm-listen, which needs --swarm-dir.
+Status FinishSwarm(const Config& config) {
+  if (config.swarm_listen.empty()) {
+    if (!config.swarm_peers.empty() || !config.swarm_dir.empty() || !config.swarm_allow.empty() ||
+        config.swarm_memory != 0) {
+      return Bad("the --swarm-* options need --swarm-listen ADDR:PORT, which turns the swarm on");
+    }
+    return Status::Ok();
+  }
+  if (config.swarm_dir.empty()) {
+    return Bad("--swarm-listen needs --swarm-dir DIR, a directory every node of the fleet shares");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const std::vector<OptionSpec>& Options() {
@@ -332,6 +401,28 @@ const std::vector<OptionSpec>& Options() {
          c.push = "off";
          return Status::Ok();
        }},
+      {"swarm-listen", "", "ADDR:PORT",
+       "Share blocks with the other nodes of a fleet (peer to peer, libtorrent), listening here "
+       "for them; needs --swarm-dir",
+       [](C) { return std::string("off"); }, ApplySwarmListen},
+      {"swarm-peers", "", "HOST:PORT,...",
+       "The fleet's nodes (this one may be in the list); in -o, separate them with \\,",
+       [](C) { return std::string("none: only peers that connect"); }, ApplySwarmPeers},
+      {"swarm-dir", "", "DIR",
+       "A directory every node shares (NFS...): which node reads which chunk from the store, and "
+       "the chunks' piece hashes",
+       [](C) { return std::string("none"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         if (v.empty()) return Bad("--swarm-dir needs a directory");
+         c.swarm_dir = v;
+         return Status::Ok();
+       }},
+      {"swarm-allow", "", "CIDR,...",
+       "Networks peers may connect from, besides the hosts of --swarm-peers",
+       [](C) { return std::string("the peers' addresses only"); }, ApplySwarmAllow},
+      {"swarm-memory", "", "SIZE",
+       "Memory for chunks kept for the peers (beyond it the least recently read are dropped)",
+       [](C) { return std::string("a quarter of the cache budget"); }, ApplySwarmMemory},
       {"control-group", "", "GROUP",
        "Let this group use the control socket (accelfs-stat, accelfs-warm)",
        [](C) { return std::string("only the mounting user and root"); },
@@ -497,6 +588,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
       !s.ok()) {
     return UsageError(s.error().Message());
   }
+  if (Status s = FinishSwarm(config); !s.ok()) return UsageError(s.error().Message());
   ParseOutcome out;
   out.config = std::move(config);
   return out;

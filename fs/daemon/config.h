@@ -98,6 +98,13 @@ struct Config {
   // stay on the machine unless an address is given.
   std::string metrics_address;
 
+  // The fleet (cache/backend/swarm_reader.h): on with --swarm-listen, which needs --swarm-dir.
+  std::string swarm_listen;              // ADDR:PORT
+  std::vector<std::string> swarm_peers;  // HOST:PORT
+  std::string swarm_dir;
+  std::vector<std::string> swarm_allow;  // CIDR
+  uint64_t swarm_memory = 0;             // 0: a quarter of the cache budget
+
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };

@@ -23,6 +23,7 @@
 #include "cache/backend/bounded_reader.h"
 #include "cache/backend/populating_reader.h"
 #include "cache/backend/pread_reader.h"
+#include "cache/backend/swarm_reader.h"
 #include "cache/backend/uring_reader.h"
 #include "cache/block_cache.h"
 #include "cache/file_block_store.h"
@@ -87,7 +88,7 @@ class Daemon {
   Status Mount();              // the mount, then the starter that tunes it and reports ready
   int ShutDown(const Status& loop);  // after the session loop ends: stop, drain, unmount
   Status OpenStore();
-  void MakeBackend();
+  Status MakeBackend();
   DaemonStats Snapshot() const;
   void ReportStarted(const std::string& readahead) const;
 
@@ -103,7 +104,8 @@ class Daemon {
   bool store_in_files_ = true;  // files, which can be passed through
   int ready_fd_ = -1;           // the pipe to the parent waiting for the mount (detached only)
   std::unique_ptr<BackendReader> reader_;
-  BoundedReader* bounded_ = nullptr;  // the outermost of reader_'s layers
+  BoundedReader* bounded_ = nullptr;  // reader_'s layer over the store's
+  SwarmReader* swarm_ = nullptr;      // the outermost, with --swarm-listen
   std::string backend_kind_ = "io_uring";
   std::unique_ptr<BlockCache> cache_;
   PrefetcherOptions prefetch_;
@@ -174,7 +176,7 @@ Status Daemon::OpenStore() {
 }
 
 // io_uring, or a pool of pread threads where the kernel refuses it; then the layers in front.
-void Daemon::MakeBackend() {
+Status Daemon::MakeBackend() {
   if (auto uring = MakeUringReader(config_.backend_depth, /*adaptive=*/true,
                                    [](const std::string& line) { spdlog::debug("{}", line); });
       uring.ok()) {
@@ -202,6 +204,20 @@ void Daemon::MakeBackend() {
   auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
   bounded_ = bounded.get();
   reader_ = std::move(bounded);
+  if (config_.swarm_listen.empty()) return Status::Ok();
+  // In front of all: a fleet's nodes share blocks (cache/backend/swarm_reader.h).
+  SwarmOptions swarm;
+  swarm.listen = config_.swarm_listen;
+  swarm.peers = config_.swarm_peers;
+  swarm.allow = config_.swarm_allow;
+  swarm.dir = config_.swarm_dir;
+  swarm.piece_bytes = config_.block_size;
+  swarm.memory_bytes = config_.swarm_memory != 0 ? config_.swarm_memory : config_.cache_size / 4;
+  Result<std::unique_ptr<SwarmReader>> made = SwarmReader::Create(std::move(reader_), swarm);
+  if (!made.ok()) return Failure(made.error().Message());
+  swarm_ = made.value().get();
+  reader_ = std::move(made.value());
+  return Status::Ok();
 }
 
 Status Daemon::BuildCache() {
@@ -212,7 +228,7 @@ Status Daemon::BuildCache() {
     if (ready_fd_ < 0) return Failure(std::string("cannot detach: ") + std::strerror(errno));
   }
   if (cache_dir_store_ != nullptr) cache_dir_store_->NoteOwner();  // the daemon's pid
-  MakeBackend();
+  if (Status s = MakeBackend(); !s.ok()) return s;
   cache_ = std::make_unique<BlockCache>(
       *store_, *reader_, BlockCache::Options{config_.cache_size, config_.block_size});
   if (const BlockCache::Adopted kept = cache_->AdoptStored(); kept.blocks + kept.discarded_blocks) {
@@ -295,6 +311,18 @@ DaemonStats Daemon::Snapshot() const {
   const CallsInProgress::Snapshot store_calls = fs_->store_calls();
   s.store_calls = store_calls.count;
   s.oldest_store_call_s = store_calls.oldest_seconds;
+  if (swarm_ != nullptr) {
+    const SwarmStats w = swarm_->Stats();
+    s.swarm_on = 1;
+    s.swarm_store_bytes = w.store_bytes;
+    s.swarm_peer_bytes = w.peer_bytes;
+    s.swarm_sent_bytes = w.sent_bytes;
+    s.swarm_peers = w.peers;
+    s.swarm_fallbacks = w.fallbacks;
+    s.swarm_hash_failures = w.hash_failures;
+    s.swarm_chunks_claimed = w.chunks_claimed;
+    s.swarm_chunks_joined = w.chunks_joined;
+  }
   return s;
 }
 

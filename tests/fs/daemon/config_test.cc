@@ -151,6 +151,39 @@ INSTANTIATE_TEST_SUITE_P(Table, CacheSizeTest,
                                            SizeCase{"100%", 4 * kTiB},
                                            SizeCase{"0.5%", 4 * kTiB / 200}));
 
+TEST(ParseCommandLineTest, Swarm) {
+  const ParseOutcome out =
+      Parse({"/src", "/mnt", "--swarm-listen", "10.0.0.1:6881", "--swarm-dir", "/srv/fleet", "-o",
+             "swarm_peers=10.0.0.1:6881\\,node2:6881,swarm_allow=10.0.0.0/24"});
+  ASSERT_TRUE(out.config) << out.output;
+  EXPECT_EQ(out.config->swarm_listen, "10.0.0.1:6881");
+  EXPECT_EQ(out.config->swarm_dir, "/srv/fleet");
+  EXPECT_EQ(out.config->swarm_peers, (std::vector<std::string>{"10.0.0.1:6881", "node2:6881"}));
+  EXPECT_EQ(out.config->swarm_allow, std::vector<std::string>{"10.0.0.0/24"});
+  EXPECT_EQ(out.config->swarm_memory, 0u);  // a quarter of the budget, set by the daemon
+}
+
+TEST(ParseCommandLineTest, SwarmErrors) {
+  const std::vector<std::string> on = {"/src",          "/mnt",        "--swarm-listen",
+                                       "10.0.0.1:6881", "--swarm-dir", "/srv/fleet"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = on;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  ExpectUsageError({"/src", "/mnt", "--swarm-peers", "10.0.0.2:6881"}, "need --swarm-listen");
+  ExpectUsageError({"/src", "/mnt", "--swarm-dir", "/srv"}, "need --swarm-listen");
+  ExpectUsageError({"/src", "/mnt", "--swarm-listen", "10.0.0.1:6881"}, "needs --swarm-dir");
+  ExpectUsageError(with({"--swarm-listen", "6881"}), "expected ADDR:PORT");
+  ExpectUsageError(with({"--swarm-listen", "node1:6881"}), "expected ADDR:PORT");
+  ExpectUsageError(with({"--swarm-listen", "10.0.0.1:0"}), "expected ADDR:PORT");
+  ExpectUsageError(with({"--swarm-peers", "node2"}), "expected HOST:PORT");
+  ExpectUsageError(with({"--swarm-peers", "node2:1,,node3:1"}), "empty item");
+  ExpectUsageError(with({"--swarm-peers", ":6881"}), "expected HOST:PORT");
+  ExpectUsageError(with({"--swarm-memory", "0"}), "more than 0");
+  ExpectUsageError(with({"--swarm-memory", "lots"}), "--swarm-memory");
+}
+
 TEST(ParseCommandLineTest, CacheSizeErrors) {
   ExpectUsageError({"/src", "/mnt", "--cache-size", "12X"}, "12X");
   ExpectUsageError({"/src", "/mnt", "--cache-size", "abc"}, "abc");

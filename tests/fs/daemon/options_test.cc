@@ -121,12 +121,36 @@ TEST(OptionTableTest, NamesAndKeysAreUnique) {
 // Each option as --NAME VALUE and as -o KEY=VALUE gives the same Config; a flag as --NAME and -o
 // KEY. The values are ones every option accepts or a per-option sample.
 TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
-  const std::map<std::string, std::string> samples = {
-      {"cache-size", "1G"},       {"cache-dir", "/var/tmp/x"}, {"block-size", "8M"},
-      {"backend-depth", "16"},    {"backend-timeout", "5"},    {"readahead", "4M"},
-      {"stream-threshold", "1M"}, {"attr-timeout", "7"},       {"entry-timeout", "9"},
-      {"log-level", "debug"},     {"metrics", "9100"},         {"fill-on-open", "off"},
-      {"control-group", "disk"},  {"store-io", "buffered"}};
+  const std::map<std::string, std::string> samples = {{"cache-size", "1G"},
+                                                      {"cache-dir", "/var/tmp/x"},
+                                                      {"block-size", "8M"},
+                                                      {"backend-depth", "16"},
+                                                      {"backend-timeout", "5"},
+                                                      {"readahead", "4M"},
+                                                      {"stream-threshold", "1M"},
+                                                      {"attr-timeout", "7"},
+                                                      {"entry-timeout", "9"},
+                                                      {"log-level", "debug"},
+                                                      {"metrics", "9100"},
+                                                      {"fill-on-open", "off"},
+                                                      {"control-group", "disk"},
+                                                      {"store-io", "buffered"},
+                                                      {"swarm-listen", "10.0.0.1:6881"},
+                                                      {"swarm-peers", "10.0.0.2:6881,node3:6881"},
+                                                      {"swarm-dir", "/srv/fleet"},
+                                                      {"swarm-allow", "10.0.0.0/24"},
+                                                      {"swarm-memory", "2G"}};
+  // What an option needs beside it: the swarm's options need --swarm-listen, which needs
+  // --swarm-dir. Given the same way as the option itself, so that each way is tested alone.
+  const auto needs = [](const std::string& name, bool as_key) -> std::vector<std::string> {
+    if (!name.starts_with("swarm-")) return {};
+    std::vector<std::string> args;
+    if (name != "swarm-listen") {
+      args.push_back(as_key ? "-oswarm_listen=10.0.0.9:7000" : "--swarm-listen=10.0.0.9:7000");
+    }
+    if (name != "swarm-dir") args.push_back(as_key ? "-oswarm_dir=/srv/x" : "--swarm-dir=/srv/x");
+    return args;
+  };
   for (const OptionSpec& o : Options()) {
     SCOPED_TRACE(std::string(o.name));
     std::string value;
@@ -136,13 +160,21 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
       value = sample->second;
     }
     const std::string flag = "--" + std::string(o.name);
-    const std::string key = "-o" + o.Key() + (o.flag() ? "" : "=" + value);
+    // In an -o list a comma inside a value is escaped (--swarm-peers, --swarm-allow).
+    std::string escaped;
+    for (const char ch : value) escaped += ch == ',' ? std::string("\\,") : std::string(1, ch);
+    const std::string key = "-o" + o.Key() + (o.flag() ? "" : "=" + escaped);
     std::vector<const char*> as_flag = {"accelfs", "/src", "/mnt", flag.c_str()};
     if (!o.flag()) as_flag.push_back(value.c_str());
-    const char* as_key[] = {"accelfs", "/src", "/mnt", key.c_str()};
+    std::vector<const char*> as_key = {"accelfs", "/src", "/mnt", key.c_str()};
+    const std::vector<std::string> flag_needs = needs(std::string(o.name), false);
+    const std::vector<std::string> key_needs = needs(std::string(o.name), true);
+    for (const std::string& arg : flag_needs) as_flag.push_back(arg.c_str());
+    for (const std::string& arg : key_needs) as_key.push_back(arg.c_str());
     const ParseOutcome a =
         ParseCommandLine(static_cast<int>(as_flag.size()), as_flag.data(), 8 * kGiB, 16 * kGiB);
-    const ParseOutcome b = ParseCommandLine(4, as_key, 8 * kGiB, 16 * kGiB);
+    const ParseOutcome b =
+        ParseCommandLine(static_cast<int>(as_key.size()), as_key.data(), 8 * kGiB, 16 * kGiB);
     ASSERT_TRUE(a.config.has_value()) << a.output;
     ASSERT_TRUE(b.config.has_value()) << b.output;
     const Config defaults;
@@ -163,6 +195,11 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     EXPECT_EQ(a.config->passthrough, b.config->passthrough);
     EXPECT_EQ(a.config->push, b.config->push);
     EXPECT_EQ(a.config->store_io, b.config->store_io);
+    EXPECT_EQ(a.config->swarm_listen, b.config->swarm_listen);
+    EXPECT_EQ(a.config->swarm_peers, b.config->swarm_peers);
+    EXPECT_EQ(a.config->swarm_dir, b.config->swarm_dir);
+    EXPECT_EQ(a.config->swarm_allow, b.config->swarm_allow);
+    EXPECT_EQ(a.config->swarm_memory, b.config->swarm_memory);
     // And it changed something: every option has an effect.
     const Config& c = *a.config;
     const bool changed =
@@ -174,7 +211,10 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
         c.log_level != defaults.log_level || c.metrics_address != defaults.metrics_address ||
         c.fill_on_open != defaults.fill_on_open || c.control_group != defaults.control_group ||
         c.foreground != defaults.foreground || c.passthrough != defaults.passthrough ||
-        c.push != defaults.push || c.store_io != defaults.store_io;
+        c.push != defaults.push || c.store_io != defaults.store_io ||
+        c.swarm_listen != defaults.swarm_listen || c.swarm_peers != defaults.swarm_peers ||
+        c.swarm_dir != defaults.swarm_dir || c.swarm_allow != defaults.swarm_allow ||
+        c.swarm_memory != defaults.swarm_memory;
     EXPECT_TRUE(changed);
   }
 }

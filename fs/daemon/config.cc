@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -414,7 +415,10 @@ const std::vector<OptionSpec>& Options() {
        [](C) { return std::string("none"); },
        [](const std::string& v, Config& c, const ParseContext&) {
          if (v.empty()) return Bad("--swarm-dir needs a directory");
-         c.swarm_dir = v;
+         // Absolute: the daemon works from / once detached.
+         std::error_code ec;
+         c.swarm_dir = std::filesystem::absolute(v, ec).lexically_normal().string();
+         if (ec) return Bad("--swarm-dir " + Quoted(v) + ": " + ec.message());
          return Status::Ok();
        }},
       {"swarm-allow", "", "CIDR,...",

@@ -664,8 +664,8 @@ struct SwarmReader::Impl {
     // once a second, but at once when a torrent is resumed (do_connect_boost). Measured: a chunk
     // joined waited 0.2-0.6 s for its first piece over loopback (4 x 32 MiB: 3.7 s); since, 20-40
     // ms (0.83 s).
-    atp.flags &= ~lt::torrent_flags::auto_managed;
-    atp.flags |= lt::torrent_flags::paused;
+    atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
+    if (!seed) atp.flags |= lt::torrent_flags::paused;  // a seed waits for peers to come
     // A node that joins takes the whole chunk: its loader reads whole files, and a piece wanted
     // only once a reader asks waits for the engine's next round of requests (measured: 0.5 s).
     if (seed) atp.flags |= lt::torrent_flags::seed_mode;

@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# fleet.sh: a fleet of accelfs nodes on one machine, loading one model from one real slow store.
+#
+#   fleet.sh test  [options]   the CI check: every loaded byte right, the store sends the model
+#                              about once with the swarm on, and a node killed mid-load leaves the
+#                              others to finish; exit 0, 1 (what failed) or 77 (cannot run here)
+#   fleet.sh bench [options]   the measurements of docs/BENCHMARKS.md, "The fleet": the same loads
+#                              without and with the swarm, nodes at once and staggered, one node
+#                              killed, one node alone; a table on stdout
+#
+# The rig: an origin network namespace runs sshd over the model's directory (the store), its link
+# shaped by tbf (--origin-rate); N node namespaces on a bridge with it. Each node has its own sshfs
+# mount of the origin and its own accelfs daemon over it, both started with nsenter --net so their
+# traffic goes through the node's link while their mounts stay visible here; the swarm's shared
+# dir is a local directory (what NFS would be across machines). Origin bytes are what the
+# origin's end of its link sent (tx_bytes: SSH and TCP headers included). Before each run every
+# node's sshfs and daemon are new and the page cache is dropped.
+#
+# Options: --nodes N (4; test: 3)  --model-mib M (1024; test: 96)  --shards S (4; test: 3)
+#   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --dir DIR (/var/tmp/
+#   accelfs-fleet)  --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
+set -euo pipefail
+
+mode=${1:-}
+[[ $mode == test || $mode == bench ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+shift
+here=$(cd "$(dirname "$0")/../.." && pwd)
+nodes='' model_mib='' shards='' rate=400mbit stagger=10 dir=/var/tmp/accelfs-fleet
+accelfs=$here/build/accelfs stat_bin=$here/build/accelfs-stat
+while (($#)); do
+  case $1 in
+    --nodes) nodes=$2 ;;
+    --model-mib) model_mib=$2 ;;
+    --shards) shards=$2 ;;
+    --origin-rate) rate=$2 ;;
+    --stagger) stagger=$2 ;;
+    --dir) dir=$2 ;;
+    --accelfs) accelfs=$2 ;;
+    --stat) stat_bin=$2 ;;
+    *) echo "fleet.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+if [[ $mode == test ]]; then
+  nodes=${nodes:-3} model_mib=${model_mib:-96} shards=${shards:-3}
+else
+  nodes=${nodes:-4} model_mib=${model_mib:-1024} shards=${shards:-4}
+fi
+
+skip() { echo "fleet.sh: SKIP: $*" >&2; exit 77; }
+die() { echo "fleet.sh: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || skip "needs root (network namespaces, mounts)"
+for p in ip tc nsenter sshd ssh-keygen sshfs fusermount3 python3; do
+  command -v "$p" >/dev/null || skip "$p is missing"
+done
+[[ -x $accelfs && -x $stat_bin ]] || die "no $accelfs or $stat_bin: build first"
+[[ -e /dev/fuse ]] || skip "no /dev/fuse"
+
+net=10.79.0 br=aflbr0
+ns() { echo "afl-$1"; }                 # origin: afl-o; nodes: afl-1..N
+addr() { [[ $1 == o ]] && echo "$net.1" || echo "$net.$((10 + $1))"; }
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+pids=()
+
+cleanup() {
+  set +e
+  for n in $(seq 1 "$nodes"); do
+    fusermount3 -uz "$dir/n$n/mnt" 2>/dev/null
+    fusermount3 -uz "$dir/n$n/store" 2>/dev/null
+  done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  [[ -f $dir/sshd.pid ]] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null
+  for n in o $(seq 1 "$nodes"); do ip netns del "$(ns "$n")" 2>/dev/null; done
+  ip link del "$br" 2>/dev/null
+  return 0
+}
+trap cleanup EXIT
+cleanup
+
+# --- the model and the network -------------------------------------------------------------
+model=$dir/model
+if [[ ! -f $model/.made-$model_mib-$shards ]]; then
+  rm -rf "$model" && mkdir -p "$model"
+  for s in $(seq 1 "$shards"); do
+    name=$(printf 'model-%05d-of-%05d.safetensors' "$s" "$shards")
+    head -c $((model_mib * 1048576 / shards)) /dev/urandom >"$model/$name"
+  done
+  echo '{"architectures": ["Fleet"]}' >"$model/config.json"
+  touch "$model/.made-$model_mib-$shards"
+fi
+model_bytes=$(find "$model" -type f ! -name '.made-*' -printf '%s\n' | awk '{s += $1} END {print s}')
+sums=$dir/sums
+(cd "$model" && sha256sum ./*.safetensors config.json) >"$sums"
+
+ip link add "$br" type bridge && ip link set "$br" up
+for n in o $(seq 1 "$nodes"); do
+  ip netns add "$(ns "$n")"
+  ip link add "afl-$n-h" type veth peer name "afl-$n-n"
+  ip link set "afl-$n-n" netns "$(ns "$n")"
+  ip link set "afl-$n-h" master "$br" up
+  ip -n "$(ns "$n")" addr add "$(addr "$n")/24" dev "afl-$n-n"
+  ip -n "$(ns "$n")" link set "afl-$n-n" up
+  ip -n "$(ns "$n")" link set lo up
+done
+ip netns exec "$(ns o)" tc qdisc add dev afl-o-n root tbf rate "$rate" burst 256kb latency 50ms
+origin_tx() { ip netns exec "$(ns o)" cat /sys/class/net/afl-o-n/statistics/tx_bytes; }
+
+# --- the store: sshd in the origin ---------------------------------------------------------
+mkdir -p "$dir/ssh" /run/sshd
+rm -f "$dir/ssh/"*
+ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/host_key"
+ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/client_key"
+cp "$dir/ssh/client_key.pub" "$dir/ssh/authorized_keys"
+use_pam=no
+[[ "$(awk -F: '$1 == "root" { print substr($2, 1, 1) }' /etc/shadow)" == "!" ]] && use_pam=yes
+cat >"$dir/ssh/sshd_config" <<EOF
+ListenAddress $(addr o)
+HostKey $dir/ssh/host_key
+PidFile $dir/sshd.pid
+AuthorizedKeysFile $dir/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM $use_pam
+StrictModes no
+UseDNS no
+MaxStartups 64:30:128
+MaxSessions 64
+LogLevel ERROR
+Subsystem sftp internal-sftp
+EOF
+nsenter --net="/run/netns/$(ns o)" "$(command -v sshd)" -f "$dir/ssh/sshd_config" -E "$dir/sshd.log"
+for _ in $(seq 50); do [[ -s $dir/sshd.pid ]] && break; sleep 0.1; done
+
+# --- nodes ---------------------------------------------------------------------------------
+peers=$(for n in $(seq 1 "$nodes"); do printf '%s:7000,' "$(addr "$n")"; done)
+peers=${peers%,}
+
+# start_node N SWARM(on|off) SHARED: a new sshfs and a new daemon for node N.
+start_node() {
+  local n=$1 swarm=$2 shared=$3 d=$dir/n$1
+  fusermount3 -uz "$d/mnt" 2>/dev/null || true
+  fusermount3 -uz "$d/store" 2>/dev/null || true
+  mkdir -p "$d/mnt" "$d/store"
+  nsenter --net="/run/netns/$(ns "$n")" sshfs -F /dev/null \
+    -o "IdentityFile=$dir/ssh/client_key,IdentitiesOnly=yes,StrictHostKeyChecking=no" \
+    -o UserKnownHostsFile=/dev/null,BatchMode=yes,LogLevel=ERROR,max_conns=4 \
+    "root@$(addr o):$model" "$d/store"
+  local args=("$d/store" "$d/mnt")
+  [[ $swarm == on ]] && args+=(--swarm-listen "$(addr "$n"):7000" --swarm-peers "$peers"
+    --swarm-dir "$shared")
+  nsenter --net="/run/netns/$(ns "$n")" "$accelfs" "${args[@]}" 2>>"$d/accelfs.log"
+}
+stop_nodes() {
+  for n in $(seq 1 "$nodes"); do
+    fusermount3 -u "$dir/n$n/mnt" 2>/dev/null || fusermount3 -uz "$dir/n$n/mnt" 2>/dev/null || true
+    fusermount3 -uz "$dir/n$n/store" 2>/dev/null || true
+  done
+  sleep 0.5
+}
+# load N: reads every file of node N's mount (read(), 16 MiB at a time), checks each against the
+# model's sha256; prints "SECONDS OK|WRONG".
+load() {
+  (cd "$dir/n$1/mnt" && python3 - "$sums" <<'EOF'
+import hashlib, sys, time
+want = dict(reversed(l.split()) for l in open(sys.argv[1]))
+t0 = time.monotonic(); ok = True
+for name, digest in want.items():
+    h = hashlib.sha256()
+    try:
+        with open(name, "rb") as f:
+            while b := f.read(16 << 20): h.update(b)
+    except OSError as e:
+        print(f"{time.monotonic() - t0:.2f} ERROR {name}: {e}"); sys.exit(0)
+    ok &= h.hexdigest() == digest
+print(f"{time.monotonic() - t0:.2f} {'OK' if ok else 'WRONG'}")
+EOF
+  )
+}
+# The daemon's control socket is found from its own network namespace.
+stat_json() { nsenter --net="/run/netns/$(ns "$1")" "$stat_bin" "$dir/n$1/mnt" --json 2>/dev/null; }
+peer_bytes() { stat_json "$1" |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0].get("swarm_peer_bytes", 0))' ||
+  echo 0; }
+
+run=0
+# fleet SWARM DELAY [KILL]: nodes 1..N start (DELAY s apart) and load; KILL: node 1's daemon is
+# killed once it has read a third of the model. Sets: times[n], results[n], peers[n], origin.
+fleet() {
+  local swarm=$1 delay=$2 kill_first=${3:-}
+  run=$((run + 1))
+  local shared=$dir/shared-$run
+  rm -rf "$shared" && mkdir -p "$shared"
+  stop_nodes
+  sync && echo 3 >/proc/sys/vm/drop_caches
+  for n in $(seq 1 "$nodes"); do start_node "$n" "$swarm" "$shared"; done
+  local before out
+  before=$(origin_tx)
+  out=$dir/run$run
+  mkdir -p "$out"
+  for n in $(seq 1 "$nodes"); do
+    (sleep $(((n - 1) * delay)); load "$n" >"$out/load$n") &
+    loaders[n]=$!
+  done
+  if [[ -n $kill_first ]]; then
+    local pid
+    pid=$(pgrep -f "accelfs $dir/n1/store" | head -1)
+    for _ in $(seq 600); do
+      local got
+      got=$(stat_json 1 | python3 -c \
+        'import json,sys; m=json.load(sys.stdin)["mounts"][0]; print(m["cache"]["hit_bytes"]+m["cache"]["miss_bytes"])' 2>/dev/null || echo 0)
+      ((got * 3 >= model_bytes)) && break
+      sleep 0.1
+    done
+    kill -9 "$pid"
+  fi
+  for n in $(seq 1 "$nodes"); do wait "${loaders[n]}" || true; done
+  origin=$(($(origin_tx) - before))
+  for n in $(seq 1 "$nodes"); do
+    read -r times[n] results[n] <"$out/load$n" || results[n]=NONE
+    peers[n]=$(peer_bytes "$n")
+  done
+  stop_nodes
+}
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+slowest() { printf '%s\n' "${times[@]}" | sort -g | tail -1; }
+
+if [[ $mode == test ]]; then
+  fail=0
+  fleet on 0
+  for n in $(seq 1 "$nodes"); do
+    [[ ${results[n]} == OK ]] || { echo "swarm, at once: node $n: ${results[n]}"; fail=1; }
+  done
+  echo "swarm, $nodes nodes at once: origin sent $(ratio "$origin" "$model_bytes")x the model, slowest node $(slowest) s"
+  # The store sends the model about once (SSH and TCP headers, sshfs's own reads: ~3 %).
+  ((origin * 100 <= model_bytes * 125)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
+  fleet on 0 kill
+  for n in $(seq 2 "$nodes"); do
+    [[ ${results[n]} == OK ]] || { echo "node 1 killed: node $n: ${results[n]}"; fail=1; }
+  done
+  echo "node 1 killed mid-load: the others OK, origin sent $(ratio "$origin" "$model_bytes")x the model"
+  ((origin * 100 <= model_bytes * 200)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
+  exit $fail
+fi
+
+echo "fleet bench: $nodes nodes, $(ratio "$model_bytes" 1048576) MiB in $shards shards, origin $rate, $(nproc) CPUs"
+fleet off 0
+off_slowest=$(slowest) off_origin=$origin
+declare -a off_times=("${times[@]}")
+fleet on 0
+echo "| run | slowest node, s | each node ÷ without the swarm | origin bytes ÷ model | from peers, per node | right bytes |"
+echo "|---|---|---|---|---|---|"
+echo "| $nodes at once, swarm off | $off_slowest | 1 | $(ratio "$off_origin" "$model_bytes") | – | all |"
+each=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${times[n]}" "${off_times[n - 1]}")"; done)
+from=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${peers[n]}" "$model_bytes")"; done)
+echo "| $nodes at once, swarm on | $(slowest) | $each| $(ratio "$origin" "$model_bytes") | $from| ${results[*]} |"
+fleet on "$stagger"
+from=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${peers[n]}" "$model_bytes")"; done)
+echo "| $nodes staggered ${stagger} s, swarm on | $(printf '%s ' "${times[@]}")| – | $(ratio "$origin" "$model_bytes") | $from| ${results[*]} |"
+fleet on 0 kill
+echo "| node 1 killed at 1/3, swarm on | $(printf '%s ' "${times[@]}")| – | $(ratio "$origin" "$model_bytes") | – | ${results[*]} |"
+saved=$nodes
+nodes=1
+fleet off 0
+lone_off=${times[1]}
+fleet on 0
+echo "| 1 node alone: swarm on ÷ off | ${times[1]} / $lone_off | $(ratio "${times[1]}" "$lone_off") | $(ratio "$origin" "$model_bytes") | – | ${results[1]} |"
+nodes=$saved

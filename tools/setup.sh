@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
-          nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev)
+          nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev
+          libtorrent-rasterbar-dev)
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)

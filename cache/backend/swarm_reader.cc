@@ -404,6 +404,7 @@ struct SwarmReader::Impl {
     Clock::time_point refreshed;  // kFetching: the claim's mtime last set
     Clock::time_point used;       // the last read of it
     bool fell_back = false;       // logged once
+    bool kicked = false;          // paused and resumed once (CatchUp)
   };
   using ChunkPtr = std::shared_ptr<Chunk>;
   // Work to do once the lock is let go.
@@ -797,8 +798,11 @@ struct SwarmReader::Impl {
       for (auto& [name, ch] : chunks) {
         switch (ch->state) {
           case State::kFetching:
-            // Alive while its reads come back: a claimer whose store hangs stops saying so.
-            if (now - ch->refreshed >= o.stale_claim / 3 && now - ch->progress < o.stale_claim) {
+            // Alive while it holds the claim. Not only while its pieces come: with four nodes
+            // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
+            // and another node read the chunk again (the store sent 2.26x the model). A store
+            // that hangs ends the claim through the backend timeout (Fetched).
+            if (now - ch->refreshed >= o.stale_claim / 4) {
               utimensat(AT_FDCWD, ch->claim.c_str(), nullptr, 0);
               ch->refreshed = now;
             }
@@ -807,6 +811,7 @@ struct SwarmReader::Impl {
             if (!Join(*ch, later)) TakeOverIfStale(ch, later);
             break;
           case State::kSwarm:
+            CatchUp(*ch, now, later);
             FallBackIfStuck(*ch, now, later);
             break;
           default:
@@ -837,8 +842,10 @@ struct SwarmReader::Impl {
       const std::string dead = ch->claim + ".dead." + std::to_string(random());
       if (rename(ch->claim.c_str(), dead.c_str()) != 0) return;
       unlink(dead.c_str());
-      spdlog::info("swarm: the claim on {} went stale; this node reads it from the store",
-                   ch->name);
+      spdlog::info(
+          "swarm: the claim on {} went stale ({} ms old); this node reads it from the "
+          "store",
+          ch->name, std::chrono::duration_cast<std::chrono::milliseconds>(age).count());
       ch->state = State::kNew;
       Decide(*ch, later);
     }
@@ -848,6 +855,31 @@ struct SwarmReader::Impl {
       }
     }
   }
+
+  // Pieces the engine has whose alert never came (an alert queue can drop them) answer their
+  // readers; a chunk that got no piece for half of peer_wait is paused and resumed, which makes
+  // the engine connect to its peers again at once.
+  void CatchUp(Chunk& ch, Clock::time_point now, Later& later) {
+    bool waited = false;
+    for (size_t p = 0; p < ch.waiters.size(); ++p) {
+      if (ch.waiters[p].empty() || now - ch.waiters[p].front().since < kCatchUpAfter) continue;
+      waited = true;
+      if (!ch.handle.have_piece(lt::piece_index_t{static_cast<int>(p)})) continue;
+      ch.have[p] = 1;
+      ch.progress = now;
+      peer_bytes.fetch_add(ch.data->PieceSize(static_cast<int>(p)), std::memory_order_relaxed);
+      for (Waiter& w : ch.waiters[p]) later.copies.emplace_back(std::move(w.request), ch.data);
+      ch.waiters[p].clear();
+    }
+    if (waited && !ch.kicked && now - ch.progress >= o.peer_wait / 2) {
+      ch.kicked = true;
+      spdlog::info("swarm: no piece of {} in {} ms; connecting to its peers again", ch.name,
+                   (o.peer_wait / 2).count());
+      ch.handle.pause();
+      ch.handle.resume();
+    }
+  }
+  static constexpr std::chrono::milliseconds kCatchUpAfter{200};
 
   // Readers that waited on peers for `peer_wait` with no piece of the chunk coming go to the
   // store.
@@ -868,8 +900,11 @@ struct SwarmReader::Impl {
     }
     if (any && !ch.fell_back) {
       ch.fell_back = true;
-      spdlog::warn("swarm: no peer sent a piece of {} in {} ms; read from the store", ch.name,
-                   o.peer_wait.count());
+      const lt::torrent_status st = ch.handle.status();
+      spdlog::warn(
+          "swarm: no peer sent a piece of {} in {} ms ({} peers, {} seeds, {} pieces); read from "
+          "the store",
+          ch.name, o.peer_wait.count(), st.num_peers, st.num_seeds, st.num_pieces);
     }
   }
 
@@ -951,6 +986,13 @@ struct SwarmReader::Impl {
     s.set_int(lt::settings_pack::max_allowed_in_request_queue, 4000);
     s.set_int(lt::settings_pack::send_buffer_watermark, 8 << 20);
     s.set_int(lt::settings_pack::send_buffer_low_watermark, 1 << 20);
+    // A request a peer left unanswered is asked of another after seconds, not the default
+    // 20-60 (a cluster's peer answers in milliseconds or has stopped).
+    s.set_int(lt::settings_pack::piece_timeout, 3);
+    s.set_int(lt::settings_pack::request_timeout, 5);
+    s.set_int(lt::settings_pack::peer_timeout, 20);
+    // Never miss a piece's alert (a dropped one is also caught by Tick's have_piece).
+    s.set_int(lt::settings_pack::alert_queue_size, 100000);
     s.set_int(lt::settings_pack::alert_mask,
               static_cast<int>(static_cast<std::uint32_t>(lt::alert_category::status |
                                                           lt::alert_category::error |

@@ -10,8 +10,9 @@
 //   - the first node that wants a block of a chunk nobody has claims it (an O_EXCL file in the
 //     shared `dir`), reads the whole chunk from the store, hashes its pieces as they arrive and,
 //     once it has them all, writes the chunk's torrent into `dir` and seeds it. Its claim says it
-//     is alive while its reads go on (the file's mtime); a claim not refreshed for `stale_claim`
-//     is taken over by the next node that waits on it;
+//     is alive (the file's mtime, refreshed); a claim not refreshed for `stale_claim` is taken
+//     over by the next node that waits on it. A claimer whose store read fails (the backend
+//     timeout of a hung store included) lets the claim go;
 //   - a node that finds the chunk claimed waits for the torrent; once it is in `dir`, the node
 //     adds it (every piece unwanted), wants the pieces asked of it, and gets them from whichever
 //     peers have them: the claimer and any node that got them before. What it gets it seeds.
@@ -46,7 +47,9 @@ struct SwarmOptions {
   uint32_t piece_bytes = 4u << 20;  // the cache's block size; a multiple of 16 KiB
   uint32_t chunk_pieces = 16;
   uint64_t memory_bytes = uint64_t{1} << 30;
-  std::chrono::milliseconds stale_claim{3000};
+  // A claim whose mtime is older than this is a dead node's (the claimer refreshes it every
+  // quarter of it): 10 s leaves room for an NFS client's attribute cache (acregmin 3 s).
+  std::chrono::milliseconds stale_claim{10000};
   std::chrono::milliseconds peer_wait{10000};
   std::chrono::milliseconds tick{20};  // how often claims and torrents in `dir` are looked at
 };

@@ -17,7 +17,8 @@
 # node's sshfs and daemon are new and the page cache is dropped.
 #
 # Options: --nodes N (4; test: 3)  --model-mib M (1024; test: 96)  --shards S (4; test: 3)
-#   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --dir DIR (/var/tmp/
+#   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --runs LIST (bench: of
+#   off,on,staggered,kill,lone; "on" needs "off" for its ratios)  --dir DIR (/var/tmp/
 #   accelfs-fleet)  --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
 set -euo pipefail
 
@@ -26,6 +27,7 @@ mode=${1:-}
 shift
 here=$(cd "$(dirname "$0")/../.." && pwd)
 nodes='' model_mib='' shards='' rate=400mbit stagger=10 dir=/var/tmp/accelfs-fleet
+runs=off,on,staggered,kill,lone
 accelfs=$here/build/accelfs stat_bin=$here/build/accelfs-stat
 while (($#)); do
   case $1 in
@@ -34,6 +36,7 @@ while (($#)); do
     --shards) shards=$2 ;;
     --origin-rate) rate=$2 ;;
     --stagger) stagger=$2 ;;
+    --runs) runs=$2 ;;
     --dir) dir=$2 ;;
     --accelfs) accelfs=$2 ;;
     --stat) stat_bin=$2 ;;
@@ -150,7 +153,15 @@ start_node() {
   local args=("$d/store" "$d/mnt")
   [[ $swarm == on ]] && args+=(--swarm-listen "$(addr "$n"):7000" --swarm-peers "$peers"
     --swarm-dir "$shared")
-  nsenter --net="/run/netns/$(ns "$n")" "$accelfs" "${args[@]}" 2>>"$d/accelfs.log"
+  # In the foreground (its log: the file), in the background of this script.
+  setsid nsenter --net="/run/netns/$(ns "$n")" "$accelfs" -f "${args[@]}" </dev/null \
+    >>"$d/accelfs.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do
+    grep -q " $d/mnt fuse.accelfs " /proc/mounts && return 0
+    sleep 0.1
+  done
+  die "node $n's daemon did not mount (see $d/accelfs.log)"
 }
 stop_nodes() {
   for n in $(seq 1 "$nodes"); do
@@ -205,7 +216,7 @@ fleet() {
   done
   if [[ -n $kill_first ]]; then
     local pid
-    pid=$(pgrep -f "accelfs $dir/n1/store" | head -1)
+    pid=$(pgrep -f -- "-f $dir/n1/store" | head -1)
     for _ in $(seq 600); do
       local got
       got=$(stat_json 1 | python3 -c \
@@ -244,26 +255,39 @@ if [[ $mode == test ]]; then
   exit $fail
 fi
 
+want() { [[ ,$runs, == *,$1,* ]]; }
+per_node() { for n in $(seq 1 "$nodes"); do printf '%s ' "$("$@" "$n")"; done; }
+peer_share() { ratio "${peers[$1]}" "$model_bytes"; }
 echo "fleet bench: $nodes nodes, $(ratio "$model_bytes" 1048576) MiB in $shards shards, origin $rate, $(nproc) CPUs"
-fleet off 0
-off_slowest=$(slowest) off_origin=$origin
-declare -a off_times=("${times[@]}")
-fleet on 0
-echo "| run | slowest node, s | each node ÷ without the swarm | origin bytes ÷ model | from peers, per node | right bytes |"
+echo "| run | seconds per node | each node ÷ without the swarm | origin bytes ÷ model | from peers ÷ model, per node | bytes |"
 echo "|---|---|---|---|---|---|"
-echo "| $nodes at once, swarm off | $off_slowest | 1 | $(ratio "$off_origin" "$model_bytes") | – | all |"
-each=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${times[n]}" "${off_times[n - 1]}")"; done)
-from=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${peers[n]}" "$model_bytes")"; done)
-echo "| $nodes at once, swarm on | $(slowest) | $each| $(ratio "$origin" "$model_bytes") | $from| ${results[*]} |"
-fleet on "$stagger"
-from=$(for n in $(seq 1 "$nodes"); do printf '%s ' "$(ratio "${peers[n]}" "$model_bytes")"; done)
-echo "| $nodes staggered ${stagger} s, swarm on | $(printf '%s ' "${times[@]}")| – | $(ratio "$origin" "$model_bytes") | $from| ${results[*]} |"
-fleet on 0 kill
-echo "| node 1 killed at 1/3, swarm on | $(printf '%s ' "${times[@]}")| – | $(ratio "$origin" "$model_bytes") | – | ${results[*]} |"
-saved=$nodes
-nodes=1
-fleet off 0
-lone_off=${times[1]}
-fleet on 0
-echo "| 1 node alone: swarm on ÷ off | ${times[1]} / $lone_off | $(ratio "${times[1]}" "$lone_off") | $(ratio "$origin" "$model_bytes") | – | ${results[1]} |"
-nodes=$saved
+declare -a off_times=()
+if want off; then
+  fleet off 0
+  off_times=("${times[@]}")
+  echo "| $nodes at once, swarm off | ${times[*]} | 1 | $(ratio "$origin" "$model_bytes") | – | ${results[*]} |"
+fi
+if want on; then
+  fleet on 0
+  each=–
+  ((${#off_times[@]})) && each=$(for n in $(seq 1 "$nodes"); do
+    printf '%s ' "$(ratio "${times[n]}" "${off_times[n - 1]}")"; done)
+  echo "| $nodes at once, swarm on | ${times[*]} | $each | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
+fi
+if want staggered; then
+  fleet on "$stagger"
+  echo "| $nodes started ${stagger} s apart, swarm on | ${times[*]} | – | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
+fi
+if want kill; then
+  fleet on 0 kill
+  echo "| $nodes at once, node 1 killed at a third, swarm on | ${times[*]} | – | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
+fi
+if want lone; then
+  saved=$nodes
+  nodes=1
+  fleet off 0
+  lone_off=${times[1]}
+  fleet on 0
+  echo "| 1 node alone, swarm on (off) | ${times[1]} ($lone_off) | $(ratio "${times[1]}" "$lone_off") | $(ratio "$origin" "$model_bytes") | – | ${results[1]} |"
+  nodes=$saved
+fi

@@ -76,6 +76,21 @@ struct ChunkData {
     }
     return pieces[static_cast<size_t>(p)];
   }
+  // Copies `length` bytes into the piece at `offset`, under the lock: a reader that takes the
+  // piece (Existing) after the engine said it passed sees the bytes (a happens-before edge a
+  // thread sanitizer can see, too). False when out of range or out of memory.
+  bool Write(int p, uint64_t offset, const char* bytes, uint64_t length) {
+    if (p < 0 || p >= count() || offset + length > PieceSize(p)) return false;
+    std::lock_guard lock(mu);
+    std::byte*& piece = pieces[static_cast<size_t>(p)];
+    if (piece == nullptr) {
+      piece = static_cast<std::byte*>(std::aligned_alloc(4096, Capacity(p)));
+      if (piece == nullptr) return false;
+      allocated += Capacity(p);
+    }
+    std::memcpy(piece + offset, bytes, length);
+    return true;
+  }
   // The piece's memory if it was ever written, else nullptr.
   std::byte* Existing(int p) {
     if (p < 0 || p >= count()) return nullptr;
@@ -169,14 +184,11 @@ class MemoryDisk final : public lt::disk_interface, public lt::buffer_allocator_
                    lt::disk_job_flags_t) override {
     lt::storage_error error;
     ChunkData* data = storages_[Slot(storage)].get();
-    const int piece = static_cast<int>(r.piece);
-    std::byte* bytes = data != nullptr ? data->Piece(piece) : nullptr;
-    if (bytes == nullptr || r.start < 0 || r.length <= 0 ||
-        static_cast<uint64_t>(r.start) + static_cast<uint64_t>(r.length) > data->PieceSize(piece)) {
+    if (data == nullptr || r.start < 0 || r.length <= 0 ||
+        !data->Write(static_cast<int>(r.piece), static_cast<uint64_t>(r.start), buf,
+                     static_cast<uint64_t>(r.length))) {
       error.ec = boost::asio::error::no_memory;
       error.operation = lt::operation_t::file_write;
-    } else {
-      std::memcpy(bytes + r.start, buf, static_cast<size_t>(r.length));
     }
     post(ioc_, [handler = std::move(handler), error] { handler(error); });
     return false;
@@ -405,6 +417,7 @@ struct SwarmReader::Impl {
     Clock::time_point used;       // the last read of it
     bool fell_back = false;       // logged once
     bool kicked = false;          // paused and resumed once (CatchUp)
+    bool hash_logged = false;     // a hash failure logged
   };
   using ChunkPtr = std::shared_ptr<Chunk>;
   // Work to do once the lock is let go.
@@ -475,6 +488,7 @@ struct SwarmReader::Impl {
         ch->waiters[static_cast<size_t>(p)].push_back({std::move(r), Clock::now()});
         if (ch->state == State::kFetching) FetchRest(ch, p, later);
         if (ch->state == State::kSwarm) later.wanted.emplace_back(ch->handle, p);
+        if (ch->state == State::kWaiting) ClaimAhead(*key, index, ch->file, later);
       }
     }
     Run(later);
@@ -529,6 +543,36 @@ struct SwarmReader::Impl {
     ch.progress = ch.refreshed = Clock::now();
     claimed.fetch_add(1, std::memory_order_relaxed);
   }
+
+  // A reader waits on a chunk another node reads from the store: while it does, this node reads
+  // the next chunk of the file nobody has claimed (at most kAheadChunks on), so that the store
+  // serves every node's share at once. Without it, nodes that start together took turns: one
+  // read a chunk while the others waited, then all shared it while the store was idle (4 nodes,
+  // 1 GiB, 50 MB/s: 37 s, against 24 s for one node alone). At most kClaimsAhead chunks of this
+  // node's own are read ahead of its readers at a time.
+  void ClaimAhead(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file,
+                  Later& later) {
+    int fetching = 0;
+    for (const auto& [name, other] : chunks) {
+      bool waited = false;
+      for (const auto& w : other->waiters) waited = waited || !w.empty();
+      fetching +=
+          other->state == State::kFetching && !waited && other->fetched < other->data->count();
+    }
+    if (fetching >= kClaimsAhead) return;
+    const uint64_t last = (key.size - 1) / chunk_bytes;
+    for (uint64_t j = index + 1; j <= std::min(last, index + kAheadChunks); ++j) {
+      ChunkPtr next = ChunkOf(key, j, file);
+      if (next->state != State::kNew) continue;
+      Decide(*next, later);
+      if (next->state == State::kFetching) {
+        FetchRest(next, -1, later);
+        return;
+      }
+    }
+  }
+  static constexpr uint64_t kAheadChunks = 4;
+  static constexpr int kClaimsAhead = 1;
 
   // Asks the store for every piece of a claimed chunk not yet asked for (the whole chunk is
   // needed for its hashes); `demand` is the piece a reader waits on.
@@ -768,8 +812,15 @@ struct SwarmReader::Impl {
       checked->handle.resume();
     } else if (auto* failed = lt::alert_cast<lt::hash_failed_alert>(a)) {
       hash_failures.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("swarm: a piece from a peer failed its hash check ({}); fetched again",
-                   failed->message());
+      std::lock_guard lock(mu);
+      const auto it = by_hash.find(failed->handle.info_hashes().v1);
+      if (it != by_hash.end() && !it->second->hash_logged) {  // one line per chunk
+        it->second->hash_logged = true;
+        spdlog::warn(
+            "swarm: a piece of {} from a peer failed its hash check; fetched again, "
+            "never served (swarm_hash_failures counts them all)",
+            it->second->name);
+      }
     } else if (auto* error = lt::alert_cast<lt::torrent_error_alert>(a)) {
       Later later;
       {

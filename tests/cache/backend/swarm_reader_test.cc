@@ -14,14 +14,26 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <libtorrent/alert_types.hpp>
+#include <libtorrent/disk_interface.hpp>
+#include <libtorrent/hasher.hpp>
+#include <libtorrent/session.hpp>
+#include <libtorrent/session_params.hpp>
+#include <libtorrent/settings_pack.hpp>
+#include <libtorrent/torrent_flags.hpp>
+#include <libtorrent/torrent_info.hpp>
 
 #include "cache/backend/pread_reader.h"
 #include "cache/block.h"
@@ -126,6 +138,20 @@ class SwarmReaderTest : public ::testing::Test {
     }
   }
 
+  // Waits (up to 10 s) until the shared dir holds `n` torrents: a claimer publishes a chunk on
+  // its own thread once the chunk's last read is answered. The count found.
+  int WaitForTorrents(int n) const {
+    int found = 0;
+    for (int i = 0; i < 500 && found < n; ++i) {
+      found = 0;
+      for (const auto& entry : std::filesystem::recursive_directory_iterator(shared_)) {
+        found += entry.path().extension() == ".torrent";
+      }
+      if (found < n) std::this_thread::sleep_for(20ms);
+    }
+    return found;
+  }
+
   static std::vector<uint64_t> InOrder() {
     std::vector<uint64_t> order((kSize + kPiece - 1) / kPiece);
     std::iota(order.begin(), order.end(), 0);
@@ -153,6 +179,7 @@ TEST_F(SwarmReaderTest, ASecondNodeGetsEveryByteFromTheFirst) {
   ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
   EXPECT_EQ(a->Stats().store_bytes, kSize);
   EXPECT_EQ(a->Stats().chunks_claimed, 5u);
+  ASSERT_EQ(WaitForTorrents(5), 5);
 
   ASSERT_NO_FATAL_FAILURE(ReadAll(*b, Shuffled(std::random_device{}())));
   EXPECT_EQ(b->Stats().store_bytes, 0u) << "the second node read its store";
@@ -217,6 +244,7 @@ TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
     auto a = Node(0);
     ASSERT_TRUE(a);
     ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+    ASSERT_EQ(WaitForTorrents(5), 5);
   }  // node 0 is gone; its torrents stay in the dir
   auto b = Node(1);
   ASSERT_TRUE(b);
@@ -224,6 +252,172 @@ TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
   EXPECT_EQ(b->Stats().store_bytes, kSize);
   EXPECT_GT(b->Stats().fallbacks, 0u);
   EXPECT_EQ(b->Stats().peer_bytes, 0u);
+}
+
+// A peer that lies: it says it has every piece (its hashes are the torrent's own) and sends
+// bytes that are not the pieces. A plain libtorrent session of the test's, with a disk that
+// answers every hash with the torrent's and every read with 0x5a bytes.
+class LyingDisk final : public lt::disk_interface, public lt::buffer_allocator_interface {
+ public:
+  explicit LyingDisk(lt::io_context& ioc) : ioc_(ioc) {}
+  void Expect(std::shared_ptr<const lt::torrent_info> info) {
+    std::lock_guard lock(mu_);
+    infos_[info->info_hashes().v1] = std::move(info);
+  }
+  lt::storage_holder new_torrent(const lt::storage_params& p,
+                                 const std::shared_ptr<void>&) override {
+    std::lock_guard lock(mu_);
+    torrents_.push_back(infos_.at(p.info_hash));
+    return lt::storage_holder(lt::storage_index_t(static_cast<std::uint32_t>(torrents_.size() - 1)),
+                              *this);
+  }
+  void remove_torrent(lt::storage_index_t) override {}
+  void async_read(lt::storage_index_t, const lt::peer_request& r,
+                  std::function<void(lt::disk_buffer_holder, const lt::storage_error&)> h,
+                  lt::disk_job_flags_t) override {
+    char* garbage = new char[static_cast<size_t>(r.length)];
+    std::memset(garbage, 0x5a, static_cast<size_t>(r.length));
+    post(ioc_, [this, h = std::move(h), garbage, n = r.length] {
+      h(lt::disk_buffer_holder(*this, garbage, n), lt::storage_error());
+    });
+  }
+  bool async_write(lt::storage_index_t, const lt::peer_request&, const char*,
+                   std::shared_ptr<lt::disk_observer>,
+                   std::function<void(const lt::storage_error&)> h, lt::disk_job_flags_t) override {
+    post(ioc_, [h = std::move(h)] { h(lt::storage_error()); });
+    return false;
+  }
+  void async_hash(
+      lt::storage_index_t s, lt::piece_index_t piece, lt::span<lt::sha256_hash>,
+      lt::disk_job_flags_t,
+      std::function<void(lt::piece_index_t, const lt::sha1_hash&, const lt::storage_error&)> h)
+      override {
+    lt::sha1_hash hash;
+    {
+      std::lock_guard lock(mu_);
+      hash = torrents_[static_cast<size_t>(static_cast<std::uint32_t>(s))]->hash_for_piece(piece);
+    }
+    post(ioc_, [h = std::move(h), piece, hash] { h(piece, hash, lt::storage_error()); });
+  }
+  void async_hash2(
+      lt::storage_index_t, lt::piece_index_t piece, int, lt::disk_job_flags_t,
+      std::function<void(lt::piece_index_t, const lt::sha256_hash&, const lt::storage_error&)> h)
+      override {
+    post(ioc_, [h = std::move(h), piece] { h(piece, lt::sha256_hash(), lt::storage_error()); });
+  }
+  void async_move_storage(
+      lt::storage_index_t, std::string p, lt::move_flags_t,
+      std::function<void(lt::status_t, const std::string&, const lt::storage_error&)> h) override {
+    post(ioc_, [h = std::move(h), p] { h(lt::status_t::no_error, p, lt::storage_error()); });
+  }
+  void async_release_files(lt::storage_index_t, std::function<void()> h) override {
+    if (h) post(ioc_, std::move(h));
+  }
+  // Asks the engine for a full check: every piece is hashed (by async_hash), all "pass".
+  void async_check_files(lt::storage_index_t, const lt::add_torrent_params*,
+                         lt::aux::vector<std::string, lt::file_index_t>,
+                         std::function<void(lt::status_t, const lt::storage_error&)> h) override {
+    post(ioc_, [h = std::move(h)] { h(lt::status_t::need_full_check, lt::storage_error()); });
+  }
+  void async_stop_torrent(lt::storage_index_t, std::function<void()> h) override {
+    if (h) post(ioc_, std::move(h));
+  }
+  void async_rename_file(
+      lt::storage_index_t, lt::file_index_t i, std::string n,
+      std::function<void(const std::string&, lt::file_index_t, const lt::storage_error&)> h)
+      override {
+    post(ioc_, [h = std::move(h), n, i] { h(n, i, lt::storage_error()); });
+  }
+  void async_delete_files(lt::storage_index_t, lt::remove_flags_t,
+                          std::function<void(const lt::storage_error&)> h) override {
+    post(ioc_, [h = std::move(h)] { h(lt::storage_error()); });
+  }
+  void async_set_file_priority(
+      lt::storage_index_t, lt::aux::vector<lt::download_priority_t, lt::file_index_t> prio,
+      std::function<void(const lt::storage_error&,
+                         lt::aux::vector<lt::download_priority_t, lt::file_index_t>)>
+          h) override {
+    post(ioc_, [h = std::move(h), prio = std::move(prio)]() mutable {
+      h(lt::storage_error(), std::move(prio));
+    });
+  }
+  void async_clear_piece(lt::storage_index_t, lt::piece_index_t i,
+                         std::function<void(lt::piece_index_t)> h) override {
+    post(ioc_, [h = std::move(h), i] { h(i); });
+  }
+  void update_stats_counters(lt::counters&) const override {}
+  std::vector<lt::open_file_state> get_status(lt::storage_index_t) const override { return {}; }
+  void abort(bool) override {}
+  void submit_jobs() override {}
+  void settings_updated() override {}
+  void free_disk_buffer(char* b) override { delete[] b; }
+
+ private:
+  lt::io_context& ioc_;
+  std::mutex mu_;
+  std::map<lt::sha1_hash, std::shared_ptr<const lt::torrent_info>> infos_;
+  std::vector<std::shared_ptr<const lt::torrent_info>> torrents_;
+};
+
+// Node 0 reads the file (its chunks' torrents go into the dir) and goes; a liar seeds every
+// chunk with wrong bytes. Node 1's reads get no wrong byte: each piece fails its hash (counted),
+// and the readers go to the store after peer_wait (counted).
+TEST_F(SwarmReaderTest, ALyingPeerCostsAFallbackNeverAWrongByte) {
+  {
+    auto a = Node(0);
+    ASSERT_TRUE(a);
+    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+    ASSERT_EQ(WaitForTorrents(5), 5);
+  }
+  LyingDisk* disk = nullptr;
+  lt::settings_pack pack;
+  pack.set_str(lt::settings_pack::listen_interfaces, Loopback(ports_[0]));  // node 0's place
+  pack.set_bool(lt::settings_pack::enable_dht, false);
+  pack.set_bool(lt::settings_pack::enable_lsd, false);
+  pack.set_bool(lt::settings_pack::enable_upnp, false);
+  pack.set_bool(lt::settings_pack::enable_natpmp, false);
+  pack.set_bool(lt::settings_pack::allow_multiple_connections_per_ip, true);
+  pack.set_int(lt::settings_pack::out_enc_policy, lt::settings_pack::pe_disabled);
+  pack.set_int(lt::settings_pack::in_enc_policy, lt::settings_pack::pe_disabled);
+  lt::session_params params(std::move(pack));
+  params.disk_io_constructor = [&disk](lt::io_context& ioc, const lt::settings_interface&,
+                                       lt::counters&) {
+    auto d = std::make_unique<LyingDisk>(ioc);
+    disk = d.get();
+    return d;
+  };
+  lt::session liar(std::move(params));
+  ASSERT_NE(disk, nullptr);
+  int seeded = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(shared_)) {
+    if (entry.path().extension() != ".torrent") continue;
+    auto info = std::make_shared<lt::torrent_info>(entry.path().string());
+    disk->Expect(info);
+    lt::add_torrent_params atp;
+    atp.ti = info;
+    atp.save_path = ".";
+    atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
+    liar.add_torrent(std::move(atp));
+    ++seeded;
+  }
+  ASSERT_EQ(seeded, 5);
+  // Its check "passes": it seeds every chunk.
+  const auto seeding = [&] {
+    for (const lt::torrent_handle& h : liar.get_torrents()) {
+      if (!h.status().is_seeding) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 250 && !seeding(); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(seeding());
+
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
+  EXPECT_GT(b->Stats().hash_failures, 0u) << "the liar's pieces were never checked?";
+  EXPECT_GT(b->Stats().fallbacks, 0u);
+  EXPECT_EQ(b->Stats().peer_bytes, 0u);
+  EXPECT_EQ(b->Stats().store_bytes, kSize);
 }
 
 // Reads the swarm does not take (no identity yet: the identity samples; not at a block's start)

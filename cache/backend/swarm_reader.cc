@@ -488,7 +488,6 @@ struct SwarmReader::Impl {
         ch->waiters[static_cast<size_t>(p)].push_back({std::move(r), Clock::now()});
         if (ch->state == State::kFetching) FetchRest(ch, p, later);
         if (ch->state == State::kSwarm) later.wanted.emplace_back(ch->handle, p);
-        if (ch->state == State::kWaiting) ClaimAhead(*key, index, ch->file, later);
       }
     }
     Run(later);
@@ -543,36 +542,6 @@ struct SwarmReader::Impl {
     ch.progress = ch.refreshed = Clock::now();
     claimed.fetch_add(1, std::memory_order_relaxed);
   }
-
-  // A reader waits on a chunk another node reads from the store: while it does, this node reads
-  // the next chunk of the file nobody has claimed (at most kAheadChunks on), so that the store
-  // serves every node's share at once. Without it, nodes that start together took turns: one
-  // read a chunk while the others waited, then all shared it while the store was idle (4 nodes,
-  // 1 GiB, 50 MB/s: 37 s, against 24 s for one node alone). At most kClaimsAhead chunks of this
-  // node's own are read ahead of its readers at a time.
-  void ClaimAhead(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file,
-                  Later& later) {
-    int fetching = 0;
-    for (const auto& [name, other] : chunks) {
-      bool waited = false;
-      for (const auto& w : other->waiters) waited = waited || !w.empty();
-      fetching +=
-          other->state == State::kFetching && !waited && other->fetched < other->data->count();
-    }
-    if (fetching >= kClaimsAhead) return;
-    const uint64_t last = (key.size - 1) / chunk_bytes;
-    for (uint64_t j = index + 1; j <= std::min(last, index + kAheadChunks); ++j) {
-      ChunkPtr next = ChunkOf(key, j, file);
-      if (next->state != State::kNew) continue;
-      Decide(*next, later);
-      if (next->state == State::kFetching) {
-        FetchRest(next, -1, later);
-        return;
-      }
-    }
-  }
-  static constexpr uint64_t kAheadChunks = 4;
-  static constexpr int kClaimsAhead = 1;
 
   // Asks the store for every piece of a claimed chunk not yet asked for (the whole chunk is
   // needed for its hashes); `demand` is the piece a reader waits on.

@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include <libtorrent/alert_types.hpp>
@@ -448,10 +449,13 @@ struct SwarmReader::Impl {
     }
     wake.notify_one();
   }
-  std::map<std::string, ChunkPtr> chunks;     // GUARDED_BY(mu)
-  std::map<lt::sha1_hash, ChunkPtr> by_hash;  // GUARDED_BY(mu)
-  std::deque<ChunkPtr> to_publish;            // GUARDED_BY(mu)
-  bool stopping = false;                      // GUARDED_BY(mu)
+  std::map<std::string, ChunkPtr> chunks;  // GUARDED_BY(mu)
+  // By the torrent's handle, which hashes and compares without a call into the engine (a
+  // handle's info_hashes() waits on the engine's thread: 55 ms an alert with four nodes on two
+  // cores).
+  std::unordered_map<lt::torrent_handle, ChunkPtr> by_handle;  // GUARDED_BY(mu)
+  std::deque<ChunkPtr> to_publish;                             // GUARDED_BY(mu)
+  bool stopping = false;                                       // GUARDED_BY(mu)
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, sent_bytes{0}, peer_count{0}, fallbacks{0},
@@ -691,7 +695,7 @@ struct SwarmReader::Impl {
       spdlog::warn("swarm: cannot add {} to the engine: {}", ch.name, ec.message());
       return false;
     }
-    by_hash[ch.hash] = chunks[ch.name];
+    by_handle[ch.handle] = chunks[ch.name];
     ch.state = State::kSwarm;
     ch.progress = Clock::now();
     return true;
@@ -747,11 +751,26 @@ struct SwarmReader::Impl {
         std::lock_guard lock(mu);
         publish.swap(to_publish);
       }
+      const Clock::time_point t0 = Clock::now();
       for (const ChunkPtr& ch : publish) Publish(ch);
+      const Clock::time_point t1 = Clock::now();
       std::vector<lt::alert*> alerts;
       session->pop_alerts(&alerts);
       for (lt::alert* a : alerts) OnAlert(a);
+      const Clock::time_point t2 = Clock::now();
       Tick();
+      const Clock::time_point t3 = Clock::now();
+      // This thread keeps claims alive: a long round is worth a line (claims go stale at
+      // stale_claim).
+      if (t3 - t0 > o.stale_claim / 8) {
+        const auto ms = [](Clock::duration d) {
+          return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+        };
+        spdlog::warn(
+            "swarm: one round took {} ms (publishing {} chunks {} ms, {} alerts {} ms, "
+            "the rest {} ms)",
+            ms(t3 - t0), publish.size(), ms(t1 - t0), alerts.size(), ms(t2 - t1), ms(t3 - t2));
+      }
       if (Clock::now() - last_stats >= std::chrono::milliseconds(500)) {
         session->post_session_stats();
         last_stats = Clock::now();
@@ -764,17 +783,9 @@ struct SwarmReader::Impl {
       Later later;
       {
         std::lock_guard lock(mu);
-        const auto it = by_hash.find(done->handle.info_hashes().v1);
-        if (it == by_hash.end()) return;
-        Chunk& ch = *it->second;
-        const auto p = static_cast<size_t>(static_cast<int>(done->piece_index));
-        if (p >= ch.have.size() || ch.have[p] != 0) return;
-        ch.have[p] = 1;
-        ch.progress = Clock::now();
-        spdlog::debug("swarm: {} piece {} in", ch.name, p);
-        peer_bytes.fetch_add(ch.data->PieceSize(static_cast<int>(p)), std::memory_order_relaxed);
-        for (Waiter& w : ch.waiters[p]) later.copies.emplace_back(std::move(w.request), ch.data);
-        ch.waiters[p].clear();
+        const auto it = by_handle.find(done->handle);
+        if (it == by_handle.end()) return;
+        PieceIn(*it->second, static_cast<int>(done->piece_index), later);
       }
       Run(later);
     } else if (auto* checked = lt::alert_cast<lt::torrent_checked_alert>(a)) {
@@ -782,8 +793,8 @@ struct SwarmReader::Impl {
     } else if (auto* failed = lt::alert_cast<lt::hash_failed_alert>(a)) {
       hash_failures.fetch_add(1, std::memory_order_relaxed);
       std::lock_guard lock(mu);
-      const auto it = by_hash.find(failed->handle.info_hashes().v1);
-      if (it != by_hash.end() && !it->second->hash_logged) {  // one line per chunk
+      const auto it = by_handle.find(failed->handle);
+      if (it != by_handle.end() && !it->second->hash_logged) {  // one line per chunk
         it->second->hash_logged = true;
         spdlog::warn(
             "swarm: a piece of {} from a peer failed its hash check; fetched again, "
@@ -794,8 +805,8 @@ struct SwarmReader::Impl {
       Later later;
       {
         std::lock_guard lock(mu);
-        const auto it = by_hash.find(error->handle.info_hashes().v1);
-        if (it == by_hash.end()) return;
+        const auto it = by_handle.find(error->handle);
+        if (it == by_handle.end()) return;
         spdlog::warn("swarm: {} in error ({}); its reads go to the store", it->second->name,
                      error->message());
         ToStoreAll(*it->second, later);
@@ -811,6 +822,7 @@ struct SwarmReader::Impl {
   void Tick() {
     Later later;
     std::vector<ChunkPtr> drop;
+    std::vector<std::pair<ChunkPtr, int>> probes;
     {
       std::lock_guard lock(mu);
       const Clock::time_point now = Clock::now();
@@ -831,7 +843,7 @@ struct SwarmReader::Impl {
             if (!Join(*ch, later)) TakeOverIfStale(ch, later);
             break;
           case State::kSwarm:
-            CatchUp(*ch, now, later);
+            CatchUp(ch, now, probes);
             FallBackIfStuck(*ch, now, later);
             break;
           default:
@@ -842,8 +854,28 @@ struct SwarmReader::Impl {
       if (held > o.memory_bytes) Evict(held, drop);
     }
     for (const ChunkPtr& ch : drop) session->remove_torrent(ch->handle);
+    std::vector<std::pair<ChunkPtr, int>> had;
+    for (auto& [ch, p] : probes) {
+      if (ch->handle.have_piece(lt::piece_index_t{p})) had.emplace_back(ch, p);
+    }
+    if (!had.empty()) {
+      std::lock_guard lock(mu);
+      for (auto& [ch, p] : had) PieceIn(*ch, p, later);
+    }
     Run(later);
   }
+
+  // Piece `p` of `ch` passed its hash in the engine: its readers get it. REQUIRES: mu.
+  void PieceIn(Chunk& ch, int p, Later& later) {
+    const auto i = static_cast<size_t>(p);
+    if (ch.state != State::kSwarm || i >= ch.have.size() || ch.have[i] != 0) return;
+    ch.have[i] = 1;
+    ch.progress = Clock::now();
+    peer_bytes.fetch_add(ch.data->PieceSize(p), std::memory_order_relaxed);
+    for (Waiter& w : ch.waiters[i]) later.copies.emplace_back(std::move(w.request), ch.data);
+    ch.waiters[i].clear();
+  }
+  static constexpr std::chrono::milliseconds kProbeAfter{200};
 
   void TakeOverIfStale(const ChunkPtr& ch, Later& later) {
     struct stat st {};
@@ -876,20 +908,23 @@ struct SwarmReader::Impl {
     }
   }
 
-  // Pieces the engine has whose alert never came (an alert queue can drop them) answer their
-  // readers; a chunk that got no piece for half of peer_wait is paused and resumed, which makes
-  // the engine connect to its peers again at once.
-  void CatchUp(Chunk& ch, Clock::time_point now, Later& later) {
+  // A piece readers waited on for kProbeAfter is asked of the engine (have_piece, after `mu` is
+  // let go: the call waits on the engine's thread, which every reader's Submit would otherwise
+  // wait behind; under `mu` rounds of this thread took 3-7 s with four nodes on two cores and
+  // claims went stale): with four nodes, pieces the engine had were waited on until the
+  // fallback, their piece_finished_alert never seen (1.9-2.1x the model from the store without
+  // this, 1.00x with it). A chunk readers wait on that got no piece for half of peer_wait is
+  // paused and resumed, which makes the engine connect to its peers again at once.
+  void CatchUp(const ChunkPtr& chp, Clock::time_point now,
+               std::vector<std::pair<ChunkPtr, int>>& probes) {
+    Chunk& ch = *chp;
     bool waited = false;
     for (size_t p = 0; p < ch.waiters.size(); ++p) {
-      if (ch.waiters[p].empty() || now - ch.waiters[p].front().since < kCatchUpAfter) continue;
+      if (ch.waiters[p].empty()) continue;
       waited = true;
-      if (!ch.handle.have_piece(lt::piece_index_t{static_cast<int>(p)})) continue;
-      ch.have[p] = 1;
-      ch.progress = now;
-      peer_bytes.fetch_add(ch.data->PieceSize(static_cast<int>(p)), std::memory_order_relaxed);
-      for (Waiter& w : ch.waiters[p]) later.copies.emplace_back(std::move(w.request), ch.data);
-      ch.waiters[p].clear();
+      if (now - ch.waiters[p].front().since >= kProbeAfter) {
+        probes.emplace_back(chp, static_cast<int>(p));
+      }
     }
     if (waited && !ch.kicked && now - ch.progress >= o.peer_wait / 2) {
       ch.kicked = true;
@@ -899,7 +934,6 @@ struct SwarmReader::Impl {
       ch.handle.resume();
     }
   }
-  static constexpr std::chrono::milliseconds kCatchUpAfter{200};
 
   // Readers that waited on peers for `peer_wait` with no piece of the chunk coming go to the
   // store.
@@ -920,11 +954,8 @@ struct SwarmReader::Impl {
     }
     if (any && !ch.fell_back) {
       ch.fell_back = true;
-      const lt::torrent_status st = ch.handle.status();
-      spdlog::warn(
-          "swarm: no peer sent a piece of {} in {} ms ({} peers, {} seeds, {} pieces); read from "
-          "the store",
-          ch.name, o.peer_wait.count(), st.num_peers, st.num_seeds, st.num_pieces);
+      spdlog::warn("swarm: no peer sent a piece of {} in {} ms; read from the store", ch.name,
+                   o.peer_wait.count());
     }
   }
 
@@ -945,7 +976,7 @@ struct SwarmReader::Impl {
       held -= std::min(held, ch->data->allocated.load());
       if (ch->state == State::kSwarm) {
         drop.push_back(ch);
-        by_hash.erase(ch->hash);
+        by_handle.erase(ch->handle);
       }
       chunks.erase(ch->name);
     }
@@ -1011,7 +1042,7 @@ struct SwarmReader::Impl {
     s.set_int(lt::settings_pack::piece_timeout, 3);
     s.set_int(lt::settings_pack::request_timeout, 5);
     s.set_int(lt::settings_pack::peer_timeout, 20);
-    // Never miss a piece's alert (a dropped one is also caught by Tick's have_piece).
+    // Never miss a piece's alert (a dropped one would leave its readers to the fallback).
     s.set_int(lt::settings_pack::alert_queue_size, 100000);
     s.set_int(lt::settings_pack::alert_mask,
               static_cast<int>(static_cast<std::uint32_t>(lt::alert_category::status |

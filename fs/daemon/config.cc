@@ -288,19 +288,18 @@ Status ApplySwarmPeers(const std::string& text, Config& config, const ParseConte
   return Status::Ok();
 }
 
+// Each network is parsed by the swarm, which says which is wrong.
 Status ApplySwarmAllow(const std::string& text, Config& config, const ParseContext&) {
   Result<std::vector<std::string>> networks = CommaList(text, "--swarm-allow");
-  if (!networks.ok()) return Bad(networks.error().Message());
-  config.swarm_allow = std::move(networks.value());  // parsed by the swarm, which says which
-  return Status::Ok();
+  if (networks.ok()) config.swarm_allow = std::move(networks.value());
+  return networks.ok() ? Status::Ok() : Bad(networks.error().Message());
 }
 
 Status ApplySwarmMemory(const std::string& text, Config& config, const ParseContext&) {
   Result<uint64_t> v = ParseSize(text, 0);
   if (!v.ok()) return Bad("--swarm-memory " + v.error().Message());
-  if (v.value() == 0) return Bad("--swarm-memory must be more than 0");
   config.swarm_memory = v.value();
-  return Status::Ok();
+  return v.value() > 0 ? Status::Ok() : Bad("--swarm-memory must be more than 0");
 }
 
 // The swarm's options need --swarm-listen, which needs --swarm-dir.

@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -519,20 +520,61 @@ struct SwarmReader::Impl {
     return ch;
   }
 
-  // A new chunk: in the swarm already, or claimed by another node, or claimed now by this one.
+  // How long ago the claim was last said to be held (its mtime); nothing when there is none.
+  static std::optional<Clock::duration> ClaimAge(const std::string& claim) {
+    struct stat st {};
+    if (stat(claim.c_str(), &st) != 0) return std::nullopt;
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::seconds(now.tv_sec - st.st_mtim.tv_sec) +
+        std::chrono::nanoseconds(now.tv_nsec - st.st_mtim.tv_nsec));
+  }
+
+  // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
+  //   - published (its torrent in the dir) and its claim live (a node that holds it said so
+  //     within stale_claim): join;
+  //   - its claim live: another node reads it; wait;
+  //   - else nobody holds it: a chunk nobody wanted yet, a claimer that died, or a chunk
+  //     published by nodes that are all gone (a fleet restarted: its torrent would find no
+  //     peer, and every reader would wait peer_wait for nothing). This node claims it (a stale
+  //     claim renamed away by one node only), removes an old torrent and reads the chunk.
   void Decide(Chunk& ch, Later& later) {
-    if (Join(ch, later)) return;
+    struct stat st {};
+    const bool published = stat(ch.torrent.c_str(), &st) == 0;
+    const std::optional<Clock::duration> age = ClaimAge(ch.claim);
+    const bool live = age && *age < o.stale_claim;
+    if (published && live) {
+      if (!Join(ch, later)) {  // removed since: its reader is at work again
+        if (ch.state != State::kWaiting) ch.progress = Clock::now();
+        ch.state = State::kWaiting;
+      }
+      return;
+    }
+    if (!live && age) {
+      thread_local std::mt19937_64 random{std::random_device{}()};
+      const std::string dead = ch.claim + ".dead." + std::to_string(random());
+      if (rename(ch.claim.c_str(), dead.c_str()) == 0) {
+        unlink(dead.c_str());
+        spdlog::info(
+            "swarm: the claim on {} went stale ({} ms old){}; this node reads it from "
+            "the store",
+            ch.name, std::chrono::duration_cast<std::chrono::milliseconds>(*age).count(),
+            published ? ", no node holds it" : "");
+      }
+    }
     const int fd = open(ch.claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       const std::string who = o.listen + "\n";
       [[maybe_unused]] ssize_t n = write(fd, who.data(), who.size());
       close(fd);
+      if (published) unlink(ch.torrent.c_str());  // published anew once read
       StartFetching(ch);
       return;
     }
     if (errno == EEXIST) {
+      if (ch.state != State::kWaiting) ch.progress = Clock::now();
       ch.state = State::kWaiting;
-      ch.progress = Clock::now();
       return;
     }
     spdlog::warn("swarm: cannot claim {} ({}); its reads go to the store", ch.claim,
@@ -840,9 +882,16 @@ struct SwarmReader::Impl {
             }
             break;
           case State::kWaiting:
-            if (!Join(*ch, later)) TakeOverIfStale(ch, later);
+            Rethink(ch, later);
             break;
           case State::kSwarm:
+            // A node that holds the whole chunk says so, as its claimer did while reading it:
+            // the chunk is published and live (Decide).
+            if (now - ch->refreshed >= o.stale_claim / 4 &&
+                std::count(ch->have.begin(), ch->have.end(), 1) == ch->data->count()) {
+              utimensat(AT_FDCWD, ch->claim.c_str(), nullptr, 0);
+              ch->refreshed = now;
+            }
             CatchUp(ch, now, probes);
             FallBackIfStuck(*ch, now, later);
             break;
@@ -877,30 +926,11 @@ struct SwarmReader::Impl {
   }
   static constexpr std::chrono::milliseconds kProbeAfter{200};
 
-  void TakeOverIfStale(const ChunkPtr& ch, Later& later) {
-    struct stat st {};
-    if (stat(ch->claim.c_str(), &st) != 0) {
-      // The claim is gone (its node gave up on the chunk): this node claims it.
-      ch->state = State::kNew;
-      Decide(*ch, later);
-    } else {
-      timespec now{};
-      clock_gettime(CLOCK_REALTIME, &now);
-      const auto age = std::chrono::seconds(now.tv_sec - st.st_mtim.tv_sec) +
-                       std::chrono::nanoseconds(now.tv_nsec - st.st_mtim.tv_nsec);
-      if (age < o.stale_claim) return;
-      // Renamed away by one node only: it takes the chunk over.
-      thread_local std::mt19937_64 random{std::random_device{}()};
-      const std::string dead = ch->claim + ".dead." + std::to_string(random());
-      if (rename(ch->claim.c_str(), dead.c_str()) != 0) return;
-      unlink(dead.c_str());
-      spdlog::info(
-          "swarm: the claim on {} went stale ({} ms old); this node reads it from the "
-          "store",
-          ch->name, std::chrono::duration_cast<std::chrono::milliseconds>(age).count());
-      ch->state = State::kNew;
-      Decide(*ch, later);
-    }
+  // A chunk this node waits on, looked at again (Decide): joined once published, read by this
+  // node once its claimer is gone.
+  void Rethink(const ChunkPtr& ch, Later& later) {
+    ch->state = State::kNew;
+    Decide(*ch, later);
     if (ch->state == State::kFetching) {
       for (int p = 0; p < ch->data->count(); ++p) {
         if (!ch->waiters[static_cast<size_t>(p)].empty()) FetchRest(ch, p, later);

@@ -246,12 +246,40 @@ TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
     ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
     ASSERT_EQ(WaitForTorrents(5), 5);
   }  // node 0 is gone; its torrents stay in the dir
-  auto b = Node(1);
+  // Its claims still count as live for node 1 (a holder it cannot reach, not a dead one).
+  SwarmOptions o = Options(1);
+  o.stale_claim = 60s;
+  auto b = Node(o);
   ASSERT_TRUE(b);
   ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
   EXPECT_EQ(b->Stats().store_bytes, kSize);
   EXPECT_GT(b->Stats().fallbacks, 0u);
   EXPECT_EQ(b->Stats().peer_bytes, 0u);
+}
+
+// Every node that held the file's chunks is gone (a fleet restarted; their torrents are still in
+// the dir, their claims no longer refreshed): the next node reads each chunk from the store once,
+// without waiting on peers, and publishes it again; a node after it gets it all from that one.
+TEST_F(SwarmReaderTest, ChunksNoLiveNodeHoldsAreReadAgainAndSharedAgain) {
+  {
+    auto a = Node(0);
+    ASSERT_TRUE(a);
+    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+    ASSERT_EQ(WaitForTorrents(5), 5);
+  }
+  std::this_thread::sleep_for(1500ms);  // past stale_claim (1 s)
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
+  EXPECT_EQ(b->Stats().store_bytes, kSize);
+  EXPECT_EQ(b->Stats().chunks_claimed, 5u);
+  EXPECT_EQ(b->Stats().fallbacks, 0u) << "a reader waited on peers nobody was";
+  ASSERT_EQ(WaitForTorrents(5), 5);
+  auto c = Node(2);
+  ASSERT_TRUE(c);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*c, Shuffled(std::random_device{}())));
+  EXPECT_EQ(c->Stats().store_bytes, 0u);
+  EXPECT_EQ(c->Stats().peer_bytes, kSize);
 }
 
 // A peer that lies: it says it has every piece (its hashes are the torrent's own) and sends
@@ -411,7 +439,9 @@ TEST_F(SwarmReaderTest, ALyingPeerCostsAFallbackNeverAWrongByte) {
   for (int i = 0; i < 250 && !seeding(); ++i) std::this_thread::sleep_for(20ms);
   ASSERT_TRUE(seeding());
 
-  auto b = Node(1);
+  SwarmOptions o = Options(1);
+  o.stale_claim = 60s;  // node 0's claims count as live: node 1 joins the liar's swarm
+  auto b = Node(o);
   ASSERT_TRUE(b);
   ASSERT_NO_FATAL_FAILURE(ReadAll(*b, InOrder()));
   EXPECT_GT(b->Stats().hash_failures, 0u) << "the liar's pieces were never checked?";

@@ -551,7 +551,12 @@ struct SwarmReader::Impl {
       }
       return;
     }
-    if (!live && age) {
+    if (live) {  // another node reads it (no O_EXCL attempt: on NFS each is a round trip)
+      if (ch.state != State::kWaiting) ch.progress = Clock::now();
+      ch.state = State::kWaiting;
+      return;
+    }
+    if (age) {
       thread_local std::mt19937_64 random{std::random_device{}()};
       const std::string dead = ch.claim + ".dead." + std::to_string(random());
       if (rename(ch.claim.c_str(), dead.c_str()) == 0) {

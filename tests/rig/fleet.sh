@@ -202,7 +202,7 @@ EOF
 # The daemon's control socket is found from its own network namespace.
 stat_json() { nsenter --net="/run/netns/$(ns "$1")" "$stat_bin" "$dir/n$1/mnt" --json 2>/dev/null; }
 peer_bytes() { stat_json "$1" |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0].get("swarm_peer_bytes", 0))' ||
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0].get("swarm_peer_bytes", 0))' 2>/dev/null ||
   echo 0; }
 
 run=0

@@ -2,8 +2,9 @@
 # fleet.sh: a fleet of accelfs nodes on one machine, loading one model from one real slow store.
 #
 #   fleet.sh test  [options]   the CI check: every loaded byte right, the store sends the model
-#                              about once with the swarm on, and a node killed mid-load leaves the
-#                              others to finish; exit 0, 1 (what failed) or 77 (cannot run here)
+#                              about once with the swarm on, a node killed mid-load leaves the
+#                              others to finish, and accelfs-warm on one node warms the next; exit
+#                              0, 1 (what failed) or 77 (cannot run here)
 #   fleet.sh bench [options]   the measurements of docs/BENCHMARKS.md, "The fleet": the same loads
 #                              without and with the swarm, nodes at once and staggered, one node
 #                              killed, one node alone; a table on stdout
@@ -265,6 +266,25 @@ if [[ $mode == test ]]; then
   done
   echo "node 1 killed once it had $(ratio "$killed_had" "$model_bytes") of the model: the others OK, origin sent $(ratio "$origin" "$model_bytes")x the model"
   ((origin * 100 <= model_bytes * 200)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
+
+  # accelfs-warm on one node warms the fleet: a second node then loads from it.
+  warm_bin=${stat_bin%/*}/accelfs-warm
+  run=$((run + 1))
+  stop_nodes
+  sync && echo 3 >/proc/sys/vm/drop_caches
+  rm -rf "$dir/shared-$run" && mkdir -p "$dir/shared-$run"
+  for n in 1 2; do start_node "$n" on "$dir/shared-$run"; done
+  before=$(origin_tx)
+  nsenter --net="/run/netns/$(ns 1)" "$warm_bin" "$dir/n1/mnt" >/dev/null ||
+    { echo "accelfs-warm on node 1 failed"; fail=1; }
+  read -r t r < <(load 2)
+  origin=$(($(origin_tx) - before))
+  got=$(peer_bytes 2)
+  echo "accelfs-warm on node 1, then node 2 loads: $r in $t s, $(ratio "$got" "$model_bytes") of it from peers, origin sent $(ratio "$origin" "$model_bytes")x the model"
+  [[ $r == OK ]] || { echo "after accelfs-warm: node 2: $r"; fail=1; }
+  ((got * 10 >= model_bytes * 9)) || { echo "node 2 got $got bytes from peers of $model_bytes"; fail=1; }
+  ((origin * 100 <= model_bytes * 125)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
+  stop_nodes
   exit $fail
 fi
 

@@ -257,6 +257,29 @@ TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
   EXPECT_EQ(b->Stats().peer_bytes, 0u);
 }
 
+// The node that held the chunks dies right after two nodes joined them (its claims still live):
+// they get no piece; once its claims are stale one of them claims each chunk again and reads it
+// from the store, and the other takes it from that one: the store serves the file once more,
+// not once per node, and no reader falls back.
+TEST_F(SwarmReaderTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
+  {
+    auto a = Node(0);
+    ASSERT_TRUE(a);
+    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+    ASSERT_EQ(WaitForTorrents(5), 5);
+  }
+  auto b = Node(1);
+  auto c = Node(2);
+  ASSERT_TRUE(b && c);
+  const uint64_t seed = std::random_device{}();
+  std::thread other([&] { ReadAll(*c, Shuffled(seed)); });
+  ReadAll(*b, InOrder());
+  other.join();
+  EXPECT_EQ(b->Stats().store_bytes + c->Stats().store_bytes, kSize)
+      << "b " << b->Stats().store_bytes << ", c " << c->Stats().store_bytes;
+  EXPECT_EQ(b->Stats().fallbacks + c->Stats().fallbacks, 0u);
+}
+
 // Every node that held the file's chunks is gone (a fleet restarted; their torrents are still in
 // the dir, their claims no longer refreshed): the next node reads each chunk from the store once,
 // without waiting on peers, and publishes it again; a node after it gets it all from that one.

@@ -121,7 +121,7 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
 
 Result<size_t> PreadBlock(const ReadRequest& request) {
   size_t done = 0;
-  bool direct = request.file->direct() && !(request.buffered && request.file->can_buffer());
+  bool direct = StartsDirect(request);
   while (done < request.expected) {
     const int fd = direct ? request.file->direct_fd() : request.file->buffered_fd();
     // O_DIRECT wants aligned lengths; the buffer has room for the rounded-up size.
@@ -140,7 +140,7 @@ Result<size_t> PreadBlock(const ReadRequest& request) {
     done += static_cast<size_t>(n);
     // An O_DIRECT read that stopped at an unaligned offset cannot be continued with O_DIRECT
     // (but on FUSE, which has no buffered descriptor then: O_DIRECT has no alignment rule there).
-    if (direct && done % 4096 != 0 && request.file->can_buffer()) direct = false;
+    if (direct && !ContinuesDirect(request, done)) direct = false;
   }
   if (!direct) DropBackingPageCache(request, done);
   return std::min(done, request.expected);

@@ -129,6 +129,18 @@ struct ReadRequest {
   std::function<void()> stalled;
 };
 
+// Whether a read of `r` starts with O_DIRECT: where its file takes it, unless the read asks for
+// the page cache (ReadRequest::buffered) and the file has a buffered descriptor. The readers
+// (PreadBlock, UringReader) share it.
+inline bool StartsDirect(const ReadRequest& r) {
+  return r.file->direct() && !(r.buffered && r.file->can_buffer());
+}
+// Whether an O_DIRECT read of `r` that has `done` bytes goes on with O_DIRECT: not from an
+// unaligned offset, unless the file has no buffered descriptor (FUSE: no alignment rule there).
+inline bool ContinuesDirect(const ReadRequest& r, size_t done) {
+  return done % 4096 == 0 || !r.file->can_buffer();
+}
+
 // Thread safety: Submit may be called from any thread. Callbacks run on the reader's threads and
 // must not block on other reads.
 class BackendReader {

@@ -71,12 +71,7 @@ struct ChunkData {
   std::byte* Piece(int p) {
     if (p < 0 || p >= count()) return nullptr;
     std::lock_guard lock(mu);
-    if (pieces[static_cast<size_t>(p)] == nullptr) {
-      pieces[static_cast<size_t>(p)] =
-          static_cast<std::byte*>(std::aligned_alloc(4096, Capacity(p)));
-      if (pieces[static_cast<size_t>(p)] != nullptr) allocated += Capacity(p);
-    }
-    return pieces[static_cast<size_t>(p)];
+    return AllocatedLocked(p);
   }
   // Copies `length` bytes into the piece at `offset`, under the lock: a reader that takes the
   // piece (Existing) after the engine said it passed sees the bytes (a happens-before edge a
@@ -84,12 +79,8 @@ struct ChunkData {
   bool Write(int p, uint64_t offset, const char* bytes, uint64_t length) {
     if (p < 0 || p >= count() || offset + length > PieceSize(p)) return false;
     std::lock_guard lock(mu);
-    std::byte*& piece = pieces[static_cast<size_t>(p)];
-    if (piece == nullptr) {
-      piece = static_cast<std::byte*>(std::aligned_alloc(4096, Capacity(p)));
-      if (piece == nullptr) return false;
-      allocated += Capacity(p);
-    }
+    std::byte* piece = AllocatedLocked(p);
+    if (piece == nullptr) return false;
     std::memcpy(piece + offset, bytes, length);
     return true;
   }
@@ -103,6 +94,15 @@ struct ChunkData {
   const uint64_t length;
   const uint32_t piece_bytes;
   std::mutex mu;
+  // The piece's memory, allocated on first use; nullptr when out of memory. REQUIRES: mu.
+  std::byte* AllocatedLocked(int p) {
+    std::byte*& piece = pieces[static_cast<size_t>(p)];
+    if (piece == nullptr) {
+      piece = static_cast<std::byte*>(std::aligned_alloc(4096, Capacity(p)));
+      if (piece != nullptr) allocated += Capacity(p);
+    }
+    return piece;
+  }
   std::vector<std::byte*> pieces;  // GUARDED_BY(mu)
   std::atomic<uint64_t> allocated{0};
 };
@@ -423,9 +423,8 @@ struct SwarmReader::Impl {
     std::vector<std::vector<Waiter>> waiters;
     lt::torrent_handle handle;
     lt::sha1_hash hash;
-    bool seeding = false;         // this node claimed it
     Clock::time_point progress;   // the last piece in, or since the state began
-    Clock::time_point refreshed;  // kFetching: the claim's mtime last set
+    Clock::time_point refreshed;  // the claim's mtime last set by this node (RefreshClaim)
     Clock::time_point used;       // the last read of it
     bool fell_back = false;       // logged once
     bool kicked = false;          // paused and resumed once (CatchUp)
@@ -570,51 +569,54 @@ struct SwarmReader::Impl {
     const std::optional<Clock::duration> age = ClaimAge(ch.claim);
     const bool live = age && *age < o.stale_claim;
     if (published && live) {
-      if (!Join(ch, later)) {  // removed since: its reader is at work again
-        if (ch.state != State::kWaiting) ch.progress = Clock::now();
-        ch.state = State::kWaiting;
-      }
+      if (!Join(ch, later)) Wait(ch);  // removed since: its reader is at work again
       return;
     }
-    if (live) {  // another node reads it (no O_EXCL attempt: on NFS each is a round trip)
-      if (ch.state != State::kWaiting) ch.progress = Clock::now();
-      ch.state = State::kWaiting;
-      return;
-    }
+    if (live) return Wait(ch);  // another node reads it (no O_EXCL attempt: on NFS, a round trip)
     if (age) {
-      if (!RetireStaleClaim(ch.claim)) {  // another node took it over first
-        if (ch.state != State::kWaiting) ch.progress = Clock::now();
-        ch.state = State::kWaiting;
-        return;
-      }
+      if (!RetireStaleClaim(ch.claim)) return Wait(ch);  // another node took it over first
       spdlog::info(
           "swarm: the claim on {} went stale ({} ms old){}; this node reads it from the "
           "store",
           ch.name, std::chrono::duration_cast<std::chrono::milliseconds>(*age).count(),
           published ? ", no node holds it" : "");
     }
-    const int fd = open(ch.claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      const std::string who = o.listen + "\n";
-      [[maybe_unused]] ssize_t n = write(fd, who.data(), who.size());
-      close(fd);
+    if (TakeClaim(ch)) {
       if (published) unlink(ch.torrent.c_str());  // published anew once read
-      StartFetching(ch);
-      return;
+      return StartFetching(ch);
     }
-    if (errno == EEXIST) {
-      if (ch.state != State::kWaiting) ch.progress = Clock::now();
-      ch.state = State::kWaiting;
-      return;
-    }
+    if (errno == EEXIST) return Wait(ch);
     spdlog::warn("swarm: cannot claim {} ({}); its reads go to the store", ch.claim,
                  std::strerror(errno));
     ToStoreAll(ch, later);
   }
 
+  // Another node reads the chunk: this one waits for its torrent (Rethink, each tick).
+  static void Wait(Chunk& ch) {
+    if (ch.state != State::kWaiting) ch.progress = Clock::now();
+    ch.state = State::kWaiting;
+  }
+
+  // Creates the chunk's claim (O_EXCL: one node only), naming this node in it; false and errno
+  // when it cannot (EEXIST: another node's).
+  bool TakeClaim(const Chunk& ch) const {
+    const int fd = open(ch.claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    const std::string who = o.listen + "\n";
+    [[maybe_unused]] ssize_t n = write(fd, who.data(), who.size());
+    close(fd);
+    return true;
+  }
+
+  // Says this node holds the claim (its mtime), every quarter of stale_claim.
+  void RefreshClaim(Chunk& ch, Clock::time_point now) const {
+    if (now - ch.refreshed < o.stale_claim / 4) return;
+    utimensat(AT_FDCWD, ch.claim.c_str(), nullptr, 0);
+    ch.refreshed = now;
+  }
+
   void StartFetching(Chunk& ch) {
     ch.state = State::kFetching;
-    ch.seeding = true;
     ch.progress = ch.refreshed = Clock::now();
     claimed.fetch_add(1, std::memory_order_relaxed);
   }
@@ -907,10 +909,7 @@ struct SwarmReader::Impl {
             // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
             // and another node read the chunk again (the store sent 2.26x the model). A store
             // that hangs ends the claim through the backend timeout (Fetched).
-            if (now - ch->refreshed >= o.stale_claim / 4) {
-              utimensat(AT_FDCWD, ch->claim.c_str(), nullptr, 0);
-              ch->refreshed = now;
-            }
+            RefreshClaim(*ch, now);
             break;
           case State::kWaiting:
             Rethink(ch, later);
@@ -918,10 +917,8 @@ struct SwarmReader::Impl {
           case State::kSwarm:
             // A node that holds the whole chunk says so, as its claimer did while reading it:
             // the chunk is published and live (Decide).
-            if (now - ch->refreshed >= o.stale_claim / 4 &&
-                std::count(ch->have.begin(), ch->have.end(), 1) == ch->data->count()) {
-              utimensat(AT_FDCWD, ch->claim.c_str(), nullptr, 0);
-              ch->refreshed = now;
+            if (std::count(ch->have.begin(), ch->have.end(), 1) == ch->data->count()) {
+              RefreshClaim(*ch, now);
             }
             CatchUp(ch, now, probes);
             FallBackIfStuck(ch, now, later, removed);
@@ -1008,9 +1005,7 @@ struct SwarmReader::Impl {
                std::vector<lt::torrent_handle>& removed) {
     Chunk& ch = *chp;
     if (age && !RetireStaleClaim(ch.claim)) return false;
-    const int fd = open(ch.claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return false;
-    close(fd);
+    if (!TakeClaim(ch)) return false;
     spdlog::info(
         "swarm: no live node holds {} and no peer sent a piece of it in {} ms; this node "
         "reads the rest of it from the store and shares it again",

@@ -147,7 +147,7 @@ class UringReader final : public BackendReader {
       return true;
     }
     // O_DIRECT cannot continue unaligned (FUSE, which has no buffered descriptor then, can).
-    if (op->direct && op->done % 4096 != 0 && op->request.file->can_buffer()) op->direct = false;
+    if (op->direct && !ContinuesDirect(op->request, op->done)) op->direct = false;
     Prep(op);
     return false;
   }
@@ -194,8 +194,7 @@ class UringReader final : public BackendReader {
       }
       for (auto& request : batch) {
         auto* op = new Op{std::move(request), 0, false, Clock::now(), epoch_};
-        op->direct =
-            op->request.file->direct() && !(op->request.buffered && op->request.file->can_buffer());
+        op->direct = StartsDirect(op->request);
         Prep(op);
         ++in_flight_;
       }

@@ -152,6 +152,15 @@ class SwarmReaderTest : public ::testing::Test {
     return found;
   }
 
+  // Node 0 reads the whole file (it claims and publishes every chunk) and goes: its torrents
+  // stay in the dir, its claims are no longer refreshed. Use with ASSERT_NO_FATAL_FAILURE.
+  void PublishedByAGoneNode() {
+    auto a = Node(0);
+    ASSERT_TRUE(a);
+    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+    ASSERT_EQ(WaitForTorrents(5), 5);
+  }
+
   static std::vector<uint64_t> InOrder() {
     std::vector<uint64_t> order((kSize + kPiece - 1) / kPiece);
     std::iota(order.begin(), order.end(), 0);
@@ -240,12 +249,7 @@ TEST_F(SwarmReaderTest, AStaleClaimIsTakenOver) {
 // The chunk's torrent is in the dir but no peer holds it any more (its node is gone): readers
 // wait peer_wait, then read the store, counted as fallbacks.
 TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
-  {
-    auto a = Node(0);
-    ASSERT_TRUE(a);
-    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
-    ASSERT_EQ(WaitForTorrents(5), 5);
-  }  // node 0 is gone; its torrents stay in the dir
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   // Its claims still count as live for node 1 (a holder it cannot reach, not a dead one).
   SwarmOptions o = Options(1);
   o.stale_claim = 60s;
@@ -262,12 +266,7 @@ TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
 // from the store, and the other takes it from that one: the store serves the file once more,
 // not once per node, and no reader falls back.
 TEST_F(SwarmReaderTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
-  {
-    auto a = Node(0);
-    ASSERT_TRUE(a);
-    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
-    ASSERT_EQ(WaitForTorrents(5), 5);
-  }
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   auto b = Node(1);
   auto c = Node(2);
   ASSERT_TRUE(b && c);
@@ -284,12 +283,7 @@ TEST_F(SwarmReaderTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
 // the dir, their claims no longer refreshed): the next node reads each chunk from the store once,
 // without waiting on peers, and publishes it again; a node after it gets it all from that one.
 TEST_F(SwarmReaderTest, ChunksNoLiveNodeHoldsAreReadAgainAndSharedAgain) {
-  {
-    auto a = Node(0);
-    ASSERT_TRUE(a);
-    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
-    ASSERT_EQ(WaitForTorrents(5), 5);
-  }
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   std::this_thread::sleep_for(1500ms);  // past stale_claim (1 s)
   auto b = Node(1);
   ASSERT_TRUE(b);
@@ -414,12 +408,7 @@ class LyingDisk final : public lt::disk_interface, public lt::buffer_allocator_i
 // chunk with wrong bytes. Node 1's reads get no wrong byte: each piece fails its hash (counted),
 // and the readers go to the store after peer_wait (counted).
 TEST_F(SwarmReaderTest, ALyingPeerCostsAFallbackNeverAWrongByte) {
-  {
-    auto a = Node(0);
-    ASSERT_TRUE(a);
-    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
-    ASSERT_EQ(WaitForTorrents(5), 5);
-  }
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   LyingDisk* disk = nullptr;
   lt::settings_pack pack;
   pack.set_str(lt::settings_pack::listen_interfaces, Loopback(ports_[0]));  // node 0's place

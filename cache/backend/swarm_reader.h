@@ -1,7 +1,7 @@
 // A fleet loads a model once: a reader in front of the store's that gets a block from the other
 // nodes' daemons when one of them has it, and from the store only when none does (DESIGN.md §7).
-// The engine is libtorrent (Debian's libtorrent-rasterbar 2.0.8); swarm_reader.cc is the only
-// file that includes it.
+// The engine is libtorrent (Debian's libtorrent-rasterbar 2.0.8) behind swarm_engine.h;
+// swarm_engine.cc is the only file that includes it. The shared dir's files are swarm_dir.h's.
 //
 // The unit of sharing is a chunk: `chunk_pieces` consecutive blocks of one file (the file's
 // content identity, cache/file_key.h, names it), shared as a BitTorrent v1 torrent whose pieces

@@ -36,6 +36,7 @@
 #include <libtorrent/torrent_info.hpp>
 
 #include "cache/backend/pread_reader.h"
+#include "cache/backend/swarm_dir.h"
 #include "cache/block.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/test_data.h"
@@ -228,12 +229,7 @@ TEST_F(SwarmReaderTest, AStaleClaimIsTakenOver) {
   ASSERT_TRUE(b);
   // Every chunk claimed, as a node that died left its claims (the dir's names: FileId).
   const FileKey key = KeyOfPath(path_);
-  char id[160];
-  std::snprintf(id, sizeof(id), "%016llx-%llx-%llx-%llx-%ux%u",
-                static_cast<unsigned long long>(key.fingerprint),
-                static_cast<unsigned long long>(key.size),
-                static_cast<unsigned long long>(key.mtime_ns),
-                static_cast<unsigned long long>(key.ctime_ns), kPiece, kChunkPieces);
+  const std::string id = SwarmDir::FileId(key, kPiece, kChunkPieces);
   ASSERT_EQ(mkdir((shared_ + "/" + id).c_str(), 0755), 0);
   for (int c = 0; c < 5; ++c) {
     std::ofstream(shared_ + "/" + id + "/" + std::to_string(c) + ".claim") << "dead\n";

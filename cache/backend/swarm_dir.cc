@@ -1,0 +1,98 @@
+#include "cache/backend/swarm_dir.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+namespace accelfs {
+
+std::string SwarmDir::FileId(const FileKey& key, uint32_t piece_bytes, uint32_t chunk_pieces) {
+  char id[160];
+  std::snprintf(id, sizeof(id), "%016llx-%llx-%llx-%llx-%ux%u",
+                static_cast<unsigned long long>(key.fingerprint),
+                static_cast<unsigned long long>(key.size),
+                static_cast<unsigned long long>(key.mtime_ns),
+                static_cast<unsigned long long>(key.ctime_ns), piece_bytes, chunk_pieces);
+  return id;
+}
+
+std::string SwarmDir::Claim(const std::string& file_id, uint64_t index) const {
+  return dir_ + "/" + file_id + "/" + std::to_string(index) + ".claim";
+}
+
+std::string SwarmDir::Torrent(const std::string& file_id, uint64_t index) const {
+  return dir_ + "/" + file_id + "/" + std::to_string(index) + ".torrent";
+}
+
+void SwarmDir::MakeFileDir(const std::string& file_id) const {
+  mkdir((dir_ + "/" + file_id).c_str(), 0755);  // EEXIST: another node or chunk made it
+}
+
+std::optional<SwarmDir::Clock::duration> SwarmDir::ClaimAge(const std::string& claim) {
+  struct stat st {};
+  if (stat(claim.c_str(), &st) != 0) return std::nullopt;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(now.tv_sec - st.st_mtim.tv_sec) +
+      std::chrono::nanoseconds(now.tv_nsec - st.st_mtim.tv_nsec));
+}
+
+// Two nodes that found the claim stale at once may both rename: the second renames the first
+// one's new claim, sees that it is fresh, and puts it back.
+bool SwarmDir::RetireStaleClaim(const std::string& claim) const {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  const std::string dead = claim + ".dead." + std::to_string(random());
+  if (rename(claim.c_str(), dead.c_str()) != 0) return false;
+  const bool stale = !Live(ClaimAge(dead));
+  if (!stale) link(dead.c_str(), claim.c_str());  // unless yet another claim is there
+  unlink(dead.c_str());
+  return stale;
+}
+
+bool SwarmDir::TakeClaim(const std::string& claim) const {
+  const int fd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  const std::string line = who_ + "\n";
+  [[maybe_unused]] ssize_t n = write(fd, line.data(), line.size());
+  close(fd);
+  return true;
+}
+
+void SwarmDir::RefreshClaim(const std::string& claim, Clock::time_point now,
+                            Clock::time_point& refreshed) const {
+  if (now - refreshed < stale_ / 4) return;
+  utimensat(AT_FDCWD, claim.c_str(), nullptr, 0);
+  refreshed = now;
+}
+
+bool SwarmDir::Exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+bool SwarmDir::Read(const std::string& torrent, std::vector<char>& bytes) {
+  std::ifstream in(torrent, std::ios::binary);
+  if (!in) return false;
+  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return !in.bad();
+}
+
+bool SwarmDir::Write(const std::string& torrent, const std::vector<char>& bytes) {
+  const std::string tmp = torrent + ".tmp." + std::to_string(getpid());
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (out.good() && rename(tmp.c_str(), torrent.c_str()) == 0) return true;
+  const int saved = errno;
+  unlink(tmp.c_str());
+  errno = saved;
+  return false;
+}
+
+}  // namespace accelfs

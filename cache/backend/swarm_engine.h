@@ -1,0 +1,81 @@
+// The swarm's engine: libtorrent (Debian's libtorrent-rasterbar 2.0.8) behind an interface of
+// accelfs's own. swarm_engine.cc is the only file that includes libtorrent (the third seam,
+// beside libfuse and liburing); the swarm's reader (cache/backend/swarm_reader.h) decides what to
+// share and when, this says how.
+//
+// A torrent here is one chunk, a private BitTorrent v1 torrent whose pieces are cache blocks; the
+// reader names it by a TorrentId of its own. Its pieces live in the chunk's ChunkData, which the
+// engine reads from to serve peers and writes into from peers (a disk_interface of the swarm's
+// own, in memory). A piece from a peer is announced (SwarmEvents::piece_in) only once it matched
+// its SHA-1.
+//
+// Settings for a cluster's own network: no DHT, LSD, UPnP, NAT-PMP, uTP or encryption; peers
+// only from the static list and the allowed networks (an IP filter); every peer unchoked.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/backend/swarm_chunk.h"
+#include "cache/backend/swarm_reader.h"
+#include "cache/result.h"
+
+namespace accelfs {
+
+using TorrentId = uint64_t;  // 0: none
+
+// What the engine tells the reader, on the thread that calls Poll.
+struct SwarmEvents {
+  std::function<void(TorrentId, int piece)> piece_in;  // passed its hash check
+  std::function<void(TorrentId)> hash_failed;          // a peer's piece did not (fetched again)
+  std::function<void(TorrentId, const std::string& why)> failed;  // the torrent is in error
+};
+
+class SwarmEngine {
+ public:
+  // Starts a session listening on options.listen, with options.peers as the static peers (this
+  // node's own address among them skipped) and options.allow as the networks peers may come
+  // from. `on_alert` is called on the engine's own thread whenever it has something to say: it
+  // must only wake the thread that calls Poll. An error names the option that is wrong.
+  static Result<std::unique_ptr<SwarmEngine>> Start(const SwarmOptions& options,
+                                                    std::function<void()> on_alert);
+  ~SwarmEngine();
+  SwarmEngine(const SwarmEngine&) = delete;
+  SwarmEngine& operator=(const SwarmEngine&) = delete;
+
+  size_t static_peers() const;
+
+  // The torrent of a whole chunk (every piece of `data` written): its pieces' hashes, bencoded.
+  static Result<std::vector<char>> MakeTorrent(ChunkData& data);
+
+  // Adds the torrent `bytes` under `id`. A seed has every piece in `data` and waits for peers; a
+  // joiner takes every piece from its peers into `data`. An error says why the torrent cannot be
+  // used (it does not parse, it is another chunk's size, the engine refused it).
+  Status Add(TorrentId id, const std::vector<char>& bytes, std::shared_ptr<ChunkData> data,
+             bool seed);
+  void Want(TorrentId id, int piece);  // asked first
+  // Connects to the torrent's peers again at once (the engine does so once a second otherwise).
+  void Reconnect(TorrentId id);
+  // Whether the engine holds the piece checked; asks the engine's thread and waits for it.
+  bool Has(TorrentId id, int piece);
+  void Remove(TorrentId id);
+
+  // Hands the engine's alerts to `events`; every 500 ms asks for the session's stats. Returns
+  // how many alerts there were.
+  size_t Poll(const SwarmEvents& events);
+  uint64_t sent_bytes() const { return sent_bytes_.load(std::memory_order_relaxed); }
+  uint64_t peers_connected() const { return peers_.load(std::memory_order_relaxed); }
+
+  struct Impl;
+
+ private:
+  explicit SwarmEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::atomic<uint64_t> sent_bytes_{0}, peers_{0};
+};
+
+}  // namespace accelfs

@@ -1,0 +1,177 @@
+// The swarm's reader inside (cache/backend/swarm_reader.h says what it does): the read path, the
+// joining and publishing of chunks and the engine's events in swarm_reader.cc, what the swarm's
+// thread does to each chunk every tick in swarm_upkeep.cc. Not included elsewhere.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cache/backend/swarm_chunk.h"
+#include "cache/backend/swarm_dir.h"
+#include "cache/backend/swarm_engine.h"
+#include "cache/backend/swarm_reader.h"
+
+namespace accelfs {
+
+struct SwarmReader::Impl {
+  using Clock = std::chrono::steady_clock;
+
+  enum class State {
+    kNew,       // not yet looked up in the dir
+    kFetching,  // claimed: this node reads it from the store
+    kWaiting,   // claimed by another node, whose torrent is not in the dir yet
+    kJoining,   // its torrent is being added to the engine (Join, not under `mu`)
+    kSwarm,     // its torrent is in the engine
+    kStore,     // given up on the swarm: its reads go to the store
+  };
+  struct Waiter {
+    ReadRequest request;
+    Clock::time_point since;
+  };
+  struct Chunk {
+    std::string name;  // FILEID/INDEX, for the log
+    std::string claim;
+    std::string torrent;
+    uint64_t offset = 0;
+    std::shared_ptr<BackingFile> file;
+    std::shared_ptr<ChunkData> data;
+    State state = State::kNew;
+    std::vector<uint8_t> have;  // a piece this node holds whole and checked
+    std::vector<uint8_t> sent;  // kFetching: asked of the store
+    int fetched = 0;
+    std::vector<std::vector<Waiter>> waiters;
+    TorrentId id = 0;             // its torrent in the engine (kJoining, kSwarm), else 0
+    Clock::time_point progress;   // the last piece in, or since the state began
+    Clock::time_point refreshed;  // the claim's mtime last set by this node (RefreshClaim)
+    Clock::time_point used;       // the last read of it
+    bool fell_back = false;       // logged once
+    bool kicked = false;          // reconnected once (CatchUp)
+    bool hash_logged = false;     // a hash failure logged
+    bool extended = false;        // given one more peer_wait (FallBackIfStuck)
+    bool Whole() const { return std::count(have.begin(), have.end(), 1) == data->count(); }
+    bool Waited() const {
+      return std::any_of(waiters.begin(), waiters.end(), [](auto& w) { return !w.empty(); });
+    }
+  };
+  using ChunkPtr = std::shared_ptr<Chunk>;
+  // Work to do once the lock is let go.
+  struct Later {
+    std::vector<ReadRequest> to_store;
+    std::vector<ReadRequest> fetches;
+    std::vector<std::pair<ReadRequest, Result<size_t>>> answers;
+    std::vector<std::pair<ReadRequest, std::shared_ptr<ChunkData>>> copies;  // with the piece
+    std::vector<std::pair<TorrentId, int>> wanted;
+    std::vector<ChunkPtr> joins;
+    std::vector<TorrentId> removed;  // torrents the engine is to let go
+  };
+
+  SwarmOptions o;
+  std::unique_ptr<BackendReader> inner;
+  std::unique_ptr<SwarmDir> dir;
+  std::unique_ptr<SwarmEngine> engine;
+  // Held shared by each call into the engine from a reader's thread, exclusively by Stop before
+  // the engine goes.
+  mutable std::shared_mutex engine_use;
+  uint64_t chunk_bytes = 0;
+
+  mutable std::mutex mu;
+  // The swarm thread sleeps on these between ticks; not under `mu` (the engine's thread wakes it).
+  std::mutex wake_mu;
+  std::condition_variable wake;
+  std::atomic<bool> stop_flag{false}, alerts_ready{false}, publish_ready{false};
+  void Wake(std::atomic<bool>& flag) {
+    {
+      std::lock_guard lock(wake_mu);
+      flag.store(true);
+    }
+    wake.notify_one();
+  }
+  std::map<std::string, ChunkPtr> chunks;         // GUARDED_BY(mu)
+  std::unordered_map<TorrentId, ChunkPtr> by_id;  // GUARDED_BY(mu)
+  TorrentId last_id = 0;                          // GUARDED_BY(mu)
+  std::deque<ChunkPtr> to_publish;                // GUARDED_BY(mu)
+  bool stopping = false;                          // GUARDED_BY(mu)
+  std::thread thread;
+
+  std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
+      joined{0};
+
+  // --- the read path ---
+  void Submit(ReadRequest r);
+  ChunkPtr ChunkOf(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file);
+  // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
+  //   - published (its torrent in the dir) and its claim live (a node that holds it said so
+  //     within stale_claim): join;
+  //   - its claim live: another node reads it; wait;
+  //   - else nobody holds it: a chunk nobody wanted yet, a claimer that died, or a chunk
+  //     published by nodes that are all gone (a fleet restarted: its torrent would find no
+  //     peer, and every reader would wait peer_wait for nothing). This node claims it (a stale
+  //     claim renamed away by one node only), removes an old torrent and reads the chunk.
+  // REQUIRES: mu.
+  void Decide(const ChunkPtr& chp, Later& later);
+  // Another node reads the chunk: this one waits for its torrent (Rethink, each tick).
+  static void Wait(Chunk& ch);
+  void StartFetching(Chunk& ch);
+  // The chunk gets an id and its torrent is added to the engine once `mu` is let go (Join).
+  void StartJoining(const ChunkPtr& ch, Later& later);
+  // Asks the store for every piece of a claimed chunk not yet asked for (the whole chunk is
+  // needed for its hashes); `demand` is the piece a reader waits on.
+  void FetchRest(const ChunkPtr& ch, int demand, Later& later);
+  void Fetched(const ChunkPtr& ch, int p, Result<size_t> n);
+  void Stalled(const ChunkPtr& ch, int p);
+  // Every waiter of `ch` to the store, and its later reads too.
+  void ToStoreAll(Chunk& ch, Later& later);
+  void ToStore(ReadRequest r);
+  void Run(Later& later);
+  // --- joining and publishing: calls into the engine and the dir, not under `mu` ---
+  // Adds a published chunk's torrent to the engine (every piece wanted: a node that joins takes
+  // the whole chunk); the pieces readers wait on are asked first. A torrent removed from the dir
+  // since (its reader is at work again) sends the chunk back to waiting; one that cannot be used
+  // sends its reads to the store.
+  void Join(const ChunkPtr& ch, std::vector<std::pair<TorrentId, int>>& wanted,
+            std::vector<ReadRequest>& to_store);
+  // A claimed chunk is whole: its piece hashes, its torrent into the dir, and seeding it.
+  void Publish(const ChunkPtr& ch);
+  // --- the swarm's thread: the engine's alerts, claims and torrents in the dir ---
+  void Loop();
+  void PieceIn(TorrentId id, int p);
+  void HashFailed(TorrentId id);
+  void Failed(TorrentId id, const std::string& why);
+  // Piece `p` of `ch` passed its hash in the engine: its readers get it. REQUIRES: mu.
+  void PieceInLocked(Chunk& ch, int p, Later& later);
+
+  // --- the swarm's thread, each tick (swarm_upkeep.cc) ---
+  void Tick();
+  // A chunk this node waits on, looked at again (Decide): joined once published, read by this
+  // node once its claimer is gone.
+  void Rethink(const ChunkPtr& ch, Later& later);
+  // A piece waited on for kProbeAfter, to ask the engine about once `mu` is let go.
+  struct Probe {
+    TorrentId id;
+    int piece;
+  };
+  static constexpr std::chrono::milliseconds kProbeAfter{200};
+  void CatchUp(const ChunkPtr& chp, Clock::time_point now, std::vector<Probe>& probes);
+  bool Reclaim(const ChunkPtr& chp, const std::optional<Clock::duration>& age, Later& later);
+  void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
+  // Drops the least recently read chunks nobody waits on until the swarm's memory fits.
+  void Evict(uint64_t held, Later& later);
+
+  Status Start();
+  void Stop();
+};
+
+}  // namespace accelfs

@@ -1,0 +1,199 @@
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "cache/backend/swarm_reader_impl.h"
+
+namespace accelfs {
+
+void SwarmReader::Impl::Tick() {
+  Later later;
+  std::vector<Probe> probes;
+  {
+    std::lock_guard lock(mu);
+    const Clock::time_point now = Clock::now();
+    uint64_t held = 0;
+    for (auto& [name, ch] : chunks) {
+      switch (ch->state) {
+        case State::kFetching:
+          // Alive while it holds the claim. Not only while its pieces come: with four nodes
+          // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
+          // and another node read the chunk again (the store sent 2.26x the model). A store
+          // that hangs ends the claim through the backend timeout (Fetched).
+          dir->RefreshClaim(ch->claim, now, ch->refreshed);
+          break;
+        case State::kWaiting:
+          Rethink(ch, later);
+          break;
+        case State::kSwarm:
+          // A node that holds the whole chunk says so, as its claimer did while reading it:
+          // the chunk is published and live (Decide).
+          if (ch->Whole()) dir->RefreshClaim(ch->claim, now, ch->refreshed);
+          CatchUp(ch, now, probes);
+          FallBackIfStuck(ch, now, later);
+          break;
+        default:
+          break;
+      }
+      held += ch->data->allocated.load(std::memory_order_relaxed);
+    }
+    if (held > o.memory_bytes) Evict(held, later);
+  }
+  // Let go first: a reclaimed chunk's torrent is published anew on the next round.
+  for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
+  std::vector<Probe> had;
+  for (const Probe& probe : probes) {
+    if (engine->Has(probe.id, probe.piece)) had.push_back(probe);
+  }
+  if (!had.empty()) {
+    std::lock_guard lock(mu);
+    for (const Probe& probe : had) {
+      const auto it = by_id.find(probe.id);
+      if (it != by_id.end()) PieceInLocked(*it->second, probe.piece, later);
+    }
+  }
+  Run(later);
+}
+
+void SwarmReader::Impl::Rethink(const ChunkPtr& ch, Later& later) {
+  ch->state = State::kNew;
+  Decide(ch, later);
+  if (ch->state == State::kFetching) {
+    for (int p = 0; p < ch->data->count(); ++p) {
+      if (!ch->waiters[static_cast<size_t>(p)].empty()) FetchRest(ch, p, later);
+    }
+  }
+}
+
+// A piece readers waited on for kProbeAfter is asked of the engine (have_piece, after `mu` is
+// let go: the call waits on the engine's thread, which every reader's Submit would otherwise
+// wait behind; under `mu` rounds of this thread took 3-7 s with four nodes on two cores and
+// claims went stale): with four nodes, pieces the engine had were waited on until the
+// fallback, their piece_finished_alert never seen (1.9-2.1x the model from the store without
+// this, 1.00x with it). A chunk readers wait on that got no piece for half of peer_wait is
+// reconnected: the engine connects to its peers again at once.
+void SwarmReader::Impl::CatchUp(const ChunkPtr& chp, Clock::time_point now,
+                                std::vector<Probe>& probes) {
+  Chunk& ch = *chp;
+  bool waited = false;
+  for (size_t p = 0; p < ch.waiters.size(); ++p) {
+    if (ch.waiters[p].empty()) continue;
+    waited = true;
+    if (now - ch.waiters[p].front().since >= kProbeAfter) {
+      probes.push_back({ch.id, static_cast<int>(p)});
+    }
+  }
+  if (waited && !ch.kicked && now - ch.progress >= o.peer_wait / 2) {
+    ch.kicked = true;
+    spdlog::info("swarm: no piece of {} in {} ms; connecting to its peers again", ch.name,
+                 (o.peer_wait / 2).count());
+    engine->Reconnect(ch.id);
+  }
+}
+
+// Claims a joined chunk again (FallBackIfStuck): its torrent leaves the engine, the pieces this
+// node has stay, the rest are read from the store, and it is published anew (the same torrent:
+// the same bytes). False when another node claimed it first. REQUIRES: mu.
+bool SwarmReader::Impl::Reclaim(const ChunkPtr& chp, const std::optional<Clock::duration>& age,
+                                Later& later) {
+  Chunk& ch = *chp;
+  if (age && !dir->RetireStaleClaim(ch.claim)) return false;
+  if (!dir->TakeClaim(ch.claim)) return false;
+  spdlog::info(
+      "swarm: no live node holds {} and no peer sent a piece of it in {} ms; this node "
+      "reads the rest of it from the store and shares it again",
+      ch.name, o.peer_wait.count());
+  unlink(ch.torrent.c_str());
+  later.removed.push_back(ch.id);
+  by_id.erase(ch.id);
+  ch.id = 0;
+  // The pieces it has, checked, into memory of its own: the engine may still write blocks from
+  // peers into the old memory until it has let the torrent go, and no such block may land in a
+  // piece the store is read into.
+  auto data = std::make_shared<ChunkData>(ch.data->length, ch.data->piece_bytes);
+  ch.fetched = 0;
+  for (size_t p = 0; p < ch.have.size(); ++p) {
+    const int piece = static_cast<int>(p);
+    if (ch.have[p] != 0 &&
+        !data->Write(piece, 0, reinterpret_cast<const char*>(ch.data->Existing(piece)),
+                     ch.data->PieceSize(piece))) {
+      ch.have[p] = 0;  // out of memory: read it again
+    }
+    ch.sent[p] = ch.have[p];
+    ch.fetched += ch.have[p];
+  }
+  ch.data = std::move(data);
+  StartFetching(ch);
+  if (ch.fetched == ch.data->count()) {
+    to_publish.push_back(chp);  // published on the next round, once the engine let it go
+  } else {
+    for (int p = 0; p < ch.data->count(); ++p) {
+      if (!ch.waiters[static_cast<size_t>(p)].empty()) FetchRest(chp, p, later);
+    }
+  }
+  return true;
+}
+
+// A chunk none of whose readers got a piece for `peer_wait`:
+//   - its claim is not live (every node that held it whole is gone; e.g. killed after it
+//     published): this node claims it again, keeps the pieces it has, reads the rest from the
+//     store and publishes it anew, and the other nodes that wait on it take it from this one
+//     (before, each of them read the dead node's pieces from the store itself: 1.47x the model
+//     from the store with one of four nodes killed when it had 0.36);
+//   - its claim is live, the first time: another node claimed it again, or holds it and will
+//     answer; one more peer_wait;
+//   - else its readers go to the store.
+void SwarmReader::Impl::FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later) {
+  Chunk& ch = *chp;
+  if (now - ch.progress < o.peer_wait) return;
+  if (!ch.Waited()) return;
+  const std::optional<Clock::duration> age = SwarmDir::ClaimAge(ch.claim);
+  if (!dir->Live(age) && Reclaim(chp, age, later)) return;
+  if (!ch.extended) {
+    ch.extended = true;
+    ch.progress = now;
+    return;
+  }
+  bool any = false;
+  for (auto& waiting : ch.waiters) {
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (now - it->since < o.peer_wait) {
+        ++it;
+        continue;
+      }
+      later.to_store.push_back(std::move(it->request));
+      it = waiting.erase(it);
+      fallbacks.fetch_add(1, std::memory_order_relaxed);
+      any = true;
+    }
+  }
+  if (any && !ch.fell_back) {
+    ch.fell_back = true;
+    spdlog::warn("swarm: no peer sent a piece of {} in {} ms; read from the store", ch.name,
+                 o.peer_wait.count());
+  }
+}
+
+void SwarmReader::Impl::Evict(uint64_t held, Later& later) {
+  std::vector<ChunkPtr> candidates;
+  for (auto& [name, ch] : chunks) {
+    if (!ch->Waited() && (ch->state == State::kSwarm || ch->state == State::kStore)) {
+      candidates.push_back(ch);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const ChunkPtr& a, const ChunkPtr& b) { return a->used < b->used; });
+  for (const ChunkPtr& ch : candidates) {
+    if (held <= o.memory_bytes) break;
+    held -= std::min(held, ch->data->allocated.load());
+    if (ch->id != 0) {  // a torrent in error (kStore) too
+      later.removed.push_back(ch->id);
+      by_id.erase(ch->id);
+      ch->id = 0;
+    }
+    chunks.erase(ch->name);
+  }
+}
+
+}  // namespace accelfs

@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "accelfs_version.h"
+#include "fs/daemon/option_values.h"
+#include "fs/daemon/swarm_options.h"
 
 namespace accelfs {
 namespace {
@@ -79,32 +81,6 @@ std::optional<double> ParseSeconds(const std::string& text) {
   }
 }
 
-std::optional<uint64_t> ParseCount(const std::string& text) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
-      text.size() > 9) {
-    return std::nullopt;
-  }
-  return std::stoull(text);
-}
-
-// --metrics: PORT, IPv4:PORT, [IPv6]:PORT or localhost:PORT -> "ADDR:PORT" as the Exposer takes
-// it; nullopt when malformed.
-std::optional<std::string> ParseListenAddress(const std::string& text) {
-  const size_t colon = text.rfind(':');
-  std::string host = colon == std::string::npos ? "127.0.0.1" : text.substr(0, colon);
-  const std::string port = colon == std::string::npos ? text : text.substr(colon + 1);
-  const std::optional<uint64_t> number = ParseCount(port);
-  if (!number || *number < 1 || *number > 65535) return std::nullopt;
-  if (host == "localhost") host = "127.0.0.1";
-  unsigned char buf[sizeof(in6_addr)];
-  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
-  if (v6 ? inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) != 1
-         : inet_pton(AF_INET, host.c_str(), buf) != 1) {
-    return std::nullopt;
-  }
-  return host + ":" + std::to_string(*number);
-}
-
 }  // namespace
 
 struct ParseContext {
@@ -114,8 +90,6 @@ struct ParseContext {
 };
 
 namespace {
-
-std::string Quoted(const std::string& text) { return "'" + text + "'"; }
 
 // "4M", "64K", "1G": the largest binary unit that divides `bytes`, as --help and the README write
 // defaults.
@@ -134,8 +108,6 @@ std::string Number(double value) {
   std::snprintf(buf, sizeof(buf), "%g", value);
   return buf;
 }
-
-Status Bad(std::string line) { return Error(EINVAL, std::move(line)); }
 
 Status ApplySeconds(const std::string& text, const char* flag, double* field) {
   const std::optional<double> v = ParseSeconds(text);
@@ -249,191 +221,105 @@ Status ApplyMetrics(const std::string& text, Config& config, const ParseContext&
   return Status::Ok();
 }
 
-// A comma list's items (--swarm-peers, --swarm-allow); none empty.
-Result<std::vector<std::string>> CommaList(const std::string& text, const std::string& option) {
-  std::vector<std::string> items;
-  std::string item;
-  std::istringstream in(text);
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) return Error(EINVAL, option + " " + Quoted(text) + ": an empty item");
-    items.push_back(item);
-  }
-  if (items.empty()) return Error(EINVAL, option + " needs at least one item");
-  return items;
-}
-
-Status ApplySwarmListen(const std::string& text, Config& config, const ParseContext&) {
-  const std::optional<std::string> address = ParseListenAddress(text);
-  if (!address || text.find(':') == std::string::npos || text.starts_with(":")) {
-    return Bad("--swarm-listen " + Quoted(text) +
-               ": expected ADDR:PORT, the address of this node that the others reach (an IP "
-               "address, [::1] for IPv6; port 1-65535)");
-  }
-  config.swarm_listen = *address;
-  return Status::Ok();
-}
-
-Status ApplySwarmPeers(const std::string& text, Config& config, const ParseContext&) {
-  Result<std::vector<std::string>> peers = CommaList(text, "--swarm-peers");
-  if (!peers.ok()) return Bad(peers.error().Message());
-  for (const std::string& peer : peers.value()) {
-    const size_t colon = peer.rfind(':');
-    const std::optional<uint64_t> port =
-        colon == std::string::npos ? std::nullopt : ParseCount(peer.substr(colon + 1));
-    if (colon == 0 || !port || *port < 1 || *port > 65535) {
-      return Bad("--swarm-peers " + Quoted(peer) + ": expected HOST:PORT (port 1-65535)");
-    }
-  }
-  config.swarm_peers = std::move(peers.value());
-  return Status::Ok();
-}
-
-// Each network is parsed by the swarm, which says which is wrong.
-Status ApplySwarmAllow(const std::string& text, Config& config, const ParseContext&) {
-  Result<std::vector<std::string>> networks = CommaList(text, "--swarm-allow");
-  if (networks.ok()) config.swarm_allow = std::move(networks.value());
-  return networks.ok() ? Status::Ok() : Bad(networks.error().Message());
-}
-
-Status ApplySwarmMemory(const std::string& text, Config& config, const ParseContext&) {
-  Result<uint64_t> v = ParseSize(text, 0);
-  if (!v.ok()) return Bad("--swarm-memory " + v.error().Message());
-  config.swarm_memory = v.value();
-  return v.value() > 0 ? Status::Ok() : Bad("--swarm-memory must be more than 0");
-}
-
-// The swarm's options need --swarm-listen, which needs --swarm-dir.
-Status FinishSwarm(const Config& config) {
-  if (config.swarm_listen.empty()) {
-    if (!config.swarm_peers.empty() || !config.swarm_dir.empty() || !config.swarm_allow.empty() ||
-        config.swarm_memory != 0) {
-      return Bad("the --swarm-* options need --swarm-listen ADDR:PORT, which turns the swarm on");
-    }
-    return Status::Ok();
-  }
-  if (config.swarm_dir.empty()) {
-    return Bad("--swarm-listen needs --swarm-dir DIR, a directory every node of the fleet shares");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 const std::vector<OptionSpec>& Options() {
   using C = const Config&;
-  static const std::vector<OptionSpec> kOptions = {
-      {"foreground", "-f", "", "Stay in the foreground (otherwise detach once the mount is ready)",
-       [](C) { return std::string("detach"); },
-       [](const std::string&, Config& c, const ParseContext&) {
-         c.foreground = true;
-         return Status::Ok();
-       }},
-      {"cache-size", "", "SIZE",
-       "Cache budget: bytes with K/M/G/T, or a % of RAM (of the limit in a memory cgroup)",
-       [](C) { return std::string("half of MemAvailable"); }, ApplyCacheSize},
-      {"cache-dir", "", "DIR",
-       "Keep cached blocks in files in this directory (created if missing), where a restart "
-       "finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory",
-       [](C) { return std::string("a private tmpfs that goes with the daemon"); },
-       [](const std::string& v, Config& c, const ParseContext&) {
-         c.cache_dir = v;
-         return Status::Ok();
-       }},
-      {"block-size", "", "SIZE", "Cache block size, a power of two",
-       [](C c) { return ShortSize(c.block_size); }, ApplyBlockSize},
-      {"backend-depth", "", "N",
-       "Most backend reads in flight; the daemon adapts the depth below it",
-       [](C c) { return std::to_string(c.backend_depth); }, ApplyBackendDepth},
-      {"backend-timeout", "", "S",
-       "Seconds a backend read may hang, while its file completes nothing else, before its "
-       "readers get ETIMEDOUT (0: never)",
-       [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
-      {"store-io", "", "MODE",
-       "direct, buffered, or auto (try both on each store's first reads, keep the faster)",
-       [](C c) { return c.store_io; }, ApplyStoreIo},
-      {"readahead", "", "KB",
-       "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
-       [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
-      {"stream-threshold", "", "SIZE",
-       "Stream files at least this big in whole from their first open (0: never)",
-       [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
-      {"attr-timeout", "", "S", "Seconds attributes are cached",
-       [](C c) { return Number(c.attr_timeout); },
-       [](const std::string& v, Config& c, const ParseContext&) {
-         return ApplySeconds(v, "--attr-timeout", &c.attr_timeout);
-       }},
-      {"entry-timeout", "", "S", "Seconds names are cached",
-       [](C c) { return Number(c.entry_timeout); },
-       [](const std::string& v, Config& c, const ParseContext&) {
-         return ApplySeconds(v, "--entry-timeout", &c.entry_timeout);
-       }},
-      {"log-level", "", "L", "trace, debug, info, warn, error, critical or off",
-       [](C c) { return c.log_level; }, ApplyLogLevel},
-      {"metrics", "", "[ADDR:]PORT",
-       "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: 127.0.0.1:PORT)",
-       [](C) { return std::string("off"); }, ApplyMetrics},
-      {"no-passthrough", "", "",
-       "Serve fully cached files through the daemon too (no FUSE "
-       "passthrough)",
-       [](C) { return std::string("passthrough on where possible"); },
-       [](const std::string&, Config& c, const ParseContext&) {
-         c.passthrough = false;
-         return Status::Ok();
-       }},
-      {"fill-on-open", "", "MODE",
-       "Which opens of large uncached files wait until the file is cached, then read it in "
-       "passthrough mode: all; shards (not the last shard of a set or a lone file, which stream "
-       "in while read); off (all stream in); auto (all below 8 CPUs, else shards)",
-       [](C c) { return c.fill_on_open; }, ApplyFillOnOpen},
-      {"push", "", "",
-       "Push streamed data into the kernel's page cache ahead of the reader for every file open "
-       "in cached mode, as root too, not only mapped files where the read-ahead stays at 128 KiB",
-       [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
-       [](const std::string&, Config& c, const ParseContext&) {
-         c.push = "on";
-         return Status::Ok();
-       }},
-      {"no-push", "", "",
-       "Never push streamed data into the kernel's page cache (mapping loaders on a mount whose "
-       "read-ahead stays at 128 KiB then wait for a READ per fault)",
-       [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
-       [](const std::string&, Config& c, const ParseContext&) {
-         c.push = "off";
-         return Status::Ok();
-       }},
-      {"swarm-listen", "", "ADDR:PORT",
-       "Share blocks with the other nodes of a fleet (peer to peer, libtorrent), listening here "
-       "for them; needs --swarm-dir",
-       [](C) { return std::string("off"); }, ApplySwarmListen},
-      {"swarm-peers", "", "HOST:PORT,...",
-       "The fleet's nodes (this one may be in the list); in -o, separate them with \\,",
-       [](C) { return std::string("none: only peers that connect"); }, ApplySwarmPeers},
-      {"swarm-dir", "", "DIR",
-       "A directory every node shares (NFS...): which node reads which chunk from the store, and "
-       "the chunks' piece hashes",
-       [](C) { return std::string("none"); },
-       [](const std::string& v, Config& c, const ParseContext&) {
-         if (v.empty()) return Bad("--swarm-dir needs a directory");
-         // Absolute: the daemon works from / once detached.
-         std::error_code ec;
-         c.swarm_dir = std::filesystem::absolute(v, ec).lexically_normal().string();
-         if (ec) return Bad("--swarm-dir " + Quoted(v) + ": " + ec.message());
-         return Status::Ok();
-       }},
-      {"swarm-allow", "", "CIDR,...",
-       "Networks peers may connect from, besides the hosts of --swarm-peers",
-       [](C) { return std::string("the peers' addresses only"); }, ApplySwarmAllow},
-      {"swarm-memory", "", "SIZE",
-       "Memory for chunks kept for the peers (beyond it the least recently read are dropped)",
-       [](C) { return std::string("a quarter of the cache budget"); }, ApplySwarmMemory},
-      {"control-group", "", "GROUP",
-       "Let this group use the control socket (accelfs-stat, accelfs-warm)",
-       [](C) { return std::string("only the mounting user and root"); },
-       [](const std::string& v, Config& c, const ParseContext&) {
-         c.control_group = v;
-         return Status::Ok();
-       }},
-  };
+  static const std::vector<OptionSpec> kOptions = [] {
+    std::vector<OptionSpec> options = {
+        {"foreground", "-f", "",
+         "Stay in the foreground (otherwise detach once the mount is ready)",
+         [](C) { return std::string("detach"); },
+         [](const std::string&, Config& c, const ParseContext&) {
+           c.foreground = true;
+           return Status::Ok();
+         }},
+        {"cache-size", "", "SIZE",
+         "Cache budget: bytes with K/M/G/T, or a % of RAM (of the limit in a memory cgroup)",
+         [](C) { return std::string("half of MemAvailable"); }, ApplyCacheSize},
+        {"cache-dir", "", "DIR",
+         "Keep cached blocks in files in this directory (created if missing), where a restart "
+         "finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory",
+         [](C) { return std::string("a private tmpfs that goes with the daemon"); },
+         [](const std::string& v, Config& c, const ParseContext&) {
+           c.cache_dir = v;
+           return Status::Ok();
+         }},
+        {"block-size", "", "SIZE", "Cache block size, a power of two",
+         [](C c) { return ShortSize(c.block_size); }, ApplyBlockSize},
+        {"backend-depth", "", "N",
+         "Most backend reads in flight; the daemon adapts the depth below it",
+         [](C c) { return std::to_string(c.backend_depth); }, ApplyBackendDepth},
+        {"backend-timeout", "", "S",
+         "Seconds a backend read may hang, while its file completes nothing else, before its "
+         "readers get ETIMEDOUT (0: never)",
+         [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
+        {"store-io", "", "MODE",
+         "direct, buffered, or auto (try both on each store's first reads, keep the faster)",
+         [](C c) { return c.store_io; }, ApplyStoreIo},
+        {"readahead", "", "KB",
+         "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
+         [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
+        {"stream-threshold", "", "SIZE",
+         "Stream files at least this big in whole from their first open (0: never)",
+         [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
+        {"attr-timeout", "", "S", "Seconds attributes are cached",
+         [](C c) { return Number(c.attr_timeout); },
+         [](const std::string& v, Config& c, const ParseContext&) {
+           return ApplySeconds(v, "--attr-timeout", &c.attr_timeout);
+         }},
+        {"entry-timeout", "", "S", "Seconds names are cached",
+         [](C c) { return Number(c.entry_timeout); },
+         [](const std::string& v, Config& c, const ParseContext&) {
+           return ApplySeconds(v, "--entry-timeout", &c.entry_timeout);
+         }},
+        {"log-level", "", "L", "trace, debug, info, warn, error, critical or off",
+         [](C c) { return c.log_level; }, ApplyLogLevel},
+        {"metrics", "", "[ADDR:]PORT",
+         "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: 127.0.0.1:PORT)",
+         [](C) { return std::string("off"); }, ApplyMetrics},
+        {"no-passthrough", "", "",
+         "Serve fully cached files through the daemon too (no FUSE "
+         "passthrough)",
+         [](C) { return std::string("passthrough on where possible"); },
+         [](const std::string&, Config& c, const ParseContext&) {
+           c.passthrough = false;
+           return Status::Ok();
+         }},
+        {"fill-on-open", "", "MODE",
+         "Which opens of large uncached files wait until the file is cached, then read it in "
+         "passthrough mode: all; shards (not the last shard of a set or a lone file, which stream "
+         "in while read); off (all stream in); auto (all below 8 CPUs, else shards)",
+         [](C c) { return c.fill_on_open; }, ApplyFillOnOpen},
+        {"push", "", "",
+         "Push streamed data into the kernel's page cache ahead of the reader for every file open "
+         "in cached mode, as root too, not only mapped files where the read-ahead stays at 128 KiB",
+         [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
+         [](const std::string&, Config& c, const ParseContext&) {
+           c.push = "on";
+           return Status::Ok();
+         }},
+        {"no-push", "", "",
+         "Never push streamed data into the kernel's page cache (mapping loaders on a mount whose "
+         "read-ahead stays at 128 KiB then wait for a READ per fault)",
+         [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
+         [](const std::string&, Config& c, const ParseContext&) {
+           c.push = "off";
+           return Status::Ok();
+         }},
+        {"control-group", "", "GROUP",
+         "Let this group use the control socket (accelfs-stat, accelfs-warm)",
+         [](C) { return std::string("only the mounting user and root"); },
+         [](const std::string& v, Config& c, const ParseContext&) {
+           c.control_group = v;
+           return Status::Ok();
+         }},
+    };
+    // The fleet's, last.
+    std::vector<OptionSpec> swarm = SwarmOptionSpecs();
+    options.insert(options.end(), swarm.begin(), swarm.end());
+    return options;
+  }();
   return kOptions;
 }
 

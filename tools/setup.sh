@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-packages=(cmake make g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
-          nlohmann-json3-dev libgtest-dev googletest util-linux prometheus-cpp-dev libsystemd-dev
-          libtorrent-rasterbar-dev)
+# What the mount needs. Ninja: it compiles one library's sources while the library before it is
+# still being made, which keeps both cores of a small machine busy (make waits library by library).
+packages=(cmake ninja-build g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
+          nlohmann-json3-dev util-linux prometheus-cpp-dev libsystemd-dev libtorrent-rasterbar-dev)
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)
@@ -21,7 +22,7 @@ package_packages=(help2man dpkg-dev file)
 rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs iproute2 python3)
 # prometheus: its promtool checks and unit-tests the alert rules of tools/monitoring (the server the
 # package also ships is not used).
-test_packages=(clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
+test_packages=(libgtest-dev googletest clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
                "${rig_packages[@]}" prometheus)
 jobs=$(nproc)
 
@@ -40,7 +41,9 @@ install_missing() {  # install_missing [more packages]
 configure() {  # configure DIR [cmake args]: later args win over the defaults
   local dir=$1
   shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  local generator=()  # a build dir keeps the generator it was made with
+  [[ -f "$dir/CMakeCache.txt" ]] || generator=(-G Ninja)
+  cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 }
 
 build() {  # build DIR [cmake args]
@@ -53,7 +56,8 @@ build() {  # build DIR [cmake args]
 configure_tests() {  # configure_tests DIR [cmake args]
   local dir=$1
   shift
-  configure "$dir" -DACCELFS_TESTS=ON -DACCELFS_WERROR=ON -DACCELFS_SANITIZE= "$@"
+  configure "$dir" -DACCELFS_TESTS=ON -DACCELFS_BENCH=ON -DACCELFS_UNITY=ON -DACCELFS_WERROR=ON \
+    -DACCELFS_SANITIZE= "$@"
 }
 
 # A Release build installed under /usr: what a user builds, and what the Debian package is made
@@ -61,8 +65,8 @@ configure_tests() {  # configure_tests DIR [cmake args]
 build_for_usr() {  # build_for_usr DIR [cmake args]
   local dir=$1
   shift
-  build "$dir" -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE= \
-    -DCMAKE_INSTALL_PREFIX=/usr "$@"
+  build "$dir" -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_BENCH=ON -DACCELFS_UNITY=ON \
+    -DACCELFS_SANITIZE= -DCMAKE_INSTALL_PREFIX=/usr "$@"
 }
 
 run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
@@ -95,7 +99,10 @@ case "${1:-}" in
       exit 2
     fi
     install_missing
-    build build -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE=
+    # What the mount needs, built as the Debian package is (Release: -O3, no debug info), without
+    # accelfs-bench: measured from a fresh Debian 12, see docs/BENCHMARKS.md "The first mount".
+    build build -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_BENCH=OFF -DACCELFS_UNITY=ON \
+      -DACCELFS_SANITIZE=
     cmake --install build >/dev/null
     mkdir -p "$2"
     exec /usr/local/bin/accelfs "$@"

@@ -10,9 +10,10 @@ trap 'rm -rf "$scratch"' EXIT
 
 # What `setup.sh mount` (and a sanitizer run, and a user's -Werror-less build) leave behind.
 configure "$scratch/build" -DACCELFS_TESTS=OFF -DACCELFS_SANITIZE=address,undefined \
-  -DACCELFS_WERROR=OFF
+  -DACCELFS_WERROR=OFF -DACCELFS_BENCH=OFF -DACCELFS_UNITY=OFF
 configure_tests "$scratch/build"
-for want in ACCELFS_TESTS:BOOL=ON ACCELFS_WERROR:BOOL=ON ACCELFS_SANITIZE:STRING=; do
+for want in ACCELFS_TESTS:BOOL=ON ACCELFS_WERROR:BOOL=ON ACCELFS_SANITIZE:STRING= \
+  ACCELFS_BENCH:BOOL=ON ACCELFS_UNITY:BOOL=ON CMAKE_GENERATOR:INTERNAL=Ninja; do
   if ! grep -qx "$want" "$scratch/build/CMakeCache.txt"; then
     echo "setup_test: after configure_tests the cache lacks $want" >&2
     exit 1

@@ -88,6 +88,12 @@ check_format() {  # every C++ file laid out as .clang-format says, by Debian's c
   fi
 }
 
+tier_start=$SECONDS
+tier() {  # tier NAME: how long the part of the run that just ended took (.ci/README.md)
+  echo "setup: $1 took $((SECONDS - tier_start)) s (run so far $SECONDS s)" >&2
+  tier_start=$SECONDS
+}
+
 # Sourced (by tests/tools/setup_test.sh): the functions only.
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 
@@ -111,20 +117,26 @@ case "${1:-}" in
     install_missing "${test_packages[@]}"
     command -v npm >/dev/null || install_missing npm
     check_format
+    tier "packages and layout"
     configure_tests build
     cmake --build build -j"$jobs"
     # The S3 server of the real-store tier, from npm; without it those tests skip, saying so.
     tests/rig/install-s3rver.sh >/dev/null || echo "setup: s3rver not installed (npm failed)" >&2
+    tier "plain build"
     run_tests build
+    tier "plain tests"
     # What a user builds: the daemon and the tools at -O3 compile without a warning. Installed
     # under /usr, it is the build the Debian package is made from: made, checked by lintian,
     # installed, mounted, run under the mount tests, and removed.
     build_for_usr build-release -DACCELFS_WERROR=ON
     tests/package/package_test.sh build-release build
+    tier "release build and package"
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
     # The real stores once, in the plain build: what they test is the stores' behaviour.
+    tier "ASan build"
     run_tests build-asan -LE realstore
+    tier "ASan tests"
     # ThreadSanitizer: the unit and component tiers, and the mount tests of the paths with the
     # most threads (hung store and shutdown, names over the control channel, passthrough, signals).
     configure_tests build-tsan -DACCELFS_SANITIZE=thread
@@ -133,11 +145,13 @@ case "${1:-}" in
       accelfs_mount_lifecycle_test
     run_tests build-tsan -L 'unit|component'
     run_tests build-tsan -R '^(HungStoreTest|StoppedStoreTest|NamesMountTest|PassthroughTest|LifecycleTest)\.'
+    tier "TSan build and tests"
     # Every parser of outside input under libFuzzer, a bounded run over its committed corpus.
     CC=clang-14 CXX=clang++-14 configure build-fuzz -DACCELFS_FUZZ=ON -DACCELFS_TESTS=OFF \
       -DACCELFS_WERROR=ON -DACCELFS_SANITIZE=address,undefined
     cmake --build build-fuzz -j"$jobs" --target accelfs_fuzzers
     run_tests build-fuzz -L fuzz
+    tier "fuzzing"
     ;;
   package)
     # The Debian package (README, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.

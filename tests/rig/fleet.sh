@@ -3,8 +3,9 @@
 #
 #   fleet.sh test  [options]   the CI check: every loaded byte right, the store sends the model
 #                              about once with the swarm on, a node killed mid-load leaves the
-#                              others to finish, and accelfs-warm on one node warms the next; exit
-#                              0, 1 (what failed) or 77 (cannot run here)
+#                              others to finish, accelfs-warm on one node warms the next, and a
+#                              block corrupted in a node's cache dir is never served; exit 0, 1
+#                              (what failed) or 77 (cannot run here)
 #   fleet.sh bench [options]   the measurements of docs/BENCHMARKS.md, "The fleet": the same loads
 #                              without and with the swarm, nodes at once and staggered, one node
 #                              killed, one node alone; a table on stdout
@@ -151,9 +152,10 @@ for _ in $(seq 50); do [[ -s $dir/sshd.pid ]] && break; sleep 0.1; done
 peers=$(for n in $(seq 1 "$nodes"); do printf '%s:7000,' "$(addr "$n")"; done)
 peers=${peers%,}
 
-# start_node N SWARM(on|off) SHARED: a new sshfs and a new daemon for node N.
+# start_node N SWARM(on|off) SHARED [accelfs options]: a new sshfs and a new daemon for node N.
 start_node() {
   local n=$1 swarm=$2 shared=$3 d=$dir/n$1
+  local extra=("${@:4}")
   fusermount3 -uz "$d/mnt" 2>/dev/null || true
   fusermount3 -uz "$d/store" 2>/dev/null || true
   mkdir -p "$d/mnt" "$d/store"
@@ -164,6 +166,7 @@ start_node() {
   local args=("$d/store" "$d/mnt")
   [[ $swarm == on ]] && args+=(--swarm-listen "$(addr "$n"):7000" --swarm-peers "$peers"
     --swarm-dir "$shared")
+  args+=("${extra[@]}")
   # In the foreground (its log: the file), in the background of this script.
   setsid nsenter --net="/run/netns/$(ns "$n")" "$accelfs" -f "${args[@]}" </dev/null \
     >>"$d/accelfs.log" 2>&1 &
@@ -180,6 +183,8 @@ stop_nodes() {
     fusermount3 -uz "$dir/n$n/store" 2>/dev/null || true
   done
   sleep 0.5
+  # Gone, not only unmounted: a cache dir is locked by its daemon until it exits.
+  for _ in $(seq 100); do pgrep -f -- "-f $dir/n[0-9]*/store" >/dev/null || return 0; sleep 0.1; done
 }
 # load N: reads every file of node N's mount (read(), 16 MiB at a time), checks each against the
 # model's CRC-32; prints "SECONDS OK|WRONG" (or ERROR and the first failed read).
@@ -284,7 +289,56 @@ if [[ $mode == test ]]; then
   [[ $r == OK ]] || { echo "after accelfs-warm: node 2: $r"; fail=1; }
   ((got * 10 >= model_bytes * 9)) || { echo "node 2 got $got bytes from peers of $model_bytes"; fail=1; }
   ((origin * 100 <= model_bytes * 125)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
+
+  # A corrupted block in a node's cache dir: node 1 warms into its --cache-dir and stops; a byte
+  # of one block of each file is flipped on its disk; node 1 starts again over the dir, with node
+  # 2. The flipped blocks fail their checksums when node 1 takes them, are fetched again (from a
+  # peer or the store: the swarm's reader) and are never served, to node 1's reader or to node 2
+  # (peers are served from the swarm's own memory, never from the cache dir).
+  run=$((run + 1))
   stop_nodes
+  cache=$dir/n1/cache
+  rm -rf "$cache" "$dir/shared-$run" && mkdir -p "$dir/shared-$run"
+  start_node 1 on "$dir/shared-$run" --cache-dir "$cache"
+  nsenter --net="/run/netns/$(ns 1)" "$warm_bin" "$dir/n1/mnt" >/dev/null ||
+    { echo "accelfs-warm on node 1 (cache dir) failed"; fail=1; }
+  stop_nodes
+  flipped=$(python3 - "$cache" <<'EOF2'
+import os, sys
+n = 0
+for name in sorted(os.listdir(sys.argv[1])):
+    if not name.endswith(".data"): continue
+    path = os.path.join(sys.argv[1], name)
+    at = os.path.getsize(path) // 2  # a byte inside a block the daemon holds: the file is whole
+    with open(path, "r+b") as f:
+        f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0xFF]))
+    n += 1
+print(n)
+EOF2
+  )
+  sync && echo 3 >/proc/sys/vm/drop_caches
+  start_node 1 on "$dir/shared-$run" --cache-dir "$cache"
+  start_node 2 on "$dir/shared-$run"
+  read -r t1 r1 < <(load 1)
+  read -r t2 r2 < <(load 2)
+  failed=$(stat_json 1 | python3 -c '
+import json, sys
+def find(o):
+    if isinstance(o, dict):
+        for k, v in o.items():
+            if k == "verify_failed_blocks": return v
+            r = find(v)
+            if r is not None: return r
+    if isinstance(o, list):
+        for v in o:
+            r = find(v)
+            if r is not None: return r
+print(find(json.load(sys.stdin)) or 0)' 2>/dev/null || echo 0)
+  echo "a byte flipped in $flipped files' blocks in node 1's cache dir: node 1 $r1 ($failed blocks failed their checksums), node 2 $r2"
+  [[ $r1 == OK && $r2 == OK ]] || { echo "after a corrupted cache dir: node 1 $r1, node 2 $r2"; fail=1; }
+  ((flipped > 0 && failed >= flipped)) || { echo "$flipped blocks flipped, $failed failed their checksums"; fail=1; }
+  stop_nodes
+  rm -rf "$cache"
   exit $fail
 fi
 

@@ -24,6 +24,7 @@
 #include <libtorrent/storage_defs.hpp>
 #include <libtorrent/torrent_flags.hpp>
 #include <libtorrent/torrent_info.hpp>
+#include <libtorrent/torrent_status.hpp>
 
 #include "cache/backend/swarm_address.h"
 
@@ -363,7 +364,7 @@ Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
       }
       if (lt::alert_cast<lt::listen_succeeded_alert>(a) != nullptr) {
         // Alerts wake the reader's thread at once (a piece in is a reader answered), not at
-        // its tick. Called on the engine's thread, which Add and Has wait on.
+        // its tick. Called on the engine's thread, which Add and Have wait on.
         session.set_alert_notify(std::move(on_alert));
         impl->last_stats = Clock::now();
         return std::unique_ptr<SwarmEngine>(new SwarmEngine(std::move(impl)));
@@ -445,10 +446,16 @@ void SwarmEngine::Reconnect(TorrentId id) {
   });
 }
 
-bool SwarmEngine::Has(TorrentId id, int piece) {
+std::vector<bool> SwarmEngine::Have(TorrentId id) {
   const lt::torrent_handle h = impl_->Handle(id);
-  bool have = false;
-  OnHandle([&] { have = h.have_piece(lt::piece_index_t{piece}); });
+  std::vector<bool> have;
+  OnHandle([&] {
+    const lt::typed_bitfield<lt::piece_index_t> pieces =
+        h.status(lt::torrent_handle::query_pieces).pieces;
+    have.resize(static_cast<size_t>(pieces.size()));
+    for (int p = 0; p < pieces.size(); ++p)
+      have[static_cast<size_t>(p)] = pieces[lt::piece_index_t{p}];
+  });
   return have;
 }
 

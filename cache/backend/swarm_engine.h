@@ -60,8 +60,9 @@ class SwarmEngine {
   void Want(TorrentId id, int piece);  // asked first
   // Connects to the torrent's peers again at once (the engine does so once a second otherwise).
   void Reconnect(TorrentId id);
-  // Whether the engine holds the piece checked; asks the engine's thread and waits for it.
-  bool Has(TorrentId id, int piece);
+  // The pieces the engine holds checked (one flag a piece; empty when it has no such torrent):
+  // one call, which waits on the engine's thread, for every piece of the torrent.
+  std::vector<bool> Have(TorrentId id);
   void Remove(TorrentId id);
 
   // Hands the engine's alerts to `events`; every 500 ms asks for the session's stats. Returns

@@ -42,9 +42,16 @@ void SwarmReader::Impl::Tick() {
   }
   // Let go first: a reclaimed chunk's torrent is published anew on the next round.
   for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
+  // One call into the engine per chunk, not per piece: each waits on the engine's thread, which
+  // on a busy node is seconds of this thread's round.
   std::vector<Probe> had;
-  for (const Probe& probe : probes) {
-    if (engine->Has(probe.id, probe.piece)) had.push_back(probe);
+  std::sort(probes.begin(), probes.end(),
+            [](const Probe& a, const Probe& b) { return a.id < b.id; });
+  std::vector<bool> have;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    if (i == 0 || probes[i].id != probes[i - 1].id) have = engine->Have(probes[i].id);
+    const auto p = static_cast<size_t>(probes[i].piece);
+    if (p < have.size() && have[p]) had.push_back(probes[i]);
   }
   if (!had.empty()) {
     std::lock_guard lock(mu);

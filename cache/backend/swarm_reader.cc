@@ -194,7 +194,7 @@ void SwarmReader::Impl::Run(Later& later) {
   if (!later.wanted.empty() || !later.joins.empty() || !later.removed.empty()) {
     std::shared_lock use(engine_use);
     if (engine) {
-      for (const ChunkPtr& ch : later.joins) Join(ch, later.wanted, later.to_store);
+      for (const ChunkPtr& ch : later.joins) Join(ch, later);  // adds to wanted, to_store
       for (auto& [id, p] : later.wanted) engine->Want(id, p);
       for (TorrentId id : later.removed) engine->Remove(id);
     }
@@ -203,8 +203,7 @@ void SwarmReader::Impl::Run(Later& later) {
   for (ReadRequest& r : later.fetches) inner->Submit(std::move(r));
 }
 
-void SwarmReader::Impl::Join(const ChunkPtr& ch, std::vector<std::pair<TorrentId, int>>& wanted,
-                             std::vector<ReadRequest>& to_store) {
+void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   std::vector<char> bytes;
   const bool read = SwarmDir::Read(ch->torrent, bytes);
   const Status added = read ? engine->Add(ch->id, bytes, ch->data, /*seed=*/false)
@@ -218,17 +217,14 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, std::vector<std::pair<TorrentId
     if (!read) return Wait(*ch);
     spdlog::warn("swarm: {} unusable ({}); its reads go to the store", ch->torrent,
                  added.error().Message());
-    Later store;
-    ToStoreAll(*ch, store);
-    for (ReadRequest& r : store.to_store) to_store.push_back(std::move(r));
-    return;
+    return ToStoreAll(*ch, later);
   }
   ch->state = State::kSwarm;
   ch->progress = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
   for (int p = 0; p < ch->data->count(); ++p) {
-    if (!ch->waiters[static_cast<size_t>(p)].empty()) wanted.emplace_back(ch->id, p);
+    if (!ch->waiters[static_cast<size_t>(p)].empty()) later.wanted.emplace_back(ch->id, p);
   }
 }
 

@@ -128,7 +128,8 @@ struct SwarmReader::Impl {
   // The chunk gets an id and its torrent is added to the engine once `mu` is let go (Join).
   void StartJoining(const ChunkPtr& ch, Later& later);
   // Asks the store for every piece of a claimed chunk not yet asked for (the whole chunk is
-  // needed for its hashes); `demand` is the piece a reader waits on.
+  // needed for its hashes); `demand` is the piece a reader waits on (-1: none but those with
+  // waiters), each piece with waiters a demand too.
   void FetchRest(const ChunkPtr& ch, int demand, Later& later);
   void Fetched(const ChunkPtr& ch, int p, Result<size_t> n);
   void Stalled(const ChunkPtr& ch, int p);
@@ -141,8 +142,7 @@ struct SwarmReader::Impl {
   // the whole chunk); the pieces readers wait on are asked first. A torrent removed from the dir
   // since (its reader is at work again) sends the chunk back to waiting; one that cannot be used
   // sends its reads to the store.
-  void Join(const ChunkPtr& ch, std::vector<std::pair<TorrentId, int>>& wanted,
-            std::vector<ReadRequest>& to_store);
+  void Join(const ChunkPtr& ch, Later& later);
   // A claimed chunk is whole: its piece hashes, its torrent into the dir, and seeding it.
   void Publish(const ChunkPtr& ch);
   // --- the swarm's thread: the engine's alerts, claims and torrents in the dir ---

@@ -66,11 +66,8 @@ void SwarmReader::Impl::Tick() {
 void SwarmReader::Impl::Rethink(const ChunkPtr& ch, Later& later) {
   ch->state = State::kNew;
   Decide(ch, later);
-  if (ch->state == State::kFetching) {
-    for (int p = 0; p < ch->data->count(); ++p) {
-      if (!ch->waiters[static_cast<size_t>(p)].empty()) FetchRest(ch, p, later);
-    }
-  }
+  // Every piece a reader waits on is asked for as a demand (FetchRest).
+  if (ch->state == State::kFetching && ch->Waited()) FetchRest(ch, /*demand=*/-1, later);
 }
 
 // A piece readers waited on for kProbeAfter is asked of the engine (have_piece, after `mu` is
@@ -134,10 +131,8 @@ bool SwarmReader::Impl::Reclaim(const ChunkPtr& chp, const std::optional<Clock::
   StartFetching(ch);
   if (ch.fetched == ch.data->count()) {
     to_publish.push_back(chp);  // published on the next round, once the engine let it go
-  } else {
-    for (int p = 0; p < ch.data->count(); ++p) {
-      if (!ch.waiters[static_cast<size_t>(p)].empty()) FetchRest(chp, p, later);
-    }
+  } else if (ch.Waited()) {
+    FetchRest(chp, /*demand=*/-1, later);
   }
   return true;
 }

@@ -69,6 +69,13 @@ build_for_usr() {  # build_for_usr DIR [cmake args]
     -DACCELFS_SANITIZE= -DCMAKE_INSTALL_PREFIX=/usr "$@"
 }
 
+# What the mount needs, built as the Debian package is (Release: -O3, no debug info), without
+# accelfs-bench: measured from a fresh Debian 12, see docs/BENCHMARKS.md "The first mount".
+configure_mount() {  # configure_mount DIR
+  configure "$1" -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_BENCH=OFF -DACCELFS_UNITY=ON \
+    -DACCELFS_SANITIZE=
+}
+
 run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
   local dir=$1
   shift
@@ -105,10 +112,8 @@ case "${1:-}" in
       exit 2
     fi
     install_missing
-    # What the mount needs, built as the Debian package is (Release: -O3, no debug info), without
-    # accelfs-bench: measured from a fresh Debian 12, see docs/BENCHMARKS.md "The first mount".
-    build build -DCMAKE_BUILD_TYPE=Release -DACCELFS_TESTS=OFF -DACCELFS_BENCH=OFF -DACCELFS_UNITY=ON \
-      -DACCELFS_SANITIZE=
+    configure_mount build
+    cmake --build build -j"$jobs"
     cmake --install build >/dev/null
     mkdir -p "$2"
     exec /usr/local/bin/accelfs "$@"

@@ -20,6 +20,15 @@ for want in ACCELFS_TESTS:BOOL=ON ACCELFS_WERROR:BOOL=ON ACCELFS_SANITIZE:STRING
   fi
 done
 
+# The mount's own configuration, fresh, with everything the test command installs there
+# (help2man: its man pages once named accelfs-bench, which that build leaves out, and the
+# configure failed).
+if ! configure_mount "$scratch/mount" >"$scratch/configure.out" 2>&1; then
+  echo "setup_test: the mount command's configure failed:" >&2
+  cat "$scratch/configure.out" >&2
+  exit 1
+fi
+
 mkdir "$scratch/empty"
 if run_tests "$scratch/empty" >"$scratch/ctest.out" 2>&1; then
   echo "setup_test: a test run that found no test passed:" >&2

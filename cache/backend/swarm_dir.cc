@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -64,12 +65,13 @@ bool SwarmDir::TakeClaim(const std::string& claim) const {
   return true;
 }
 
-void SwarmDir::RefreshClaim(const std::string& claim, Clock::time_point now,
-                            Clock::time_point& refreshed) const {
-  if (now - refreshed < stale_ / 4) return;
-  utimensat(AT_FDCWD, claim.c_str(), nullptr, 0);
+bool SwarmDir::RefreshDue(Clock::time_point now, Clock::time_point& refreshed) const {
+  if (now - refreshed < stale_ / 4) return false;
   refreshed = now;
+  return true;
 }
+
+void SwarmDir::Touch(const std::string& claim) { utimensat(AT_FDCWD, claim.c_str(), nullptr, 0); }
 
 bool SwarmDir::Exists(const std::string& path) {
   struct stat st {};
@@ -93,6 +95,80 @@ bool SwarmDir::Write(const std::string& torrent, const std::vector<char>& bytes)
   unlink(tmp.c_str());
   errno = saved;
   return false;
+}
+
+namespace {
+// The calling dir thread's entry of SwarmDirThreads::busy_; null on any other thread.
+thread_local std::atomic<int64_t>* this_thread_busy = nullptr;
+
+int64_t Nanos(SwarmDirThreads::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+SwarmDirThreads::SwarmDirThreads(int threads)
+    : busy_(std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(threads))) {
+  for (size_t i = 0; i < static_cast<size_t>(threads); ++i) {
+    busy_[i].store(0);
+    threads_.emplace_back([this, i] { Loop(i); });
+  }
+}
+
+SwarmDirThreads::~SwarmDirThreads() { Stop(); }
+
+void SwarmDirThreads::Post(std::function<void()> job, bool at_stop) {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ && !at_stop) return;
+    queue_.push_back({std::move(job), at_stop});
+  }
+  wake_.notify_one();
+}
+
+std::optional<SwarmDirThreads::Clock::duration> SwarmDirThreads::Stalled(
+    Clock::time_point now) const {
+  int64_t oldest = 0;
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    const int64_t began = busy_[i].load(std::memory_order_relaxed);
+    if (began != 0 && (oldest == 0 || began < oldest)) oldest = began;
+  }
+  if (oldest == 0) return std::nullopt;
+  return std::chrono::nanoseconds(std::max<int64_t>(0, Nanos(now) - oldest));
+}
+
+SwarmDirThreads::Call::Call() {
+  if (this_thread_busy != nullptr) this_thread_busy->store(Nanos(Clock::now()));
+}
+
+SwarmDirThreads::Call::~Call() {
+  if (this_thread_busy != nullptr) this_thread_busy->store(0);
+}
+
+void SwarmDirThreads::Loop(size_t i) {
+  this_thread_busy = &busy_[i];
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      while (stop_ && !queue_.empty() && !queue_.front().at_stop) queue_.pop_front();
+      if (queue_.empty()) return;  // stopping, nothing left to let go
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job.run();
+  }
+}
+
+void SwarmDirThreads::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 }  // namespace accelfs

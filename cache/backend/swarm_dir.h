@@ -6,10 +6,17 @@
 // Every call is a system call or two on the shared file system (on NFS, a round trip each).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/file_key.h"
@@ -27,9 +34,10 @@ class SwarmDir {
   // A stable name for the bytes of `key` cut into pieces and chunks of these sizes: the same on
   // every node and in every build.
   static std::string FileId(const FileKey& key, uint32_t piece_bytes, uint32_t chunk_pieces);
-  // The paths of chunk `index` of FILEID; makes DIR/FILEID when it is not there.
+  // The paths of chunk `index` of FILEID.
   std::string Claim(const std::string& file_id, uint64_t index) const;
   std::string Torrent(const std::string& file_id, uint64_t index) const;
+  // Makes DIR/FILEID when it is not there (before a claim in it is taken).
   void MakeFileDir(const std::string& file_id) const;
 
   // How long ago the claim was last said to be held (its mtime); nothing when there is none.
@@ -40,9 +48,11 @@ class SwarmDir {
   // Creates the claim (O_EXCL: one node only); false and errno when it cannot (EEXIST: another
   // node's).
   bool TakeClaim(const std::string& claim) const;
-  // Says this node holds the claim, every quarter of stale_claim; `refreshed` is when it last did.
-  void RefreshClaim(const std::string& claim, Clock::time_point now,
-                    Clock::time_point& refreshed) const;
+  // Whether it is time to say again that this node holds a claim (every quarter of
+  // stale_claim); `refreshed`, when it last did, becomes `now` when it is.
+  bool RefreshDue(Clock::time_point now, Clock::time_point& refreshed) const;
+  // Says this node holds the claim (its mtime, now).
+  static void Touch(const std::string& claim);
 
   static bool Exists(const std::string& path);
   // The whole torrent; false and errno when it cannot be read.
@@ -54,6 +64,53 @@ class SwarmDir {
   const std::string dir_;
   const std::chrono::milliseconds stale_;
   const std::string who_;
+};
+
+// The shared dir's own threads. Every call into the dir is made on one of them, never under the
+// swarm's lock nor on a reader's or the engine's thread: a dir that stops answering (an NFS
+// server gone, a frozen file system) holds up these threads and nothing else, and Stalled() says
+// for how long, so that the swarm sends reads to the store meanwhile.
+class SwarmDirThreads {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit SwarmDirThreads(int threads);
+  ~SwarmDirThreads();  // Stop()
+  SwarmDirThreads(const SwarmDirThreads&) = delete;
+  SwarmDirThreads& operator=(const SwarmDirThreads&) = delete;
+
+  // Runs `job` on one of the threads, in the order posted. `at_stop`: run even once Stop was
+  // asked (a claim let go); other jobs still queued then are dropped.
+  void Post(std::function<void()> job, bool at_stop = false);
+  // How long the oldest call into the dir still in progress has waited; nothing when none is.
+  std::optional<Clock::duration> Stalled(Clock::time_point now) const;
+  // The calls into the dir a job makes, timed for Stalled() while the scope lives. A job's other
+  // work (the engine's) is not the dir's.
+  class Call {
+   public:
+    Call();
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+  };
+  // Runs the at_stop jobs still queued and joins the threads: as long as the dir takes to answer
+  // them (a daemon's exit is bounded by its ExitDeadline).
+  void Stop();
+
+ private:
+  struct Job {
+    std::function<void()> run;
+    bool at_stop = false;
+  };
+  void Loop(size_t i);
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;  // GUARDED_BY(mu_)
+  bool stop_ = false;      // GUARDED_BY(mu_)
+  // Per thread: when its dir call began (steady clock, ns), 0 when it is in none.
+  std::unique_ptr<std::atomic<int64_t>[]> busy_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace accelfs

@@ -27,7 +27,10 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
     const int p = static_cast<int>((r.offset % chunk_bytes) / piece);
     ChunkPtr ch = ChunkOf(*key, index, r.file);
     ch->used = Clock::now();
-    if (ch->state == State::kNew) Decide(ch, later);
+    if (ch->state == State::kNew) {
+      Decide(ch, later);
+      if (ch->state == State::kStore) fallbacks.fetch_add(1, std::memory_order_relaxed);
+    }
     if (ch->state == State::kStore || static_cast<size_t>(p) >= ch->have.size() ||
         r.expected > ch->data->PieceSize(p)) {
       later.to_store.push_back(std::move(r));
@@ -50,6 +53,7 @@ SwarmReader::Impl::ChunkPtr SwarmReader::Impl::ChunkOf(const FileKey& key, uint6
   if (ch) return ch;
   ch = std::make_shared<Chunk>();
   ch->name = name;
+  ch->file_id = id;
   ch->claim = dir->Claim(id, index);
   ch->torrent = dir->Torrent(id, index);
   ch->offset = index * chunk_bytes;
@@ -61,38 +65,85 @@ SwarmReader::Impl::ChunkPtr SwarmReader::Impl::ChunkOf(const FileKey& key, uint6
   ch->sent.assign(n, 0);
   ch->waiters.resize(n);
   ch->progress = Clock::now();
-  dir->MakeFileDir(id);
   return ch;
 }
 
 void SwarmReader::Impl::Decide(const ChunkPtr& chp, Later& later) {
-  Chunk& ch = *chp;
+  if (dir_down) return ToStoreForDir(*chp, later);
+  chp->state = State::kDeciding;
+  dir_threads->Post([this, chp] { Decided(chp, Consult(*chp)); });
+}
+
+SwarmReader::Impl::Verdict SwarmReader::Impl::Consult(const Chunk& ch) {
+  const SwarmDirThreads::Call call;
   const bool published = SwarmDir::Exists(ch.torrent);
   const std::optional<Clock::duration> age = SwarmDir::ClaimAge(ch.claim);
-  if (published && dir->Live(age)) return StartJoining(chp, later);
-  if (dir->Live(age)) return Wait(ch);  // another node reads it (no O_EXCL: on NFS, a trip)
+  if (published && dir->Live(age)) return Verdict::kJoin;
+  if (dir->Live(age)) return Verdict::kWait;  // another node reads it (no O_EXCL: on NFS, a trip)
   if (age) {
-    if (!dir->RetireStaleClaim(ch.claim)) return Wait(ch);  // another node took it over first
+    if (!dir->RetireStaleClaim(ch.claim)) return Verdict::kWait;  // another node took it over
     spdlog::info(
         "swarm: the claim on {} went stale ({} ms old){}; this node reads it from the "
         "store",
         ch.name, std::chrono::duration_cast<std::chrono::milliseconds>(*age).count(),
         published ? ", no node holds it" : "");
   }
+  dir->MakeFileDir(ch.file_id);
   if (dir->TakeClaim(ch.claim)) {
     if (published) unlink(ch.torrent.c_str());  // published anew once read
-    return StartFetching(ch);
+    return Verdict::kFetch;
   }
-  if (errno == EEXIST) return Wait(ch);
+  if (errno == EEXIST) return Verdict::kWait;
   spdlog::warn("swarm: cannot claim {} ({}); its reads go to the store", ch.claim,
                std::strerror(errno));
+  return Verdict::kStore;
+}
+
+void SwarmReader::Impl::Decided(const ChunkPtr& ch, Verdict verdict) {
+  Later later;
+  {
+    std::lock_guard lock(mu);
+    if (stopping || ch->state != State::kDeciding) {  // given up on meanwhile (the dir was down)
+      if (verdict == Verdict::kFetch) LetGo(ch->claim);
+      return;
+    }
+    switch (verdict) {
+      case Verdict::kJoin:
+        StartJoining(ch, later);
+        break;
+      case Verdict::kWait:
+        Wait(*ch);
+        break;
+      case Verdict::kFetch:
+        StartFetching(*ch);
+        // Every piece a reader waits on is asked for as a demand (FetchRest).
+        if (ch->Waited()) FetchRest(ch, /*demand=*/-1, later);
+        break;
+      case Verdict::kStore:
+        ToStoreAll(*ch, later);
+        break;
+    }
+  }
+  Run(later);
+}
+
+void SwarmReader::Impl::LetGo(const std::string& claim) {
+  dir_threads->Post(
+      [claim] {
+        const SwarmDirThreads::Call call;
+        unlink(claim.c_str());
+      },
+      /*at_stop=*/true);
+}
+
+void SwarmReader::Impl::ToStoreForDir(Chunk& ch, Later& later) {
+  for (const auto& waiting : ch.waiters) {
+    fallbacks.fetch_add(waiting.size(), std::memory_order_relaxed);
+  }
   ToStoreAll(ch, later);
 }
 
-void SwarmReader::Impl::Wait(Chunk& ch) {
-  if (ch.state != State::kWaiting) ch.progress = Clock::now();
-  ch.state = State::kWaiting;
-}
+void SwarmReader::Impl::Wait(Chunk& ch) { ch.state = State::kWaiting; }
 
 void SwarmReader::Impl::StartFetching(Chunk& ch) {
   ch.state = State::kFetching;
@@ -140,7 +191,7 @@ void SwarmReader::Impl::Fetched(const ChunkPtr& ch, int p, Result<size_t> n) {
                    n.ok() ? std::to_string(n.value()) + " bytes" : n.error().Message());
       for (Waiter& w : waiting) later.answers.emplace_back(std::move(w.request), n);
       waiting.clear();
-      unlink(ch->claim.c_str());
+      LetGo(ch->claim);
       ToStoreAll(*ch, later);
     } else {
       ch->have[static_cast<size_t>(p)] = 1;
@@ -205,7 +256,11 @@ void SwarmReader::Impl::Run(Later& later) {
 
 void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   std::vector<char> bytes;
-  const bool read = SwarmDir::Read(ch->torrent, bytes);
+  bool read = false;
+  {
+    const SwarmDirThreads::Call call;  // on a dir thread (Decided)
+    read = SwarmDir::Read(ch->torrent, bytes);
+  }
   const Status added = read ? engine->Add(ch->id, bytes, ch->data, /*seed=*/false)
                             : Error(errno, "gone from the dir");
   std::lock_guard lock(mu);
@@ -237,24 +292,38 @@ void SwarmReader::Impl::Publish(const ChunkPtr& ch) {
     id = ch->id = ++last_id;
     by_id[id] = ch;
   }
+  dir_threads->Post(
+      [this, ch, id, bytes = std::move(bytes)]() mutable { Published(ch, id, std::move(bytes)); });
+}
+
+void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id,
+                                  Result<std::vector<char>> bytes) {
   std::string why;
-  if (!bytes.ok()) {
+  bool written = false;
+  if (bytes.ok()) {
+    const SwarmDirThreads::Call call;
+    written = SwarmDir::Write(ch->torrent, *bytes);
+    if (!written) why = std::strerror(errno);
+  } else {
     why = bytes.error().Message();
-  } else if (!SwarmDir::Write(ch->torrent, *bytes)) {
-    why = std::strerror(errno);
-  } else if (Status s = engine->Add(id, *bytes, ch->data, /*seed=*/true); !s.ok()) {
-    why = s.error().Message();
+  }
+  if (written) {
+    std::shared_lock use(engine_use);
+    Status s = engine ? engine->Add(id, *bytes, ch->data, /*seed=*/true) : Error(ECANCELED);
+    if (!s.ok()) why = s.error().Message();
   }
   std::lock_guard lock(mu);
   if (!why.empty() || stopping || ch->state != State::kFetching) {
     by_id.erase(id);
     ch->id = 0;
     if (why.empty()) {
-      engine->Remove(id);
+      std::shared_lock use(engine_use);
+      if (engine) engine->Remove(id);
       return;
     }
+    if (stopping) return;
     spdlog::warn("swarm: {} not published ({}); its readers wait on no one", ch->name, why);
-    unlink(ch->claim.c_str());  // another node may claim it; this one has every piece
+    LetGo(ch->claim);  // another node may claim it; this one has every piece
     return;
   }
   ch->state = State::kSwarm;
@@ -358,6 +427,10 @@ Status SwarmReader::Impl::Start() {
     return Error(EINVAL, "--swarm-dir " + o.dir + ": not a writable directory");
   }
   dir = std::make_unique<SwarmDir>(o.dir, o.stale_claim, o.listen);
+  dir_threads = std::make_unique<SwarmDirThreads>(kDirThreads);
+  // Longer than a dir that answers ever takes, shorter than a reader is made to wait on peers.
+  dir_timeout =
+      std::max<Clock::duration>(std::chrono::seconds(1), std::min(o.peer_wait, o.stale_claim) / 2);
   Result<std::unique_ptr<SwarmEngine>> started =
       SwarmEngine::Start(o, [this] { Wake(alerts_ready); });
   if (!started.ok()) return started.error();
@@ -375,7 +448,7 @@ void SwarmReader::Impl::Stop() {
     if (stopping) return;
     stopping = true;
     for (auto& [name, ch] : chunks) {
-      if (ch->state == State::kFetching) unlink(ch->claim.c_str());  // no one waits on it
+      if (ch->state == State::kFetching) LetGo(ch->claim);  // no one waits on it
       for (auto& waiting : ch->waiters) {
         for (Waiter& w : waiting) cancelled.push_back(std::move(w.request));
         waiting.clear();
@@ -384,6 +457,8 @@ void SwarmReader::Impl::Stop() {
   }
   Wake(stop_flag);
   if (thread.joinable()) thread.join();
+  // The claims let go; as long as the dir takes to answer (a daemon's exit is bounded).
+  if (dir_threads) dir_threads->Stop();
   for (ReadRequest& r : cancelled) r.done(Error(ECANCELED));
   inner->Stop();  // the store's reads in flight are answered
   std::unique_lock use(engine_use);

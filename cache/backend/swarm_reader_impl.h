@@ -31,6 +31,7 @@ struct SwarmReader::Impl {
 
   enum class State {
     kNew,       // not yet looked up in the dir
+    kDeciding,  // being looked up in the dir (Consult, on the dir's threads)
     kFetching,  // claimed: this node reads it from the store
     kWaiting,   // claimed by another node, whose torrent is not in the dir yet
     kJoining,   // its torrent is being added to the engine (Join, not under `mu`)
@@ -43,6 +44,7 @@ struct SwarmReader::Impl {
   };
   struct Chunk {
     std::string name;  // FILEID/INDEX, for the log
+    std::string file_id;
     std::string claim;
     std::string torrent;
     uint64_t offset = 0;
@@ -61,6 +63,7 @@ struct SwarmReader::Impl {
     bool kicked = false;          // reconnected once (CatchUp)
     bool hash_logged = false;     // a hash failure logged
     bool extended = false;        // given one more peer_wait (FallBackIfStuck)
+    bool checking = false;        // its claim being looked at on the dir's threads (CheckStuck)
     bool Whole() const { return std::count(have.begin(), have.end(), 1) == data->count(); }
     bool Waited() const {
       return std::any_of(waiters.begin(), waiters.end(), [](auto& w) { return !w.empty(); });
@@ -81,6 +84,12 @@ struct SwarmReader::Impl {
   SwarmOptions o;
   std::unique_ptr<BackendReader> inner;
   std::unique_ptr<SwarmDir> dir;
+  // Every call into `dir` is made on these (swarm_dir.h); a call that takes longer than
+  // dir_timeout makes the dir "down" (dir_down) until it answers: the readers of chunks that
+  // wait on it, and of new chunks, go to the store.
+  std::unique_ptr<SwarmDirThreads> dir_threads;
+  static constexpr int kDirThreads = 4;
+  Clock::duration dir_timeout{};
   std::unique_ptr<SwarmEngine> engine;
   // Held shared by each call into the engine from a reader's thread, exclusively by Stop before
   // the engine goes.
@@ -104,6 +113,7 @@ struct SwarmReader::Impl {
   TorrentId last_id = 0;                          // GUARDED_BY(mu)
   std::deque<ChunkPtr> to_publish;                // GUARDED_BY(mu)
   bool stopping = false;                          // GUARDED_BY(mu)
+  bool dir_down = false;                          // GUARDED_BY(mu)
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
@@ -112,6 +122,9 @@ struct SwarmReader::Impl {
   // --- the read path ---
   void Submit(ReadRequest r);
   ChunkPtr ChunkOf(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file);
+  // The chunk is looked up in the dir on the dir's threads (Consult, then Decided); its readers
+  // wait meanwhile. While the dir is down, its readers go to the store instead. REQUIRES: mu.
+  void Decide(const ChunkPtr& chp, Later& later);
   // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
   //   - published (its torrent in the dir) and its claim live (a node that holds it said so
   //     within stale_claim): join;
@@ -120,8 +133,12 @@ struct SwarmReader::Impl {
   //     published by nodes that are all gone (a fleet restarted: its torrent would find no
   //     peer, and every reader would wait peer_wait for nothing). This node claims it (a stale
   //     claim renamed away by one node only), removes an old torrent and reads the chunk.
-  // REQUIRES: mu.
-  void Decide(const ChunkPtr& chp, Later& later);
+  // On a dir thread, not under `mu`: only the chunk's paths are read.
+  enum class Verdict { kJoin, kWait, kFetch, kStore };
+  Verdict Consult(const Chunk& ch);
+  void Decided(const ChunkPtr& ch, Verdict verdict);
+  // Lets go of a claim this node took but will not read (on a dir thread, or posted to one).
+  void LetGo(const std::string& claim);
   // Another node reads the chunk: this one waits for its torrent (Rethink, each tick).
   static void Wait(Chunk& ch);
   void StartFetching(Chunk& ch);
@@ -143,8 +160,10 @@ struct SwarmReader::Impl {
   // since (its reader is at work again) sends the chunk back to waiting; one that cannot be used
   // sends its reads to the store.
   void Join(const ChunkPtr& ch, Later& later);
-  // A claimed chunk is whole: its piece hashes, its torrent into the dir, and seeding it.
+  // A claimed chunk is whole: its piece hashes (on the swarm's thread), then on a dir thread its
+  // torrent into the dir and seeding it (Published).
   void Publish(const ChunkPtr& ch);
+  void Published(const ChunkPtr& ch, TorrentId id, Result<std::vector<char>> bytes);
   // --- the swarm's thread: the engine's alerts, claims and torrents in the dir ---
   void Loop();
   void PieceIn(TorrentId id, int p);
@@ -165,8 +184,17 @@ struct SwarmReader::Impl {
   };
   static constexpr std::chrono::milliseconds kProbeAfter{200};
   void CatchUp(const ChunkPtr& chp, Clock::time_point now, std::vector<Probe>& probes);
-  bool Reclaim(const ChunkPtr& chp, const std::optional<Clock::duration>& age, Later& later);
+  // On a dir thread: a stuck chunk's claim looked at (ClaimAge), taken again when no live node
+  // holds it (Reclaim), else its readers given one more peer_wait or sent to the store
+  // (GiveUpOn).
+  void CheckStuck(const ChunkPtr& chp);
+  void Reclaim(const ChunkPtr& chp, Later& later);
+  void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
+  // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.
+  void WatchDir(Clock::time_point now, Later& later);
+  // Readers of a chunk that waits on the dir, to the store (a fallback each). REQUIRES: mu.
+  void ToStoreForDir(Chunk& ch, Later& later);
   // Drops the least recently read chunks nobody waits on until the swarm's memory fits.
   void Evict(uint64_t held, Later& later);
 

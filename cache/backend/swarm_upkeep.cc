@@ -13,7 +13,15 @@ void SwarmReader::Impl::Tick() {
   {
     std::lock_guard lock(mu);
     const Clock::time_point now = Clock::now();
+    WatchDir(now, later);
     uint64_t held = 0;
+    const auto refresh = [&](Chunk& ch) {
+      if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
+      dir_threads->Post([claim = ch.claim] {
+        const SwarmDirThreads::Call call;
+        SwarmDir::Touch(claim);
+      });
+    };
     for (auto& [name, ch] : chunks) {
       switch (ch->state) {
         case State::kFetching:
@@ -21,7 +29,7 @@ void SwarmReader::Impl::Tick() {
           // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
           // and another node read the chunk again (the store sent 2.26x the model). A store
           // that hangs ends the claim through the backend timeout (Fetched).
-          dir->RefreshClaim(ch->claim, now, ch->refreshed);
+          refresh(*ch);
           break;
         case State::kWaiting:
           Rethink(ch, later);
@@ -29,7 +37,7 @@ void SwarmReader::Impl::Tick() {
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
-          if (ch->Whole()) dir->RefreshClaim(ch->claim, now, ch->refreshed);
+          if (ch->Whole()) refresh(*ch);
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;
@@ -63,11 +71,24 @@ void SwarmReader::Impl::Tick() {
   Run(later);
 }
 
-void SwarmReader::Impl::Rethink(const ChunkPtr& ch, Later& later) {
-  ch->state = State::kNew;
-  Decide(ch, later);
-  // Every piece a reader waits on is asked for as a demand (FetchRest).
-  if (ch->state == State::kFetching && ch->Waited()) FetchRest(ch, /*demand=*/-1, later);
+void SwarmReader::Impl::Rethink(const ChunkPtr& ch, Later& later) { Decide(ch, later); }
+
+void SwarmReader::Impl::WatchDir(Clock::time_point now, Later& later) {
+  const std::optional<Clock::duration> stalled = dir_threads->Stalled(now);
+  const bool down = stalled && *stalled >= dir_timeout;
+  if (down == dir_down) return;
+  dir_down = down;
+  if (!down) {
+    spdlog::info("swarm: the shared dir {} answers again", o.dir);
+    return;
+  }
+  spdlog::warn(
+      "swarm: the shared dir {} has not answered for {} ms; reads of the chunks that wait on "
+      "it go to the store until it does (swarm_fallbacks counts them)",
+      o.dir, std::chrono::duration_cast<std::chrono::milliseconds>(*stalled).count());
+  for (auto& [name, ch] : chunks) {
+    if (ch->state == State::kDeciding || ch->state == State::kWaiting) ToStoreForDir(*ch, later);
+  }
 }
 
 // A piece readers waited on for kProbeAfter is asked of the engine (have_piece, after `mu` is
@@ -96,19 +117,43 @@ void SwarmReader::Impl::CatchUp(const ChunkPtr& chp, Clock::time_point now,
   }
 }
 
-// Claims a joined chunk again (FallBackIfStuck): its torrent leaves the engine, the pieces this
-// node has stay, the rest are read from the store, and it is published anew (the same torrent:
-// the same bytes). False when another node claimed it first. REQUIRES: mu.
-bool SwarmReader::Impl::Reclaim(const ChunkPtr& chp, const std::optional<Clock::duration>& age,
-                                Later& later) {
+void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
+  bool claimed = false;
+  {
+    const SwarmDirThreads::Call call;
+    const std::optional<Clock::duration> age = SwarmDir::ClaimAge(chp->claim);
+    if (!dir->Live(age) && (!age || dir->RetireStaleClaim(chp->claim)) &&
+        dir->TakeClaim(chp->claim)) {
+      claimed = true;
+      unlink(chp->torrent.c_str());  // published anew once read
+    }
+  }
+  Later later;
+  {
+    std::lock_guard lock(mu);
+    chp->checking = false;
+    if (stopping || chp->state != State::kSwarm) {
+      if (claimed) LetGo(chp->claim);
+      return;
+    }
+    if (claimed) {
+      Reclaim(chp, later);
+    } else {
+      GiveUpOn(chp, Clock::now(), later);
+    }
+  }
+  Run(later);
+}
+
+// Claims a joined chunk again (CheckStuck took its claim): its torrent leaves the engine, the
+// pieces this node has stay, the rest are read from the store, and it is published anew (the
+// same torrent: the same bytes). REQUIRES: mu.
+void SwarmReader::Impl::Reclaim(const ChunkPtr& chp, Later& later) {
   Chunk& ch = *chp;
-  if (age && !dir->RetireStaleClaim(ch.claim)) return false;
-  if (!dir->TakeClaim(ch.claim)) return false;
   spdlog::info(
       "swarm: no live node holds {} and no peer sent a piece of it in {} ms; this node "
       "reads the rest of it from the store and shares it again",
       ch.name, o.peer_wait.count());
-  unlink(ch.torrent.c_str());
   later.removed.push_back(ch.id);
   by_id.erase(ch.id);
   ch.id = 0;
@@ -134,7 +179,6 @@ bool SwarmReader::Impl::Reclaim(const ChunkPtr& chp, const std::optional<Clock::
   } else if (ch.Waited()) {
     FetchRest(chp, /*demand=*/-1, later);
   }
-  return true;
 }
 
 // A chunk none of whose readers got a piece for `peer_wait`:
@@ -148,10 +192,15 @@ bool SwarmReader::Impl::Reclaim(const ChunkPtr& chp, const std::optional<Clock::
 //   - else its readers go to the store.
 void SwarmReader::Impl::FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later) {
   Chunk& ch = *chp;
-  if (now - ch.progress < o.peer_wait) return;
-  if (!ch.Waited()) return;
-  const std::optional<Clock::duration> age = SwarmDir::ClaimAge(ch.claim);
-  if (!dir->Live(age) && Reclaim(chp, age, later)) return;
+  if (now - ch.progress < o.peer_wait || !ch.Waited() || ch.checking) return;
+  if (dir_down) return GiveUpOn(chp, now, later);
+  ch.checking = true;
+  dir_threads->Post([this, chp] { CheckStuck(chp); });
+}
+
+void SwarmReader::Impl::GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later) {
+  Chunk& ch = *chp;
+  if (now - ch.progress < o.peer_wait) return;  // a piece came meanwhile
   if (!ch.extended) {
     ch.extended = true;
     ch.progress = now;

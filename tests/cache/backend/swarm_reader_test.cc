@@ -242,6 +242,89 @@ TEST_F(SwarmReaderTest, AStaleClaimIsTakenOver) {
   EXPECT_EQ(b->Stats().chunks_claimed, 5u);
 }
 
+// A shared dir on a file system of its own that can be frozen (`fsfreeze`: every call that
+// writes waits until it is thawed, as every call waits on an NFS server gone): ext4 on a loop
+// device. `why_not` says why there is none here.
+class FreezableDir {
+ public:
+  explicit FreezableDir(const std::string& base)
+      : path_(base + "/mnt"), image_(base + "/disk.img") {
+    mkdir(base.c_str(), 0755);
+    mkdir(path_.c_str(), 0755);
+    if (Sh("truncate -s 64M " + image_) != 0) {
+      why_not = "cannot make " + image_;
+      return;
+    }
+    loop_ = Out("losetup --find --show " + image_);
+    if (loop_.empty()) {
+      why_not = "no loop device here";
+      return;
+    }
+    if (Sh("mkfs.ext4 -q " + loop_) != 0) {
+      why_not = "no mkfs.ext4 here (e2fsprogs)";
+      return;
+    }
+    if (Sh("mount " + loop_ + " " + path_) != 0) {
+      why_not = "cannot mount " + loop_;
+      return;
+    }
+    mounted_ = true;
+  }
+  ~FreezableDir() {
+    Thaw();
+    if (mounted_) Sh("umount " + path_);
+    if (!loop_.empty()) Sh("losetup -d " + loop_);
+  }
+  bool Freeze() { return frozen_ = Sh("fsfreeze -f " + path_) == 0; }
+  void Thaw() {
+    if (frozen_) Sh("fsfreeze -u " + path_);
+    frozen_ = false;
+  }
+  const std::string& path() const { return path_; }
+  std::string why_not;
+
+ private:
+  static int Sh(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str());
+  }
+  static std::string Out(const std::string& command) {
+    std::string out;
+    if (FILE* p = popen((command + " 2>/dev/null").c_str(), "r")) {
+      char line[256];
+      if (std::fgets(line, sizeof(line), p) != nullptr) out = line;
+      pclose(p);
+    }
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  }
+  std::string path_, image_, loop_;
+  bool mounted_ = false, frozen_ = false;
+};
+
+// The shared dir stops answering (frozen: its first call, the chunk's mkdir, never returns):
+// once a call has waited dir_timeout (1 s here) every reader of a chunk that waits on the dir
+// goes to the store, each a fallback; every byte right, nothing waits on the dir but its own
+// threads. Reads go on while the dir is frozen; the node stops once it answers again.
+TEST_F(SwarmReaderTest, AFrozenSharedDirCostsAFallbackNeverAHang) {
+  FreezableDir frozen(dir_ / "frozen");
+  if (!frozen.why_not.empty()) GTEST_SKIP() << frozen.why_not;
+  SwarmOptions o = Options(0);
+  o.dir = frozen.path();
+  auto a = Node(o);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(frozen.Freeze()) << "fsfreeze -f " << frozen.path();
+  const auto begin = std::chrono::steady_clock::now();
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  std::printf("read with the dir frozen in %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, Shuffled(std::random_device{}())));
+  EXPECT_EQ(a->Stats().store_bytes, 2 * kSize);
+  EXPECT_GT(a->Stats().fallbacks, 0u);
+  EXPECT_EQ(a->Stats().chunks_claimed, 0u);
+  frozen.Thaw();
+  a.reset();
+}
+
 // The chunk's torrent is in the dir but no peer holds it any more (its node is gone): readers
 // wait peer_wait, then read the store, counted as fallbacks.
 TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {

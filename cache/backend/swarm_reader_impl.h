@@ -139,7 +139,7 @@ struct SwarmReader::Impl {
   void Decided(const ChunkPtr& ch, Verdict verdict);
   // Lets go of a claim this node took but will not read (on a dir thread, or posted to one).
   void LetGo(const std::string& claim);
-  // Another node reads the chunk: this one waits for its torrent (Rethink, each tick).
+  // Another node reads the chunk: this one waits for its torrent (Decide again, each tick).
   static void Wait(Chunk& ch);
   void StartFetching(Chunk& ch);
   // The chunk gets an id and its torrent is added to the engine once `mu` is let go (Join).
@@ -174,9 +174,6 @@ struct SwarmReader::Impl {
 
   // --- the swarm's thread, each tick (swarm_upkeep.cc) ---
   void Tick();
-  // A chunk this node waits on, looked at again (Decide): joined once published, read by this
-  // node once its claimer is gone.
-  void Rethink(const ChunkPtr& ch, Later& later);
   // A piece waited on for kProbeAfter, to ask the engine about once `mu` is let go.
   struct Probe {
     TorrentId id;

@@ -32,7 +32,8 @@ void SwarmReader::Impl::Tick() {
           refresh(*ch);
           break;
         case State::kWaiting:
-          Rethink(ch, later);
+          // Looked at again: joined once published, read by this node once its claimer is gone.
+          Decide(ch, later);
           break;
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
@@ -70,8 +71,6 @@ void SwarmReader::Impl::Tick() {
   }
   Run(later);
 }
-
-void SwarmReader::Impl::Rethink(const ChunkPtr& ch, Later& later) { Decide(ch, later); }
 
 void SwarmReader::Impl::WatchDir(Clock::time_point now, Later& later) {
   const std::optional<Clock::duration> stalled = dir_threads->Stalled(now);

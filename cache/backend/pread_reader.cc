@@ -23,11 +23,18 @@ namespace accelfs {
 // The attributes the store holds now, not those the kernel keeps for a FUSE store's attribute
 // timeout: right after a rename over a file through rclone, the kernel still had the size of the
 // half-written upload for a second. A GETATTR per open, on a FUSE store; nothing elsewhere.
-int FreshStat(int fd, struct stat* st) {
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U  // Linux 6.8; glibc 2.36 does not name it
+#endif
+
+int FreshStat(int fd, struct stat* st, uint64_t* mount) {
   struct statx sx {};
-  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &sx) != 0) {
+  if (mount != nullptr) *mount = 0;
+  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_FORCE_SYNC, STATX_BASIC_STATS | STATX_MNT_ID_UNIQUE,
+            &sx) != 0) {
     return fstat(fd, st);
   }
+  if (mount != nullptr && (sx.stx_mask & STATX_MNT_ID_UNIQUE) != 0) *mount = sx.stx_mnt_id;
   *st = {};
   st->st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
   st->st_ino = sx.stx_ino;
@@ -45,30 +52,9 @@ int FreshStat(int fd, struct stat* st) {
   return 0;
 }
 
-constexpr uint64_t kFuseSuperMagic = 0x65735546;
+namespace {
 
-// The FUSE filesystems of object stores, by mountinfo type. Each turns a read at any offset of a
-// file into a ranged GET from there that reads ahead: s3fs fetches multipart_size x parallel_count
-// (50 MB by default) into memory it drops at close, rclone streams up to its chunk size until the
-// handle seeks (~1 MB on the wire before it notices); goofys, geesefs, mountpoint-s3, gcsfuse and
-// blobfuse do the like. Their files are sampled at the end only (BackingFile::tail_samples).
-// REQUIRES: `dev` is a FUSE filesystem's.
-bool ReadsAheadFromAnyOffset(dev_t dev) {
-  static constexpr std::string_view kTypes[] = {
-      "fuse.s3fs",          "fuse.rclone",  "fuse.goofys",    "fuse.geesefs",
-      "fuse.mountpoint-s3", "fuse.gcsfuse", "fuse.blobfuse2", "fuse.blobfuse"};
-  static std::mutex mu;
-  static std::unordered_map<dev_t, bool> known;  // GUARDED_BY(mu): one mountinfo read per store
-  std::lock_guard lock(mu);
-  if (const auto it = known.find(dev); it != known.end()) return it->second;
-  bool ahead = false;
-  for (const MountInfo& m : ReadMountInfo()) {
-    if (makedev(m.major, m.minor) != dev) continue;
-    ahead = std::find(std::begin(kTypes), std::end(kTypes), m.fstype) != std::end(kTypes);
-  }
-  known.emplace(dev, ahead);
-  return ahead;
-}
+constexpr uint64_t kFuseSuperMagic = 0x65735546;
 
 // FUSE, NFS, SMB and Ceph (by statfs type): filesystems whose reads wait on a process or a server.
 bool WaitsOnAServer(uint64_t type) {
@@ -85,6 +71,76 @@ bool WaitsOnAServer(uint64_t type) {
   }
 }
 
+// What an open needs to know of the filesystem a file is on.
+struct FsKind {
+  bool known = false;  // from mountinfo or statfs; unknown: the safe side (may block)
+  bool fuse = false;
+  bool waits = false;        // its reads wait on a process or a server (WaitsOnAServer)
+  bool reads_ahead = false;  // an object store's FUSE filesystem (ReadsAhead)
+};
+
+// The FUSE filesystems of object stores, by mountinfo type. Each turns a read at any offset of a
+// file into a ranged GET from there that reads ahead: s3fs fetches multipart_size x parallel_count
+// (50 MB by default) into memory it drops at close, rclone streams up to its chunk size until the
+// handle seeks (~1 MB on the wire before it notices); goofys, geesefs, mountpoint-s3, gcsfuse and
+// blobfuse do the like. Their files are sampled at the end only (BackingFile::tail_samples).
+bool ReadsAhead(std::string_view fstype) {
+  static constexpr std::string_view kTypes[] = {
+      "fuse.s3fs",          "fuse.rclone",  "fuse.goofys",    "fuse.geesefs",
+      "fuse.mountpoint-s3", "fuse.gcsfuse", "fuse.blobfuse2", "fuse.blobfuse"};
+  return std::find(std::begin(kTypes), std::end(kTypes), fstype) != std::end(kTypes);
+}
+
+// The kind of the mount of `dev` by its mountinfo type; unknown where no mount has that device
+// (a btrfs subvolume's own number).
+FsKind KindByMountInfo(dev_t dev) {
+  FsKind kind;
+  for (const MountInfo& m : ReadMountInfo()) {
+    if (makedev(m.major, m.minor) != dev) continue;
+    const std::string_view type = m.fstype;
+    kind.known = true;
+    kind.fuse = type == "fuse" || type.starts_with("fuse.") || type == "fuseblk" ||
+                type.starts_with("fuseblk.");
+    kind.waits = kind.fuse || type == "nfs" || type == "nfs4" || type == "cifs" || type == "smb3" ||
+                 type == "ceph";
+    kind.reads_ahead = ReadsAhead(type);
+    return kind;
+  }
+  return kind;
+}
+
+// The kind of the filesystem of `fd` (of device `dev`, on mount `mount`), from /proc/self/mountinfo
+// where it names the device, else statfs. Not statfs first: on a FUSE store a statfs is a request
+// to the store's daemon, and sshfs with max_conns sends it over one of its SSH connections that
+// it opens first if it is not open yet: a key exchange (0.2 s on the rig's 2 cores) in front of a
+// cold load's first read (docs/DESIGN.md §6.12). Looked up once per mount where the kernel names
+// mounts uniquely (`mount` not 0: a store mounted again is another mount), else at each open.
+FsKind KindOf(int fd, dev_t dev, uint64_t mount) {
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, FsKind> known;  // GUARDED_BY(mu), by mount
+  if (mount != 0) {
+    std::lock_guard lock(mu);
+    if (const auto it = known.find(mount); it != known.end()) return it->second;
+  }
+  FsKind kind = KindByMountInfo(dev);
+  if (!kind.known) {
+    struct statfs sf {};
+    if (fstatfs(fd, &sf) == 0) {
+      const auto type = static_cast<uint64_t>(sf.f_type);
+      kind.known = true;
+      kind.fuse = type == kFuseSuperMagic;
+      kind.waits = WaitsOnAServer(type);
+    }
+  }
+  if (mount != 0 && kind.known) {
+    std::lock_guard lock(mu);
+    known.emplace(mount, kind);
+  }
+  return kind;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
                                                  struct stat* st, bool buffered_reads) {
   int direct = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_DIRECT | flags);
@@ -100,22 +156,21 @@ Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, i
     if (buffered >= 0) close(buffered);
     return Error(err);
   };
-  if (FreshStat(first, st) != 0) return fail(errno);
-  // One statfs for all (on a FUSE store it is a request to the store's daemon; sshfs sends it on
-  // to the server). Unknown: the safe side, a file whose reads may block and that keeps a
+  uint64_t mount = 0;
+  if (FreshStat(first, st, &mount) != 0) return fail(errno);
+  // Unknown (statfs failed): the safe side, a file whose reads may block and that keeps a
   // buffered descriptor.
-  struct statfs sf {};
-  const bool typed = fstatfs(first, &sf) == 0;
-  const auto type = static_cast<uint64_t>(sf.f_type);
-  const bool fuse = typed && type == kFuseSuperMagic;
+  const FsKind kind = KindOf(first, st->st_dev, mount);
+  const bool fuse = kind.known && kind.fuse;
   if (buffered < 0 && (buffered_reads || !fuse)) {
     buffered = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | flags);
     if (buffered < 0) return fail(errno);
   }
   auto file = std::make_shared<BackingFile>(direct, buffered);
   file->SetInode(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino));
-  file->SetMayBlock(!typed || WaitsOnAServer(type));
-  file->SetTailSamples(fuse && ReadsAheadFromAnyOffset(st->st_dev));
+  file->SetMayBlock(!kind.known || kind.waits);
+  file->SetOnFuse(fuse);
+  file->SetTailSamples(kind.reads_ahead);
   return file;
 }
 

@@ -54,6 +54,11 @@ class BackingFile {
   void SetMayBlock(bool may_block) { may_block_ = may_block; }
   bool may_block() const { return may_block_; }
 
+  // It is on a FUSE filesystem (OpenBacking, from the mount's type): its store has a queue of its
+  // own (fs/daemon/store_limits.h).
+  void SetOnFuse(bool fuse) { on_fuse_ = fuse; }
+  bool on_fuse() const { return on_fuse_; }
+
   // Its identity is sampled at its end only (FingerprintSpans): the file's store reads ahead from
   // the offset of any read (an object store's FUSE filesystem: s3fs fetched 50 MB from a 4 KiB
   // read of a file's first page, on each open). Set by OpenBacking from the store's type.
@@ -95,6 +100,7 @@ class BackingFile {
   uint64_t ino_ = 0;
   bool may_block_ = false;              // set once, before the file is shared
   bool tail_samples_ = false;           // set once, before the file is shared
+  bool on_fuse_ = false;                // set once, before the file is shared
   std::atomic<int> identity_state_{0};  // 0: none, 1: being set, 2: identity_ holds it
   FileKey identity_;
 };
@@ -200,8 +206,10 @@ struct ServedQueue {
 // data out of the backing filesystem's page cache; where it is refused the buffered descriptor
 // serves, followed by POSIX_FADV_DONTNEED. `flags` are added to both opens (e.g. O_NOFOLLOW);
 // `st` receives the opened file's attributes.
-// fstat(), but asking the store (statx AT_STATX_FORCE_SYNC): 0, or -1 and errno.
-int FreshStat(int fd, struct stat* st);
+// fstat(), but asking the store (statx AT_STATX_FORCE_SYNC): 0, or -1 and errno. `mount`, where
+// given, receives the file's mount's unique id (STATX_MNT_ID_UNIQUE, Linux 6.8: never reused, so a
+// store mounted again is another mount), or 0 where the kernel gives none.
+int FreshStat(int fd, struct stat* st, uint64_t* mount = nullptr);
 
 // Opens `path` (relative to `dir_fd`, with `flags` added) with O_DIRECT and takes its attributes
 // from the store (FreshStat). A buffered descriptor is opened too where O_DIRECT is refused or

@@ -19,7 +19,6 @@
 namespace accelfs {
 namespace {
 
-constexpr long kFuseSuperMagic = 0x65735546;
 constexpr uint64_t kMaxFuseRequest = uint64_t{1} << 20;  // 256 pages
 constexpr uint64_t kPage = 4096;
 
@@ -69,8 +68,7 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
 
 std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string& connections,
                                      const std::string& mountinfo) {
-  struct statfs sfs {};
-  if (fstatfs(file.any_fd(), &sfs) != 0 || sfs.f_type != kFuseSuperMagic) return std::nullopt;
+  if (!file.on_fuse()) return std::nullopt;  // no statfs: on a FUSE store, a request to it
   FuseQueue queue;
   const dev_t dev = static_cast<dev_t>(file.dev());
   // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.

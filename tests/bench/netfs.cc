@@ -418,7 +418,8 @@ struct Net {
   fuse_session* session = nullptr;  // set before the mount
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> opens{0};  // OPENs of files answered
+  std::atomic<uint64_t> opens{0};         // OPENs of files answered
+  std::atomic<uint64_t> statfs_calls{0};  // STATFSs answered
   std::atomic<unsigned> in_flight{0};
   std::atomic<unsigned> max_in_flight{0};
 };
@@ -707,6 +708,7 @@ void OnReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }
 
 void OnStatfs(fuse_req_t req, fuse_ino_t) {
+  NetOf(req).statfs_calls.fetch_add(1);
   struct statvfs st {};
   if (fstatvfs(NetOf(req).root.fd, &st) != 0) {
     fuse_reply_err(req, errno);
@@ -739,10 +741,11 @@ std::string StatsLine(const Net& net) {
   char line[256];
   std::snprintf(line, sizeof(line),
                 "accelfs_netfs: %llu READs, %llu bytes, mean %.0f KiB, at most %u in flight, "
-                "%llu OPENs\n",
+                "%llu OPENs, %llu STATFSs\n",
                 static_cast<unsigned long long>(reads), static_cast<unsigned long long>(bytes),
                 reads ? static_cast<double>(bytes) / static_cast<double>(reads) / 1024 : 0.0,
-                net.max_in_flight.load(), static_cast<unsigned long long>(net.opens.load()));
+                net.max_in_flight.load(), static_cast<unsigned long long>(net.opens.load()),
+                static_cast<unsigned long long>(net.statfs_calls.load()));
   return line;
 }
 

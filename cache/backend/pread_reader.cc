@@ -99,8 +99,7 @@ FsKind KindByMountInfo(dev_t dev) {
     if (makedev(m.major, m.minor) != dev) continue;
     const std::string_view type = m.fstype;
     kind.known = true;
-    kind.fuse = type == "fuse" || type.starts_with("fuse.") || type == "fuseblk" ||
-                type.starts_with("fuseblk.");
+    kind.fuse = IsFuseType(type);
     kind.waits = kind.fuse || type == "nfs" || type == "nfs4" || type == "cifs" || type == "smb3" ||
                  type == "ceph";
     kind.reads_ahead = ReadsAhead(type);

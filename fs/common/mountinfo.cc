@@ -52,6 +52,11 @@ std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::str
   return found;
 }
 
+bool IsFuseType(std::string_view fstype) {
+  return fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk" ||
+         fstype.starts_with("fuseblk.");
+}
+
 std::optional<uid_t> MountUid(const std::string& super_options) {
   static constexpr std::string_view kKey = "user_id=";
   size_t start = 0;

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace accelfs {
@@ -29,6 +30,10 @@ std::string UnescapeMountField(const std::string& field);
 
 // The most recent mount on `mountpoint` (canonical path) of type fuse.<subtype>.
 std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::string& fstype);
+
+// Whether a mountinfo filesystem type is FUSE's: "fuse", "fuseblk", or either with a subtype
+// ("fuse.sshfs"). Statfs of such a mount, and every other call, goes to its daemon.
+bool IsFuseType(std::string_view fstype);
 
 // The user_id= of a FUSE mount's super options; nullopt when absent.
 std::optional<uid_t> MountUid(const std::string& super_options);

@@ -143,7 +143,7 @@ Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mo
     if (m.mountpoint != paths.mountpoint) continue;
     // A killed FUSE daemon's mount may still stat() fine (the kernel trusts cached attributes),
     // but statfs() goes to the connection, and a dead one answers ENOTCONN at once.
-    const bool fuse = m.fstype == "fuse" || m.fstype.starts_with("fuse.");
+    const bool fuse = IsFuseType(m.fstype);
     const MountProbe probe =
         fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
     if (probe_out != nullptr) *probe_out = probe;

@@ -113,5 +113,14 @@ TEST(MountUidTest, FromFuseSuperOptions) {
   EXPECT_EQ(MountUid(""), std::nullopt);
 }
 
+TEST(IsFuseTypeTest, FuseAndFuseblkWithOrWithoutASubtype) {
+  for (const char* type : {"fuse", "fuse.sshfs", "fuse.rclone", "fuseblk", "fuseblk.ntfs-3g"}) {
+    EXPECT_TRUE(IsFuseType(type)) << type;
+  }
+  for (const char* type : {"ext4", "tmpfs", "nfs4", "fusectl", "fuse2", "", "fuseblkx"}) {
+    EXPECT_FALSE(IsFuseType(type)) << type;
+  }
+}
+
 }  // namespace
 }  // namespace accelfs

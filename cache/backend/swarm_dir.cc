@@ -34,9 +34,9 @@ void SwarmDir::MakeFileDir(const std::string& file_id) const {
   mkdir((dir_ + "/" + file_id).c_str(), 0755);  // EEXIST: another node or chunk made it
 }
 
-std::optional<SwarmDir::Clock::duration> SwarmDir::ClaimAge(const std::string& claim) {
+std::optional<SwarmDir::Clock::duration> SwarmDir::Age(const std::string& path) {
   struct stat st {};
-  if (stat(claim.c_str(), &st) != 0) return std::nullopt;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
   return std::chrono::duration_cast<Clock::duration>(
@@ -50,7 +50,7 @@ bool SwarmDir::RetireStaleClaim(const std::string& claim) const {
   thread_local std::mt19937_64 random{std::random_device{}()};
   const std::string dead = claim + ".dead." + std::to_string(random());
   if (rename(claim.c_str(), dead.c_str()) != 0) return false;
-  const bool stale = !Live(ClaimAge(dead));
+  const bool stale = !Live(Age(dead));
   if (!stale) link(dead.c_str(), claim.c_str());  // unless yet another claim is there
   unlink(dead.c_str());
   return stale;
@@ -72,11 +72,6 @@ bool SwarmDir::RefreshDue(Clock::time_point now, Clock::time_point& refreshed) c
 }
 
 void SwarmDir::Touch(const std::string& claim) { utimensat(AT_FDCWD, claim.c_str(), nullptr, 0); }
-
-bool SwarmDir::Exists(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0;
-}
 
 bool SwarmDir::Read(const std::string& torrent, std::vector<char>& bytes) {
   std::ifstream in(torrent, std::ios::binary);

@@ -40,8 +40,9 @@ class SwarmDir {
   // Makes DIR/FILEID when it is not there (before a claim in it is taken).
   void MakeFileDir(const std::string& file_id) const;
 
-  // How long ago the claim was last said to be held (its mtime); nothing when there is none.
-  static std::optional<Clock::duration> ClaimAge(const std::string& claim);
+  // How long ago a file of the dir was last written (its mtime): a claim last said to be held,
+  // a torrent published. Nothing when there is none.
+  static std::optional<Clock::duration> Age(const std::string& path);
   bool Live(const std::optional<Clock::duration>& age) const { return age && *age < stale_; }
   // Moves a stale claim out of the way; false when it is gone or live again.
   bool RetireStaleClaim(const std::string& claim) const;
@@ -54,7 +55,6 @@ class SwarmDir {
   // Says this node holds the claim (its mtime, now).
   static void Touch(const std::string& claim);
 
-  static bool Exists(const std::string& path);
   // The whole torrent; false and errno when it cannot be read.
   static bool Read(const std::string& torrent, std::vector<char>& bytes);
   // Writes the torrent whole (a file of this node's, renamed in); false and errno on failure.

@@ -23,12 +23,16 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       lock.unlock();
       return ToStore(std::move(r));
     }
+    const Clock::time_point now = Clock::now();
+    if (now - last_read >= o.peer_wait) load_began = now;
+    last_read = now;
     const uint64_t index = r.offset / chunk_bytes;
     const int p = static_cast<int>((r.offset % chunk_bytes) / piece);
     ChunkPtr ch = ChunkOf(*key, index, r.file);
     ch->used = Clock::now();
+    const bool demand = r.demand;
     if (ch->state == State::kNew) {
-      Decide(ch, later);
+      Decide(ch, later, demand);
       if (ch->state == State::kStore) fallbacks.fetch_add(1, std::memory_order_relaxed);
     }
     if (ch->state == State::kStore || static_cast<size_t>(p) >= ch->have.size() ||
@@ -40,6 +44,7 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       ch->waiters[static_cast<size_t>(p)].push_back({std::move(r), Clock::now()});
       if (ch->state == State::kFetching) FetchRest(ch, p, later);
       if (ch->state == State::kSwarm) later.wanted.emplace_back(ch->id, p);
+      if (ch->state == State::kWaiting && ch->deferred && demand) Decide(ch, later, demand);
     }
   }
   Run(later);
@@ -68,20 +73,27 @@ SwarmReader::Impl::ChunkPtr SwarmReader::Impl::ChunkOf(const FileKey& key, uint6
   return ch;
 }
 
-void SwarmReader::Impl::Decide(const ChunkPtr& chp, Later& later) {
+void SwarmReader::Impl::Decide(const ChunkPtr& chp, Later& later, bool demand) {
   if (dir_down) return ToStoreForDir(*chp, later);
   chp->state = State::kDeciding;
-  dir_threads->Post([this, chp] { Decided(chp, Consult(*chp)); });
+  const bool may_defer = behind && !demand;
+  dir_threads->Post([this, chp, may_defer, began = load_began] {
+    Decided(chp, Consult(*chp, may_defer, began));
+  });
 }
 
-SwarmReader::Impl::Verdict SwarmReader::Impl::Consult(const Chunk& ch) {
+SwarmReader::Impl::Decision SwarmReader::Impl::Consult(const Chunk& ch, bool may_defer,
+                                                       Clock::time_point load_began) {
   const SwarmDirThreads::Call call;
-  const bool published = SwarmDir::Exists(ch.torrent);
-  const std::optional<Clock::duration> age = SwarmDir::ClaimAge(ch.claim);
-  if (published && dir->Live(age)) return Verdict::kJoin;
-  if (dir->Live(age)) return Verdict::kWait;  // another node reads it (no O_EXCL: on NFS, a trip)
+  const std::optional<Clock::duration> published = SwarmDir::Age(ch.torrent);
+  const std::optional<Clock::duration> age = SwarmDir::Age(ch.claim);
+  if (published && dir->Live(age)) {
+    return {Verdict::kJoin, *published > Clock::now() - load_began + kAhead};
+  }
+  if (dir->Live(age)) return {Verdict::kWait};  // another node reads it (no O_EXCL: on NFS, a trip)
+  if (!published && !age && may_defer) return {Verdict::kDefer};
   if (age) {
-    if (!dir->RetireStaleClaim(ch.claim)) return Verdict::kWait;  // another node took it over
+    if (!dir->RetireStaleClaim(ch.claim)) return {Verdict::kWait};  // another node took it over
     spdlog::info(
         "swarm: the claim on {} went stale ({} ms old){}; this node reads it from the "
         "store",
@@ -91,27 +103,37 @@ SwarmReader::Impl::Verdict SwarmReader::Impl::Consult(const Chunk& ch) {
   dir->MakeFileDir(ch.file_id);
   if (dir->TakeClaim(ch.claim)) {
     if (published) unlink(ch.torrent.c_str());  // published anew once read
-    return Verdict::kFetch;
+    return {Verdict::kFetch};
   }
-  if (errno == EEXIST) return Verdict::kWait;
+  if (errno == EEXIST) return {Verdict::kWait};
   spdlog::warn("swarm: cannot claim {} ({}); its reads go to the store", ch.claim,
                std::strerror(errno));
-  return Verdict::kStore;
+  return {Verdict::kStore};
 }
 
-void SwarmReader::Impl::Decided(const ChunkPtr& ch, Verdict verdict) {
+void SwarmReader::Impl::Decided(const ChunkPtr& ch, Decision d) {
   Later later;
   {
     std::lock_guard lock(mu);
     if (stopping || ch->state != State::kDeciding) {  // given up on meanwhile (the dir was down)
-      if (verdict == Verdict::kFetch) LetGo(ch->claim);
+      if (d.verdict == Verdict::kFetch) LetGo(ch->claim);
       return;
     }
-    switch (verdict) {
+    ch->deferred = d.verdict == Verdict::kDefer;
+    switch (d.verdict) {
       case Verdict::kJoin:
+        if (d.ahead && !behind) {
+          behind = true;
+          followed = Clock::now();
+          spdlog::info(
+              "swarm: {} was shared before this node's load began; it follows the nodes ahead, "
+              "reading from the store only what its readers wait on",
+              ch->name);
+        }
         StartJoining(ch, later);
         break;
       case Verdict::kWait:
+      case Verdict::kDefer:
         Wait(*ch);
         break;
       case Verdict::kFetch:
@@ -413,7 +435,7 @@ void SwarmReader::Impl::PieceInLocked(Chunk& ch, int p, Later& later) {
     return;
   }
   ch.have[i] = 1;
-  ch.progress = Clock::now();
+  ch.progress = followed = Clock::now();
   peer_bytes.fetch_add(ch.data->PieceSize(p), std::memory_order_relaxed);
   for (Waiter& w : ch.waiters[i]) later.copies.emplace_back(std::move(w.request), ch.data);
   ch.waiters[i].clear();

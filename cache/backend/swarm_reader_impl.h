@@ -33,7 +33,7 @@ struct SwarmReader::Impl {
     kNew,       // not yet looked up in the dir
     kDeciding,  // being looked up in the dir (Consult, on the dir's threads)
     kFetching,  // claimed: this node reads it from the store
-    kWaiting,   // claimed by another node, whose torrent is not in the dir yet
+    kWaiting,   // claimed by another node, whose torrent is not in the dir yet; or deferred
     kJoining,   // its torrent is being added to the engine (Join, not under `mu`)
     kSwarm,     // its torrent is in the engine
     kStore,     // given up on the swarm: its reads go to the store
@@ -64,9 +64,16 @@ struct SwarmReader::Impl {
     bool hash_logged = false;     // a hash failure logged
     bool extended = false;        // given one more peer_wait (FallBackIfStuck)
     bool checking = false;        // its claim being looked at on the dir's threads (CheckStuck)
+    bool deferred = false;        // kWaiting: nobody claimed it, and this node follows (Decide)
     bool Whole() const { return std::count(have.begin(), have.end(), 1) == data->count(); }
     bool Waited() const {
       return std::any_of(waiters.begin(), waiters.end(), [](auto& w) { return !w.empty(); });
+    }
+    bool Demanded() const {
+      return std::any_of(waiters.begin(), waiters.end(), [](auto& waiting) {
+        return std::any_of(waiting.begin(), waiting.end(),
+                           [](const Waiter& w) { return w.request.demand; });
+      });
     }
   };
   using ChunkPtr = std::shared_ptr<Chunk>;
@@ -114,6 +121,17 @@ struct SwarmReader::Impl {
   std::deque<ChunkPtr> to_publish;                // GUARDED_BY(mu)
   bool stopping = false;                          // GUARDED_BY(mu)
   bool dir_down = false;                          // GUARDED_BY(mu)
+  // This node's load began at `load_began`: its first read after peer_wait without one.
+  Clock::time_point load_began, last_read;  // GUARDED_BY(mu)
+  // This node follows nodes ahead of it (Decide): it found a chunk published more than kAhead
+  // before its load began, and within peer_wait since it has got a piece from peers or waited
+  // on another node's chunk (`followed`: the last time; `following`: this tick's chunks say it
+  // does). kAhead: more than nodes started together are apart (under 1 s in the fleet's bench),
+  // which each claim chunks for the fleet.
+  static constexpr std::chrono::seconds kAhead{2};
+  bool behind = false;         // GUARDED_BY(mu)
+  bool following = false;      // GUARDED_BY(mu)
+  Clock::time_point followed;  // GUARDED_BY(mu)
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
@@ -123,8 +141,16 @@ struct SwarmReader::Impl {
   void Submit(ReadRequest r);
   ChunkPtr ChunkOf(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file);
   // The chunk is looked up in the dir on the dir's threads (Consult, then Decided); its readers
-  // wait meanwhile. While the dir is down, its readers go to the store instead. REQUIRES: mu.
-  void Decide(const ChunkPtr& chp, Later& later);
+  // wait meanwhile. While the dir is down, its readers go to the store instead. `demand`: a
+  // reader waits on it (the read that asks, or a waiter). REQUIRES: mu.
+  //
+  // A node behind others (`behind`) claims only chunks its readers wait on: a
+  // chunk nobody claimed that only its prefetch asks for is deferred (kWaiting, looked at again
+  // each tick) until a node ahead claims it, a reader waits on it, or this node has followed
+  // nobody for peer_wait. Without it, a node started 10 s after another took the first shards
+  // from it faster than the store sends, its shard opener reached the last shard first, and it
+  // read that shard from the store (0.75 of its bytes from peers; DESIGN.md §7).
+  void Decide(const ChunkPtr& chp, Later& later, bool demand);
   // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
   //   - published (its torrent in the dir) and its claim live (a node that holds it said so
   //     within stale_claim): join;
@@ -132,11 +158,17 @@ struct SwarmReader::Impl {
   //   - else nobody holds it: a chunk nobody wanted yet, a claimer that died, or a chunk
   //     published by nodes that are all gone (a fleet restarted: its torrent would find no
   //     peer, and every reader would wait peer_wait for nothing). This node claims it (a stale
-  //     claim renamed away by one node only), removes an old torrent and reads the chunk.
-  // On a dir thread, not under `mu`: only the chunk's paths are read.
-  enum class Verdict { kJoin, kWait, kFetch, kStore };
-  Verdict Consult(const Chunk& ch);
-  void Decided(const ChunkPtr& ch, Verdict verdict);
+  //     claim renamed away by one node only), removes an old torrent and reads the chunk;
+  //   - unless nothing of it is in the dir and `may_defer`: deferred.
+  // On a dir thread, not under `mu`: only the chunk's paths are read. `ahead`: the torrent
+  // joined was in the dir kAhead before `load_began`.
+  enum class Verdict { kJoin, kWait, kFetch, kStore, kDefer };
+  struct Decision {
+    Verdict verdict;
+    bool ahead = false;
+  };
+  Decision Consult(const Chunk& ch, bool may_defer, Clock::time_point load_began);
+  void Decided(const ChunkPtr& ch, Decision d);
   // Lets go of a claim this node took but will not read (on a dir thread, or posted to one).
   void LetGo(const std::string& claim);
   // Another node reads the chunk: this one waits for its torrent (Decide again, each tick).
@@ -181,13 +213,16 @@ struct SwarmReader::Impl {
   };
   static constexpr std::chrono::milliseconds kProbeAfter{200};
   void CatchUp(const ChunkPtr& chp, Clock::time_point now, std::vector<Probe>& probes);
-  // On a dir thread: a stuck chunk's claim looked at (ClaimAge), taken again when no live node
+  // On a dir thread: a stuck chunk's claim looked at (Age), taken again when no live node
   // holds it (Reclaim), else its readers given one more peer_wait or sent to the store
   // (GiveUpOn).
   void CheckStuck(const ChunkPtr& chp);
   void Reclaim(const ChunkPtr& chp, Later& later);
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
+  // Each tick, before the chunks say whether it follows: `behind` ends once this node has
+  // followed nobody for peer_wait. REQUIRES: mu.
+  void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.
   void WatchDir(Clock::time_point now, Later& later);
   // Readers of a chunk that waits on the dir, to the store (a fallback each). REQUIRES: mu.

@@ -14,6 +14,7 @@ void SwarmReader::Impl::Tick() {
     std::lock_guard lock(mu);
     const Clock::time_point now = Clock::now();
     WatchDir(now, later);
+    Follow(now);
     uint64_t held = 0;
     const auto refresh = [&](Chunk& ch) {
       if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
@@ -32,13 +33,19 @@ void SwarmReader::Impl::Tick() {
           refresh(*ch);
           break;
         case State::kWaiting:
-          // Looked at again: joined once published, read by this node once its claimer is gone.
-          Decide(ch, later);
+          // Looked at again: joined once published, read by this node once its claimer is gone
+          // (a deferred one once claimed, waited on, or this node no longer behind).
+          following = following || !ch->deferred;
+          Decide(ch, later, ch->Demanded());
+          break;
+        case State::kJoining:
+          following = true;
           break;
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
           if (ch->Whole()) refresh(*ch);
+          following = following || !ch->Whole();
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;
@@ -70,6 +77,15 @@ void SwarmReader::Impl::Tick() {
     }
   }
   Run(later);
+}
+
+void SwarmReader::Impl::Follow(Clock::time_point now) {
+  if (following) followed = now;
+  following = false;  // this tick's chunks say again
+  if (!behind || now - followed < o.peer_wait) return;
+  behind = false;
+  spdlog::info("swarm: this node has followed no node for {} ms; it claims what it reads again",
+               o.peer_wait.count());
 }
 
 void SwarmReader::Impl::WatchDir(Clock::time_point now, Later& later) {
@@ -120,7 +136,7 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
   bool claimed = false;
   {
     const SwarmDirThreads::Call call;
-    const std::optional<Clock::duration> age = SwarmDir::ClaimAge(chp->claim);
+    const std::optional<Clock::duration> age = SwarmDir::Age(chp->claim);
     if (!dir->Live(age) && (!age || dir->RetireStaleClaim(chp->claim)) &&
         dir->TakeClaim(chp->claim)) {
       claimed = true;

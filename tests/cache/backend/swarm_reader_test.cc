@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -101,42 +102,53 @@ class SwarmReaderTest : public ::testing::Test {
     return file;
   }
 
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  // A read of one block through a reader, answered or not yet (Check).
+  struct Pending {
+    uint64_t index = 0;
+    std::unique_ptr<std::byte, Free> buffer;
+    std::future<Result<size_t>> got;
+  };
+  Pending Read(SwarmReader& reader, const std::shared_ptr<BackingFile>& file, uint64_t index,
+               bool demand = true) const {
+    Pending pending;
+    pending.index = index;
+    pending.buffer.reset(static_cast<std::byte*>(std::aligned_alloc(4096, kPiece)));
+    auto promise = std::make_shared<std::promise<Result<size_t>>>();
+    pending.got = promise->get_future();
+    ReadRequest r;
+    r.file = file;
+    r.offset = index * kPiece;
+    r.buffer = pending.buffer.get();
+    r.capacity = kPiece;
+    r.expected = BlockBytes(index, kSize, kPiece);
+    r.demand = demand;
+    r.done = [promise](Result<size_t> n) { promise->set_value(std::move(n)); };
+    reader.Submit(std::move(r));
+    return pending;
+  }
+  // Waits for the answer (up to 60 s); ASSERTs it is the file's bytes.
+  void Check(Pending& pending) const {
+    const uint64_t index = pending.index;
+    ASSERT_EQ(pending.got.wait_for(60s), std::future_status::ready) << "block " << index;
+    const Result<size_t> n = pending.got.get();
+    const size_t expected = BlockBytes(index, kSize, kPiece);
+    ASSERT_TRUE(n.ok()) << "block " << index << ": " << n.error().Message();
+    ASSERT_EQ(n.value(), expected) << "block " << index;
+    const std::vector<uint8_t> want = PreadBytes(path_, index * kPiece, expected);
+    ASSERT_EQ(std::memcmp(pending.buffer.get(), want.data(), expected), 0)
+        << "a wrong byte in block " << index;
+  }
+
   // Every block of the file through `reader`, all submitted at once in `order` (block indexes);
-  // EXPECTs each to be the file's bytes.
+  // ASSERTs each to be the file's bytes.
   void ReadAll(SwarmReader& reader, std::vector<uint64_t> order) {
     const std::shared_ptr<BackingFile> file = File();
-    struct Free {
-      void operator()(std::byte* p) const { std::free(p); }
-    };
-    std::vector<std::unique_ptr<std::byte, Free>> buffers;
-    std::vector<std::future<Result<size_t>>> got;
-    std::vector<std::shared_ptr<std::promise<Result<size_t>>>> promises;
-    for (uint64_t index : order) {
-      const uint64_t offset = index * kPiece;
-      const size_t expected = BlockBytes(index, kSize, kPiece);
-      buffers.emplace_back(static_cast<std::byte*>(std::aligned_alloc(4096, kPiece)));
-      auto promise = std::make_shared<std::promise<Result<size_t>>>();
-      got.push_back(promise->get_future());
-      ReadRequest r;
-      r.file = file;
-      r.offset = offset;
-      r.buffer = buffers.back().get();
-      r.capacity = kPiece;
-      r.expected = expected;
-      r.done = [promise](Result<size_t> n) { promise->set_value(std::move(n)); };
-      reader.Submit(std::move(r));
-    }
-    for (size_t i = 0; i < order.size(); ++i) {
-      ASSERT_EQ(got[i].wait_for(60s), std::future_status::ready) << "block " << order[i];
-      const Result<size_t> n = got[i].get();
-      const uint64_t offset = order[i] * kPiece;
-      const size_t expected = BlockBytes(order[i], kSize, kPiece);
-      ASSERT_TRUE(n.ok()) << "block " << order[i] << ": " << n.error().Message();
-      ASSERT_EQ(n.value(), expected) << "block " << order[i];
-      const std::vector<uint8_t> want = PreadBytes(path_, offset, expected);
-      ASSERT_EQ(std::memcmp(buffers[i].get(), want.data(), expected), 0)
-          << "a wrong byte in block " << order[i];
-    }
+    std::vector<Pending> reads;
+    for (uint64_t index : order) reads.push_back(Read(reader, file, index));
+    for (Pending& pending : reads) ASSERT_NO_FATAL_FAILURE(Check(pending));
   }
 
   // Waits (up to 10 s) until the shared dir holds `n` torrents: a claimer publishes a chunk on
@@ -376,6 +388,68 @@ TEST_F(SwarmReaderTest, ChunksNoLiveNodeHoldsAreReadAgainAndSharedAgain) {
   ASSERT_NO_FATAL_FAILURE(ReadAll(*c, Shuffled(std::random_device{}())));
   EXPECT_EQ(c->Stats().store_bytes, 0u);
   EXPECT_EQ(c->Stats().peer_bytes, kSize);
+}
+
+// A node started after another (a fleet staggered) follows it: once it found a chunk shared
+// well before its load began, a chunk nobody claimed that only its prefetch asks for waits for
+// a node ahead to claim it, instead of being read from the store ahead of that node. A chunk a
+// reader waits on is claimed at once, and once the node has followed nobody for peer_wait (2 s
+// here) its prefetch claims again: a deferred read never waits for nothing.
+TEST_F(SwarmReaderTest, ANodeBehindAnotherReadsFromTheStoreOnlyWhatItsReadersWaitOn) {
+  auto a = Node(0);
+  ASSERT_TRUE(a);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, {0, 1, 2, 3, 4, 5, 6, 7}));  // chunks 0 and 1
+  ASSERT_EQ(WaitForTorrents(2), 2);
+  // ... 10 s before b starts (their mtimes), as a's lead in a fleet started 10 s apart.
+  const std::string id = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces);
+  for (const char* torrent : {"/0.torrent", "/1.torrent"}) {
+    const std::filesystem::path path = shared_ + "/" + id + torrent;
+    std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - 10s);
+  }
+  // A third node reads chunk 2: its claim, kept live.
+  const std::string claim2 = shared_ + "/" + id + "/2.claim";
+  std::ofstream(claim2) << "third\n";
+  std::atomic<bool> stop{false};
+  std::thread third([&] {
+    while (!stop) {
+      SwarmDir::Touch(claim2);
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> file = File();
+  Pending first = Read(*b, file, 0);  // chunk 0, shared before b asked: b is behind
+  ASSERT_NO_FATAL_FAILURE(Check(first));
+  Pending waited = Read(*b, file, 8);                    // chunk 2: waits on the third node
+  Pending ahead = Read(*b, file, 12, /*demand=*/false);  // chunk 3: nobody's yet
+  std::this_thread::sleep_for(500ms);  // 25 ticks: without the rule, b claims chunk 3 at once
+  EXPECT_FALSE(std::filesystem::exists(shared_ + "/" + id + "/3.claim"))
+      << "b claimed a chunk only its prefetch asked for while it followed";
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, {12, 13, 14, 15}));  // a, ahead, reads chunk 3
+  ASSERT_NO_FATAL_FAILURE(Check(ahead));
+  stop = true;
+  third.join();
+  std::filesystem::remove(claim2);  // the third node let chunk 2 go: b reads it
+  ASSERT_NO_FATAL_FAILURE(Check(waited));
+  EXPECT_EQ(b->Stats().chunks_claimed, 1u);
+  EXPECT_EQ(a->Stats().chunks_claimed, 3u);
+
+  // Chunk 4, which no node reads: b's prefetch claims it once b has followed nobody for
+  // peer_wait.
+  Pending last = Read(*b, file, 16, /*demand=*/false);
+  ASSERT_NO_FATAL_FAILURE(Check(last));
+  EXPECT_EQ(b->Stats().chunks_claimed, 2u);
+  // What b read from the store: chunks 2 and 4, whole (a claimer reads its chunk's every piece,
+  // the last ones after the reads answered).
+  const uint64_t chunks_2_and_4 =
+      uint64_t{kChunkPieces} * kPiece + (kSize - 4 * kChunkPieces * kPiece);
+  for (int i = 0; i < 500 && b->Stats().store_bytes < chunks_2_and_4; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(b->Stats().store_bytes, chunks_2_and_4);
+  EXPECT_EQ(b->Stats().fallbacks, 0u);
 }
 
 // A peer that lies: it says it has every piece (its hashes are the torrent's own) and sends

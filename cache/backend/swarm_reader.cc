@@ -24,7 +24,10 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       return ToStore(std::move(r));
     }
     const Clock::time_point now = Clock::now();
-    if (now - last_read >= o.peer_wait) load_began = now;
+    if (now - last_read >= o.peer_wait) {
+      load_began = now;
+      load_known = behind = false;
+    }
     last_read = now;
     const uint64_t index = r.offset / chunk_bytes;
     const int p = static_cast<int>((r.offset % chunk_bytes) / piece);
@@ -76,7 +79,7 @@ SwarmReader::Impl::ChunkPtr SwarmReader::Impl::ChunkOf(const FileKey& key, uint6
 void SwarmReader::Impl::Decide(const ChunkPtr& chp, Later& later, bool demand) {
   if (dir_down) return ToStoreForDir(*chp, later);
   chp->state = State::kDeciding;
-  const bool may_defer = behind && !demand;
+  const bool may_defer = !demand && (behind || (!load_known && Clock::now() - load_began < kAhead));
   dir_threads->Post([this, chp, may_defer, began = load_began] {
     Decided(chp, Consult(*chp, may_defer, began));
   });
@@ -120,6 +123,7 @@ void SwarmReader::Impl::Decided(const ChunkPtr& ch, Decision d) {
       return;
     }
     ch->deferred = d.verdict == Verdict::kDefer;
+    load_known = load_known || !ch->deferred;
     switch (d.verdict) {
       case Verdict::kJoin:
         if (d.ahead && !behind) {

@@ -122,7 +122,9 @@ struct SwarmReader::Impl {
   bool stopping = false;                          // GUARDED_BY(mu)
   bool dir_down = false;                          // GUARDED_BY(mu)
   // This node's load began at `load_began`: its first read after peer_wait without one.
+  // `load_known`: a chunk of it has been looked up in the dir since (joined, waited on, claimed).
   Clock::time_point load_began, last_read;  // GUARDED_BY(mu)
+  bool load_known = false;                  // GUARDED_BY(mu)
   // This node follows nodes ahead of it (Decide): it found a chunk published more than kAhead
   // before its load began, and within peer_wait since it has got a piece from peers or waited
   // on another node's chunk (`followed`: the last time; `following`: this tick's chunks say it
@@ -144,12 +146,14 @@ struct SwarmReader::Impl {
   // wait meanwhile. While the dir is down, its readers go to the store instead. `demand`: a
   // reader waits on it (the read that asks, or a waiter). REQUIRES: mu.
   //
-  // A node behind others (`behind`) claims only chunks its readers wait on: a
-  // chunk nobody claimed that only its prefetch asks for is deferred (kWaiting, looked at again
-  // each tick) until a node ahead claims it, a reader waits on it, or this node has followed
-  // nobody for peer_wait. Without it, a node started 10 s after another took the first shards
-  // from it faster than the store sends, its shard opener reached the last shard first, and it
-  // read that shard from the store (0.75 of its bytes from peers; DESIGN.md §7).
+  // A node behind others (`behind`) claims only chunks its readers wait on: a chunk nobody
+  // claimed that only its prefetch asks for is deferred (kWaiting, looked at again each tick)
+  // until a node ahead claims it, a reader waits on it, or this node has followed nobody for
+  // peer_wait. Without it, a node started 10 s after another took the first shards from it
+  // faster than the store sends, its shard opener reached the last shard first, and it read that
+  // shard from the store (0.75 of its bytes from peers; DESIGN.md §6.13). So that the shard
+  // opener's first reads do not claim before the loader's first read says whether the node is
+  // behind, prefetch is deferred too until one chunk of the load was looked up (at most kAhead).
   void Decide(const ChunkPtr& chp, Later& later, bool demand);
   // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
   //   - published (its torrent in the dir) and its claim live (a node that holds it said so

@@ -420,10 +420,12 @@ TEST_F(SwarmReaderTest, ANodeBehindAnotherReadsFromTheStoreOnlyWhatItsReadersWai
   auto b = Node(1);
   ASSERT_TRUE(b);
   const std::shared_ptr<BackingFile> file = File();
-  Pending first = Read(*b, file, 0);  // chunk 0, shared before b asked: b is behind
+  // The shard opener's read of chunk 3 (nobody's yet), then the loader's first, of chunk 0:
+  // shared before b's load began, so b is behind.
+  Pending ahead = Read(*b, file, 12, /*demand=*/false);
+  Pending first = Read(*b, file, 0);
   ASSERT_NO_FATAL_FAILURE(Check(first));
-  Pending waited = Read(*b, file, 8);                    // chunk 2: waits on the third node
-  Pending ahead = Read(*b, file, 12, /*demand=*/false);  // chunk 3: nobody's yet
+  Pending waited = Read(*b, file, 8);  // chunk 2: waits on the third node
   std::this_thread::sleep_for(500ms);  // 25 ticks: without the rule, b claims chunk 3 at once
   EXPECT_FALSE(std::filesystem::exists(shared_ + "/" + id + "/3.claim"))
       << "b claimed a chunk only its prefetch asked for while it followed";

@@ -36,6 +36,7 @@ Prefetcher::Stream* Prefetcher::StreamFor(const FileKey& file,
 void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
                         bool safetensors) {
   bool created = false;
+  bool learn = false;
   {
     std::lock_guard lock(mu_);
     Stream* stream = StreamFor(file, backing, &created);
@@ -49,8 +50,11 @@ void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>&
       stream->backing = backing;
     }
     stream->opened = true;
+    // Its header unless asked for already (a speculative stream's prefetch found no room).
+    learn = safetensors && !stream->header_asked;
+    stream->header_asked = stream->header_asked || learn;
   }
-  if (created && safetensors) LearnOrder(file, backing);
+  if (learn) LearnOrder(file, backing, /*speculative=*/false);
   Pump(file);
 }
 
@@ -66,8 +70,13 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
     const bool widen = whole && !stream->opened;
     if (!created && !widen) return;
     if (widen) stream->state.reader_end = stream->state.blocks;
+    if (created && safetensors) stream->header_asked = true;
   }
-  if (created && safetensors) LearnOrder(file, backing);
+  if (created && safetensors && !LearnOrder(file, backing, /*speculative=*/true)) {
+    std::lock_guard lock(mu_);
+    const auto it = streams_.find(file);
+    if (it != streams_.end()) it->second.header_asked = false;
+  }
   Pump(file);
 }
 
@@ -87,13 +96,27 @@ std::vector<uint32_t> Prefetcher::OrderOf(const FileKey& file) const {
   return it == streams_.end() ? std::vector<uint32_t>() : it->second.order;
 }
 
-void Prefetcher::LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing) {
-  if (!options_.tensor_order) return;
-  // A demand read of the first block: the loader reads the header first anyway.
-  cache_.Get(BlockKey{file, 0}, BlockBytes(0, file.size, options_.block_size), backing,
-             [this, file](Result<BlockCache::Ref> block) {
-               if (block.ok()) ApplyHeader(file, block.value());
-             });
+bool Prefetcher::LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                            bool speculative) {
+  if (!options_.tensor_order) return true;
+  const uint32_t expected = BlockBytes(0, file.size, options_.block_size);
+  const auto apply = [this, file, backing, expected] {
+    cache_.Get(BlockKey{file, 0}, expected, backing, [this, file](Result<BlockCache::Ref> block) {
+      if (block.ok()) ApplyHeader(file, block.value());
+    });
+  };
+  if (!speculative) {
+    apply();
+    return true;
+  }
+  // Prefetched, then taken from the cache; cached or in flight already: taken (or waited on) at
+  // once.
+  const BlockCache::PrefetchResult started =
+      cache_.Prefetch(BlockKey{file, 0}, expected, backing, [apply](Status fetched) {
+        if (fetched.ok()) apply();
+      });
+  if (started == BlockCache::PrefetchResult::kPresent) apply();
+  return started != BlockCache::PrefetchResult::kNoRoom;
 }
 
 void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block) {

@@ -104,6 +104,7 @@ class Prefetcher {
     std::vector<uint32_t> order;  // empty: front to back
     std::vector<uint32_t> rank;   // block -> position, when there is an order
     bool opened = false;          // false while speculative (nobody opened the file yet)
+    bool header_asked = false;    // its first block asked for by LearnOrder
     // Which order the readers follow (NoteReadOrder), while there is an order: the blocks read
     // last (a ring), and the moves into a block in file order where the stream's order jumps,
     // since the last move that went elsewhere.
@@ -122,8 +123,13 @@ class Prefetcher {
   Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
                     bool* created = nullptr);
   // Reads the file's first block and, when it starts with a valid safetensors header, orders the
-  // stream by tensors. Takes no lock itself before the block arrives.
-  void LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing);
+  // stream by tensors. Takes no lock itself before the block arrives. An opened file's is a
+  // demand read (its loader reads the header first anyway); a speculative stream's is prefetch,
+  // served after every demand read: nobody waits on it, and a fleet's swarm leaves a chunk that
+  // only prefetch asks for to a node ahead (cache/backend/swarm_reader_impl.h, Decide). False
+  // when the block was not asked for (no room for prefetch): the file's open asks again.
+  bool LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
+                  bool speculative);
   void ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block);
   // A reader asked for blocks [first, last) of a stream with an order: counts which order it
   // follows, and drops the order for file order once it is plainly the file's. Returns whether it

@@ -32,7 +32,7 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
     const uint64_t index = r.offset / chunk_bytes;
     const int p = static_cast<int>((r.offset % chunk_bytes) / piece);
     ChunkPtr ch = ChunkOf(*key, index, r.file);
-    ch->used = Clock::now();
+    ch->used = now;
     const bool demand = r.demand;
     if (ch->state == State::kNew) {
       Decide(ch, later, demand);

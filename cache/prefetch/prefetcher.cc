@@ -70,12 +70,13 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
     const bool widen = whole && !stream->opened;
     if (!created && !widen) return;
     if (widen) stream->state.reader_end = stream->state.blocks;
-    if (created && safetensors) stream->header_asked = true;
   }
-  if (created && safetensors && !LearnOrder(file, backing, /*speculative=*/true)) {
+  // Marked once asked for: an open meanwhile asks too (the header applied twice walks the
+  // stream again, skipping what was asked for), rather than never where prefetch found no room.
+  if (created && safetensors && LearnOrder(file, backing, /*speculative=*/true)) {
     std::lock_guard lock(mu_);
     const auto it = streams_.find(file);
-    if (it != streams_.end()) it->second.header_asked = false;
+    if (it != streams_.end()) it->second.header_asked = true;
   }
   Pump(file);
 }

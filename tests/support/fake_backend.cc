@@ -14,6 +14,7 @@ void FakeBackend::Submit(ReadRequest request) {
     std::lock_guard lock(mu_);
     if (!stopping_) {
       ++submitted_;
+      if (request.demand) demanded_.push_back(request.offset);
       queue_.push_back(std::move(request));
       cv_.notify_all();
       return;
@@ -91,6 +92,11 @@ uint64_t FakeBackend::bytes_read() const {
 std::vector<uint64_t> FakeBackend::served_offsets() const {
   std::lock_guard lock(mu_);
   return served_;
+}
+
+std::vector<uint64_t> FakeBackend::demand_offsets() const {
+  std::lock_guard lock(mu_);
+  return demanded_;
 }
 
 bool FakeBackend::WaitCompleted(uint64_t n) {

@@ -43,6 +43,8 @@ class FakeBackend final : public BackendReader {
   uint64_t bytes_read() const;  // bytes delivered by successful reads
   // Offsets of the requests served so far, in the order they were served.
   std::vector<uint64_t> served_offsets() const;
+  // Offsets of the demand requests received so far (ReadRequest::demand), in the order received.
+  std::vector<uint64_t> demand_offsets() const;
   // Blocks until `n` requests have completed (or 10 s pass; returns false then).
   bool WaitCompleted(uint64_t n);
 
@@ -53,20 +55,21 @@ class FakeBackend final : public BackendReader {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<ReadRequest> queue_;  // GUARDED_BY(mu_)
-  bool held_ = false;              // GUARDED_BY(mu_)
-  bool prioritize_ = false;        // GUARDED_BY(mu_)
-  size_t released_ = 0;            // GUARDED_BY(mu_) held requests allowed through
-  uint64_t pass_up_to_ = 0;        // GUARDED_BY(mu_) requests this small are never held
-  bool stopping_ = false;          // GUARDED_BY(mu_)
-  uint64_t submitted_ = 0;         // GUARDED_BY(mu_)
-  uint64_t completed_ = 0;         // GUARDED_BY(mu_)
-  uint64_t bytes_ = 0;             // GUARDED_BY(mu_)
-  std::vector<uint64_t> served_;   // GUARDED_BY(mu_)
-  uint64_t fail_at_ = 0;           // GUARDED_BY(mu_) submitted_ count that fails; 0 = none
-  int fail_errno_ = 0;             // GUARDED_BY(mu_)
-  uint64_t short_at_ = 0;          // GUARDED_BY(mu_)
-  size_t short_by_ = 0;            // GUARDED_BY(mu_)
+  std::deque<ReadRequest> queue_;   // GUARDED_BY(mu_)
+  bool held_ = false;               // GUARDED_BY(mu_)
+  bool prioritize_ = false;         // GUARDED_BY(mu_)
+  size_t released_ = 0;             // GUARDED_BY(mu_) held requests allowed through
+  uint64_t pass_up_to_ = 0;         // GUARDED_BY(mu_) requests this small are never held
+  bool stopping_ = false;           // GUARDED_BY(mu_)
+  uint64_t submitted_ = 0;          // GUARDED_BY(mu_)
+  uint64_t completed_ = 0;          // GUARDED_BY(mu_)
+  uint64_t bytes_ = 0;              // GUARDED_BY(mu_)
+  std::vector<uint64_t> served_;    // GUARDED_BY(mu_)
+  std::vector<uint64_t> demanded_;  // GUARDED_BY(mu_)
+  uint64_t fail_at_ = 0;            // GUARDED_BY(mu_) submitted_ count that fails; 0 = none
+  int fail_errno_ = 0;              // GUARDED_BY(mu_)
+  uint64_t short_at_ = 0;           // GUARDED_BY(mu_)
+  size_t short_by_ = 0;             // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

@@ -246,9 +246,26 @@ TEST_F(PrefetcherSafetensorsTest, StreamFollowsTensorOrderOnceTheHeaderIsRead) {
   }
   EXPECT_EQ(ServedBlocks(), want);
   EXPECT_EQ(backend_.submitted(), 9u) << "no block twice";
+  EXPECT_EQ(backend_.demand_offsets(), std::vector<uint64_t>{0}) << "the header, on demand";
   const std::vector<uint32_t> order = prefetcher_->OrderOf(key_);
   ASSERT_EQ(order.size(), order_.size());
   for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], order_[i]) << i;
+}
+
+// The next shard, streamed before anyone opens it: its header is read as prefetch (nobody waits
+// on it; in a fleet a demand read claims its chunk for this node at once), and the stream still
+// follows the tensors once it is in.
+TEST_F(PrefetcherSafetensorsTest, ASpeculativeStreamReadsItsHeaderAsPrefetch) {
+  MakeFile("model.safetensors", {4, 1, 6, 0, 3, 5, 2, 7});
+  backend_.Hold();
+  prefetcher_->StartSpeculative(key_, backing_, /*safetensors=*/true, /*whole=*/true);
+  backend_.Release(1);  // block 0, the header
+  ASSERT_TRUE(backend_.WaitCompleted(1));
+  EXPECT_TRUE(WaitForTensorOrder());
+  backend_.ReleaseAll();
+  ASSERT_TRUE(backend_.WaitCompleted(9));
+  EXPECT_EQ(backend_.submitted(), 9u) << "no block twice";
+  EXPECT_TRUE(backend_.demand_offsets().empty()) << "a demand read of a file nobody opened";
 }
 
 // Name order the reverse of file order: t0 is the file's last tensor. An eager read() loader reads

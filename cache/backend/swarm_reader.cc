@@ -338,22 +338,27 @@ void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id,
     Status s = engine ? engine->Add(id, *bytes, ch->data, /*seed=*/true) : Error(ECANCELED);
     if (!s.ok()) why = s.error().Message();
   }
-  std::lock_guard lock(mu);
-  if (!why.empty() || stopping || ch->state != State::kFetching) {
-    by_id.erase(id);
-    ch->id = 0;
-    if (why.empty()) {
-      std::shared_lock use(engine_use);
-      if (engine) engine->Remove(id);
+  bool remove = false;
+  {
+    std::lock_guard lock(mu);
+    if (why.empty() && !stopping && ch->state == State::kFetching) {
+      ch->state = State::kSwarm;
+      ch->progress = Clock::now();
       return;
     }
-    if (stopping) return;
-    spdlog::warn("swarm: {} not published ({}); its readers wait on no one", ch->name, why);
-    LetGo(ch->claim);  // another node may claim it; this one has every piece
-    return;
+    by_id.erase(id);
+    ch->id = 0;
+    remove = why.empty();
+    if (!remove && !stopping) {
+      spdlog::warn("swarm: {} not published ({}); its readers wait on no one", ch->name, why);
+      LetGo(ch->claim);  // another node may claim it; this one has every piece
+    }
   }
-  ch->state = State::kSwarm;
-  ch->progress = Clock::now();
+  // Not under `mu`: Run takes engine_use, then `mu` (Join).
+  if (remove) {
+    std::shared_lock use(engine_use);
+    if (engine) engine->Remove(id);
+  }
 }
 
 void SwarmReader::Impl::Loop() {

@@ -127,12 +127,11 @@ struct SwarmReader::Impl {
   bool load_known = false;                  // GUARDED_BY(mu)
   // This node follows nodes ahead of it (Decide): it found a chunk published more than kAhead
   // before its load began, and within peer_wait since it has got a piece from peers or waited
-  // on another node's chunk (`followed`: the last time; `following`: this tick's chunks say it
-  // does). kAhead: more than nodes started together are apart (under 1 s in the fleet's bench),
-  // which each claim chunks for the fleet.
+  // on another node's chunk (`followed`: the last time, set by a piece in and by each tick's
+  // chunks). kAhead: more than nodes started together are apart (under 1 s in the fleet's
+  // bench), which each claim chunks for the fleet.
   static constexpr std::chrono::seconds kAhead{2};
   bool behind = false;         // GUARDED_BY(mu)
-  bool following = false;      // GUARDED_BY(mu)
   Clock::time_point followed;  // GUARDED_BY(mu)
   std::thread thread;
 
@@ -224,8 +223,7 @@ struct SwarmReader::Impl {
   void Reclaim(const ChunkPtr& chp, Later& later);
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
-  // Each tick, before the chunks say whether it follows: `behind` ends once this node has
-  // followed nobody for peer_wait. REQUIRES: mu.
+  // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
   void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.
   void WatchDir(Clock::time_point now, Later& later);

@@ -35,17 +35,17 @@ void SwarmReader::Impl::Tick() {
         case State::kWaiting:
           // Looked at again: joined once published, read by this node once its claimer is gone
           // (a deferred one once claimed, waited on, or this node no longer behind).
-          following = following || !ch->deferred;
+          if (!ch->deferred) followed = now;
           Decide(ch, later, ch->Demanded());
           break;
         case State::kJoining:
-          following = true;
+          followed = now;
           break;
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
           if (ch->Whole()) refresh(*ch);
-          following = following || !ch->Whole();
+          if (!ch->Whole()) followed = now;
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;
@@ -80,8 +80,6 @@ void SwarmReader::Impl::Tick() {
 }
 
 void SwarmReader::Impl::Follow(Clock::time_point now) {
-  if (following) followed = now;
-  following = false;  // this tick's chunks say again
   if (!behind || now - followed < o.peer_wait) return;
   behind = false;
   spdlog::info("swarm: this node has followed no node for {} ms; it claims what it reads again",

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cache/block.h"
+#include "cache/prefetch/stream_policy.h"
 #include "fs/read_through_fs.h"
 #include "fs/read_through_handles.h"
 
@@ -59,6 +60,7 @@ void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
   // One more than the blocks: this loop's own count, so that answers arriving during the loop
   // (cached blocks answer at once) cannot end the round before every Get was made.
   fill->left.store(blocks + 1, std::memory_order_relaxed);
+  const uint64_t lead = NextShardLead(blocks);
   // One round's Gets at a time: the backend reader serves demand first come, first served, so
   // the file opened first is cached first, and a loader thread can read it while the files of
   // the others are still coming (several threads opening shards at once). With the rounds'
@@ -70,13 +72,15 @@ void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
       // budget pinned by others) must not hold room that those others wait for. The Ref given to
       // the callback is given back at once.
       cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
-                 fill->handle->file, [this, fill](Result<BlockCache::Ref> block) {
+                 fill->handle->file, [this, fill, lead](Result<BlockCache::Ref> block) {
                    if (block.ok()) {
                      block.value().Reset();  // before the round can end: it counts what is pinned
                    } else {
                      fill->failed.store(true, std::memory_order_relaxed);
                    }
-                   if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
+                   const uint64_t left = fill->left.fetch_sub(1, std::memory_order_acq_rel) - 1;
+                   if (left == 0) return FillRoundDone(fill);
+                   if (left <= lead) fill->StartNext();
                  });
     }
   }
@@ -94,6 +98,7 @@ void ReadThroughFs::FillRoundDone(const std::shared_ptr<Fill>& fill) {
     const CacheStats stats = cache_.Stats();
     if (stats.pinned_bytes + FillBudget(identity) <= stats.budget_bytes) return RunFill(fill);
   }
+  fill->StartNext();  // all of it was cached already, or fewer blocks than the lead
   filling_opens_.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - fill->started);

@@ -234,15 +234,17 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
     return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
   }
 
-  // Fill on open. The next shard of a set streams in behind this file's fetches (the backend
-  // serves demand reads first), so it is on its way while the loader reads this one.
+  // Fill on open. The next shard of a set starts when this file's last blocks are on their way
+  // (Fill::next, NextShardLead), so it is coming while the loader reads this one.
+  auto fill = std::make_shared<Fill>();
   {
     auto [dir, name] = PlaceOf(*handle->inode);
     if (dir && name.ends_with(".safetensors")) {
-      shard_opener_->StartNextAfter(dir, name, handle->identity.size);
+      fill->next = [opener = shard_opener_.get(), dir, name, size = handle->identity.size] {
+        opener->StartNextAfter(dir, name, size);
+      };
     }
   }
-  auto fill = std::make_shared<Fill>();
   fill->handle = std::move(handle);
   fill->done = std::move(done);
   fill->started = std::chrono::steady_clock::now();
@@ -369,6 +371,10 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   out.backing_id = handle->backing_id;
   out.direct = handle->direct;
   StartStreams(*handle, dir, name, next_started);
+  // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
+  // goes now, not at its RELEASE (which a mapping delays until it is unmapped). A file held open
+  // costs some stores more than a descriptor (NextShardLead).
+  if (handle->backing_id > 0) handle->file.reset();
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);

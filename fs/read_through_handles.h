@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -43,6 +44,13 @@ struct ReadThroughFs::Fill {
   int rounds = 0;                   // only the thread ending a round touches it
   std::atomic<uint64_t> left{0};    // answers outstanding in this round, plus one
   std::atomic<bool> failed{false};  // a backend read failed: no second round
+  // Starts the next shard of the set (empty: none), once: when at most NextShardLead of this
+  // file's blocks are still to come, or at the end of the fill.
+  std::function<void()> next;
+  std::atomic<bool> next_started{false};
+  void StartNext() {
+    if (next && !next_started.exchange(true, std::memory_order_acq_rel)) next();
+  }
 };
 
 struct ReadThroughFs::DirHandle {

@@ -269,8 +269,10 @@ void Prefetcher::Pump(const FileKey& file) {
       std::lock_guard lock(mu_);
       Stream& stream = streams_.at(file);
       range = NextStreamBlocks(stream.state, options_.limits);
-      if (range.empty() && stream.state.next >= stream.state.blocks && stream.successor) {
-        successor = std::move(stream.successor);  // every block asked for: the next shard's turn
+      if (range.empty() && stream.state.next >= stream.state.blocks && stream.successor &&
+          stream.state.in_flight <= NextShardLead(stream.state.blocks)) {
+        // Every block asked for and few still to come: the next shard's turn.
+        successor = std::move(stream.successor);
         stream.successor = nullptr;
       }
       if (range.empty() && !stream.again) {

@@ -5,14 +5,14 @@
 // the stream has parsed the header from the file's first block. A reader seen going front to back
 // where the two orders part (an eager read() loader) turns the stream back to file order: in
 // tensor order its reads land on blocks the stream skipped, and each waits for a fetch. When a
-// file's stream has asked for its last block, the next shard of its set (SetSuccessor) starts
-// streaming before anyone opens it; a speculative stream stays within its window of the file's
-// start unless started `whole`, and starts its successor only once it has asked for its last block
-// (how many shards run ahead is fs/shard_opener.h's budget). One stream per file identity, shared
-// by every handle and process that reads it; the cache's single in-flight fetch per block means
-// nothing is fetched twice. Stream fetches go to the backend after every demand read, and never
-// evict prefetched data nobody has read yet: when the budget is full the stream pauses, and each
-// read resumes it.
+// file's stream has asked for its last block and few of its fetches are still out (NextShardLead),
+// the next shard of its set (SetSuccessor) starts streaming before anyone opens it; a speculative
+// stream stays within its window of the file's start unless started `whole`, and starts its own
+// successor the same way (how many shards run ahead is fs/shard_opener.h's budget). One stream per
+// file identity, shared by every handle and process that reads it; the cache's single in-flight
+// fetch per block means nothing is fetched twice. Stream fetches go to the backend after every
+// demand read, and never evict prefetched data nobody has read yet: when the budget is full the
+// stream pauses, and each read resumes it.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -84,8 +84,9 @@ class Prefetcher {
                         bool safetensors = false, bool whole = false);
 
   // `start` runs once (with no lock held, on any thread, possibly at once) when the stream of
-  // `file`, opened or speculative, has asked for its last block: it should StartSpeculative the
-  // next shard. A later SetSuccessor replaces one that has not run.
+  // `file`, opened or speculative, has asked for its last block and has at most NextShardLead of
+  // its fetches out: it should StartSpeculative the next shard. A later SetSuccessor replaces one
+  // that has not run.
   using Successor = std::function<void()>;
   void SetSuccessor(const FileKey& file, Successor start);
 
@@ -112,7 +113,7 @@ class Prefetcher {
     uint32_t recent_count = 0;
     uint32_t recent_next = 0;
     uint32_t file_order_moves = 0;
-    Successor successor;  // run once every block was asked for
+    Successor successor;  // run once every block was asked for and few are still out
     // One Pump at a time per stream keeps its requests in file order; a Pump asked for while one
     // runs is done by that one (`again`).
     bool pumping = false;

@@ -122,14 +122,21 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
 }
 
 std::string ShardOrder::Next(int dir_fd, const std::string& name) {
+  // A numbered shard's name says which comes next, or that none does: the order loaders take
+  // (sorted names, which the index's order is too). The index is not read from the store for it:
+  // a store read of another file in the middle of a load (sshfs gives it a new connection when
+  // the shard's has requests out, a key exchange that stalls the mount; docs/DESIGN.md §6.12).
+  if (IsNumberedShard(name)) {
+    std::vector<std::string> following = FollowingShardsByName(name, /*most=*/1);
+    return following.empty() ? std::string() : following.front();
+  }
   std::lock_guard lock(mu_);
   Index unkept;
   if (const Index* index = IndexOf(dir_fd, &unkept); index != nullptr && index->shards) {
     const std::span<const std::string> following = ShardsAfter(*index->shards, name);
     if (!following.empty()) return following.front();
   }
-  std::vector<std::string> following = FollowingShardsByName(name, /*most=*/1);
-  return following.empty() ? std::string() : following.front();
+  return {};
 }
 
 }  // namespace accelfs

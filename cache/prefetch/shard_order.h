@@ -1,5 +1,5 @@
-// Which shard follows which, read from the store: a directory's model.safetensors.index.json or,
-// without one, the shard names. The pure half (parsing names and indexes) is
+// Which shard follows which: a -0000k-of-0000N name says it; for other names the directory's
+// model.safetensors.index.json, read from the store. The pure half (parsing names and indexes) is
 // cache/prefetch/shard_set.h; this half reads the index and remembers it.
 #pragma once
 
@@ -33,9 +33,9 @@ class ShardOrder {
   // Remembered indexes take at most this much memory, in all (their names, and what holds them).
   static constexpr size_t kMaxRememberedBytes = 4u << 20;
 
-  // The shard after `name` in the directory `dir_fd` (an O_PATH descriptor): from the directory's
-  // index when it lists `name`, else from a -0000k-of-0000N name. Empty when there is none, or
-  // the index is unreadable or hostile (then the name decides).
+  // The shard after `name` in the directory `dir_fd` (an O_PATH descriptor): from a
+  // -0000k-of-0000N name (IsNumberedShard) without reading the index, else from the directory's
+  // index when it lists `name`. Empty when there is none, or the index is unreadable or hostile.
   std::string Next(int dir_fd, const std::string& name);
 
  private:

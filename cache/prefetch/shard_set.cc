@@ -109,7 +109,17 @@ class IndexReader final : public Json::json_sax_t {
 
 }  // namespace
 
-std::vector<std::string> FollowingShardsByName(std::string_view name, size_t most) {
+namespace {
+
+// `name` read as <prefix>-<k>-of-<n>.safetensors, k and n of one width.
+struct ShardName {
+  std::string_view prefix;
+  std::string_view n_digits;
+  size_t k = 0;
+  size_t n = 0;
+};
+
+std::optional<ShardName> ParseShardName(std::string_view name) {
   if (name.find('/') != std::string_view::npos || !name.ends_with(kShardSuffix)) return {};
   const std::string_view stem = name.substr(0, name.size() - kShardSuffix.size());
   const size_t of = stem.rfind(kShardOf);
@@ -119,18 +129,27 @@ std::vector<std::string> FollowingShardsByName(std::string_view name, size_t mos
   if (of < width + 1 || stem[of - width - 1] != '-') return {};
   const std::optional<size_t> k = ShardNumber(stem.substr(of - width, width));
   const std::optional<size_t> n = ShardNumber(n_digits);
-  if (!k || !n || *k == 0 || *k >= *n) return {};
+  if (!k || !n || *k == 0 || *k > *n) return {};
+  return ShardName{stem.substr(0, of - width - 1), n_digits, *k, *n};
+}
 
-  const std::string_view prefix = stem.substr(0, of - width - 1);
+}  // namespace
+
+bool IsNumberedShard(std::string_view name) { return ParseShardName(name).has_value(); }
+
+std::vector<std::string> FollowingShardsByName(std::string_view name, size_t most) {
+  const std::optional<ShardName> shard = ParseShardName(name);
+  if (!shard || shard->k == shard->n) return {};
+  const size_t width = shard->n_digits.size();
   std::vector<std::string> names;
-  const size_t last = *n - *k > most ? *k + most : *n;
-  names.reserve(last - *k);
-  for (size_t i = *k + 1; i <= last; ++i) {
+  const size_t last = shard->n - shard->k > most ? shard->k + most : shard->n;
+  names.reserve(last - shard->k);
+  for (size_t i = shard->k + 1; i <= last; ++i) {
     const std::string digits = std::to_string(i);  // fits: i <= n, which has `width` digits
-    std::string shard(prefix);
-    shard.append("-").append(width - digits.size(), '0').append(digits);
-    shard.append(kShardOf).append(n_digits).append(kShardSuffix);
-    names.push_back(std::move(shard));
+    std::string next(shard->prefix);
+    next.append("-").append(width - digits.size(), '0').append(digits);
+    next.append(kShardOf).append(shard->n_digits).append(kShardSuffix);
+    names.push_back(std::move(next));
   }
   return names;
 }

@@ -35,6 +35,9 @@ inline constexpr size_t kMaxShardIndexBytes = 64u << 20;
 // build the names of a 100,000-shard set to take one.
 std::vector<std::string> FollowingShardsByName(std::string_view name, size_t most = kMaxShards);
 
+// Whether `name` is shard k of such a set, 1 <= k <= n (the last one too).
+bool IsNumberedShard(std::string_view name);
+
 // From the contents of a model.safetensors.index.json: the distinct files its "weight_map" (tensor
 // name -> file name) names, sorted by name (std::string's <) as loaders take them. Of repeated
 // "weight_map" keys the last counts. Error(EINVAL) when the JSON is malformed or not an object,

@@ -30,6 +30,11 @@ std::string ShardName(int k, int n) {
   return name;
 }
 
+// A set whose names do not number its shards (weights-a, weights-b, ...): only its index orders it.
+std::string UnnumberedShardName(int k) {
+  return std::string("weights-") + static_cast<char>('a' + k - 1) + ".safetensors";
+}
+
 // A safetensors file of `tensors` tensors of `tensor_bytes` each, named so that name order is
 // not file order (t<i> is stored in reverse).
 void WriteShard(const std::string& path, int tensors, uint64_t tensor_bytes, uint64_t seed) {
@@ -96,9 +101,9 @@ bool LogShows(const AccelfsProcess& daemon, const std::string& text, size_t time
 class ShardSetTest : public MountTest {
  protected:
   std::vector<std::string> shards_;
-  void MakeModel(int n, bool index) {
+  void MakeModel(int n, bool index, bool numbered = true) {
     for (int k = 1; k <= n; ++k) {
-      shards_.push_back(ShardName(k, n));
+      shards_.push_back(numbered ? ShardName(k, n) : UnnumberedShardName(k));
       WriteShard(Src(shards_.back()), 12, kMiB, 40 + k);
     }
     if (index) WriteIndex(Src("model.safetensors.index.json"), shards_);
@@ -110,7 +115,7 @@ class ShardSetTest : public MountTest {
 };
 
 TEST_F(ShardSetTest, OpeningAShardStreamsTheNextOneFromTheIndex) {
-  MakeModel(3, /*index=*/true);
+  MakeModel(3, /*index=*/true, /*numbered=*/false);
   ASSERT_NO_FATAL_FAILURE(Mount());
   ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
   EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
@@ -155,9 +160,10 @@ TEST_F(ShardSetTest, ShardsAheadStopAtHalfTheCache) {
 }
 
 // The index sits on the slow store with the shards, and a large model's is MiBs: it is read once
-// for a whole load and for the loads after it, and again only when it changes.
+// for a whole load and for the loads after it, and again only when it changes. (Numbered shards
+// do not need it: their names say the order.)
 TEST_F(ShardSetTest, TheIndexIsReadOnceAndAgainWhenItChanges) {
-  MakeModel(4, /*index=*/true);
+  MakeModel(4, /*index=*/true, /*numbered=*/false);
   const std::string index = Src("model.safetensors.index.json");
   OpenCounter opens(index);
   ASSERT_NO_FATAL_FAILURE(Mount());
@@ -184,6 +190,17 @@ TEST_F(ShardSetTest, WithoutAnIndexTheNamesGiveTheNextShard) {
   ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
   EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
   ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[1]), Src(shards_[1])));
+}
+
+// Numbered shards' names say the order: the index beside them is not read from the store (a read
+// of another file in the middle of the load; on sshfs a new connection, docs/DESIGN.md §6.12).
+TEST_F(ShardSetTest, NumberedShardsLeaveTheIndexUnread) {
+  MakeModel(3, /*index=*/true);
+  OpenCounter opens(Src("model.safetensors.index.json"));
+  ASSERT_NO_FATAL_FAILURE(Mount());
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+  EXPECT_EQ(opens.Take(), 0);
 }
 
 TEST_F(ShardSetTest, CorruptHeaderTruncatedShardAndHostileIndexReadTheSame) {

@@ -109,11 +109,21 @@ TEST_F(ShardOrderTest, WithoutAnIndexTheNamesDecide) {
   EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
 }
 
-TEST_F(ShardOrderTest, AHostileIndexIsReadOnceAndTheNamesDecide) {
-  ASSERT_NO_FATAL_FAILURE(WriteIndex({"../etc/passwd", "m-00001-of-00002.safetensors"}));
-  for (int round = 0; round < 3; ++round) {
-    EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
-  }
+TEST_F(ShardOrderTest, AHostileIndexIsReadOnceAndNamesNothing) {
+  ASSERT_NO_FATAL_FAILURE(WriteIndex({"../etc/passwd", "a.safetensors", "b.safetensors"}));
+  for (int round = 0; round < 3; ++round) EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "");
+  EXPECT_EQ(Opens(), 1);
+}
+
+// A numbered shard's name decides, the last one's too (nothing follows it), and the index is not
+// read from the store for it: a read of another file in the middle of a load.
+TEST_F(ShardOrderTest, ANumberedShardsNameDecidesWithoutTheIndex) {
+  ASSERT_NO_FATAL_FAILURE(WriteIndex(
+      {"m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors", "z.safetensors"}));
+  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "m-00002-of-00002.safetensors"), "");
+  EXPECT_EQ(Opens(), 0);
+  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "");  // not listed: nothing follows
   EXPECT_EQ(Opens(), 1);
 }
 

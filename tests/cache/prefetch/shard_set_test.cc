@@ -102,6 +102,18 @@ TEST(FollowingShardsByNameTest, AtTheShardLimit) {
   EXPECT_EQ(names.back(), "m-100000-of-100000.safetensors");
 }
 
+TEST(IsNumberedShardTest, TheLastShardIsOneAndMalformedNamesAreNot) {
+  EXPECT_TRUE(IsNumberedShard("m-00001-of-00003.safetensors"));
+  EXPECT_TRUE(IsNumberedShard("m-00003-of-00003.safetensors"));
+  EXPECT_TRUE(IsNumberedShard("model-1-of-1.safetensors"));
+  EXPECT_FALSE(IsNumberedShard("m-00004-of-00003.safetensors"));  // k > n
+  EXPECT_FALSE(IsNumberedShard("m-00000-of-00003.safetensors"));  // k == 0
+  EXPECT_FALSE(IsNumberedShard("m-0001-of-00003.safetensors"));   // widths differ
+  EXPECT_FALSE(IsNumberedShard("m-00001-of-00003.bin"));
+  EXPECT_FALSE(IsNumberedShard("d/m-00001-of-00003.safetensors"));
+  EXPECT_FALSE(IsNumberedShard("model.safetensors"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // FollowingShardsFromIndex
 

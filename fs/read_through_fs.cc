@@ -234,8 +234,10 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
     return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
   }
 
-  // Fill on open. The next shard of a set starts when this file's last blocks are on their way
-  // (Fill::next, NextShardLead), so it is coming while the loader reads this one.
+  // Fill on open. The next shard of a set streams in beside this file's fetches (the backend
+  // serves demand reads first), so it is on its way while the loader reads this one: at once
+  // where this file alone cannot take all its store gives, else once its last blocks are on their
+  // way (Fill::next, NextShardLead). The identity samples just read told which.
   auto fill = std::make_shared<Fill>();
   {
     auto [dir, name] = PlaceOf(*handle->inode);
@@ -243,6 +245,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
       fill->next = [opener = shard_opener_.get(), dir, name, size = handle->identity.size] {
         opener->StartNextAfter(dir, name, size);
       };
+      if (!handle->file->alone_fills_store()) fill->StartNext();
     }
   }
   fill->handle = std::move(handle);

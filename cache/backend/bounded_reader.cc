@@ -140,6 +140,9 @@ BoundedReader::FileId BoundedReader::IdOf(const BackingFile& file) {
 
 void BoundedReader::Submit(ReadRequest request) {
   const StoreLimits limits = LimitsOf(*request.file);
+  // A lone file held by its store's bound, not by the share: a second file adds nothing.
+  request.file->SetAloneFillsStore(limits.lone_file_requests > 0 &&
+                                   Share() >= limits.lone_file_requests);
   std::vector<ReadRequest> pieces;
   if (limits.request_bytes > 0 && request.expected > limits.request_bytes) {
     pieces = Split(std::move(request), limits.request_bytes);

@@ -65,6 +65,16 @@ class BackingFile {
   void SetTailSamples(bool tail) { tail_samples_ = tail; }
   bool tail_samples() const { return tail_samples_; }
 
+  // A read of it alone gets its store all that accelfs sends that store but the slots kept for
+  // another file (BoundedReader, from the store's queue and the backend's depth; false until its
+  // first read, and on stores without a queue of their own): a second file read beside it would
+  // get the store nothing more, and costs some stores more than a descriptor (NextShardLead), so
+  // the next shard of a set waits until this one is nearly in. Changes with the depth.
+  void SetAloneFillsStore(bool fills) {
+    alone_fills_store_.store(fills, std::memory_order_relaxed);
+  }
+  bool alone_fills_store() const { return alone_fills_store_.load(std::memory_order_relaxed); }
+
   // Its content identity (cache/file_key.h), once known: BlockCache::Identify sets it. What a
   // swarm names the file's bytes by (SwarmReader); reads before it go to the store. Set once: a
   // later call changes nothing.
@@ -98,9 +108,10 @@ class BackingFile {
   std::atomic<bool> direct_;
   uint64_t dev_ = 0;  // set once, before the file is shared
   uint64_t ino_ = 0;
-  bool may_block_ = false;              // set once, before the file is shared
-  bool tail_samples_ = false;           // set once, before the file is shared
-  bool on_fuse_ = false;                // set once, before the file is shared
+  bool may_block_ = false;     // set once, before the file is shared
+  bool tail_samples_ = false;  // set once, before the file is shared
+  bool on_fuse_ = false;       // set once, before the file is shared
+  std::atomic<bool> alone_fills_store_{false};
   std::atomic<int> identity_state_{0};  // 0: none, 1: being set, 2: identity_ holds it
   FileKey identity_;
 };

@@ -270,7 +270,8 @@ void Prefetcher::Pump(const FileKey& file) {
       Stream& stream = streams_.at(file);
       range = NextStreamBlocks(stream.state, options_.limits);
       if (range.empty() && stream.state.next >= stream.state.blocks && stream.successor &&
-          stream.state.in_flight <= NextShardLead(stream.state.blocks)) {
+          (stream.state.in_flight <= NextShardLead(stream.state.blocks) ||
+           !stream.backing->alone_fills_store())) {
         // Every block asked for and few still to come: the next shard's turn.
         successor = std::move(stream.successor);
         stream.successor = nullptr;

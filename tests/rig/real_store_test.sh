@@ -10,7 +10,8 @@
 #   4. a shard replaced through the store, its size and mtime kept (`cp --preserve=timestamps`,
 #      what `cp -p` keeps of the times): read as the new file (sshfs and S3 keep no ctime: the
 #      fingerprint of the first and last page, the last two on object stores, is what tells);
-#   5. a shard replaced by a rename through the store: read as the new file.
+#   5. a shard replaced by a rename through the store: read as the new file;
+#   6. sshfs: a cold load of three shards leaves sshfs with two SSH connections, not three.
 # Before content identity, 2 and 3 fetched the whole model again (issue "Real stores I").
 # "Next to nothing" is at most a quarter of the model in store traffic: protocol overhead and the
 # two 4 KiB samples of each open. s3fs reads ahead up to 50 MB (multipart_size x parallel_count)
@@ -178,6 +179,34 @@ sleep 2
 cmp "$mnt/model-00001-of-00002.safetensors" "$tmp/renamed" ||
   fail "a file replaced by a rename was served with its old bytes"
 echo "$kind: replaced by a rename: read as the new file"
+
+# 6. sshfs: a cold load opens no SSH connection it does not need. sshfs with max_conns (the rig's
+# 4) gives a file opened while its connections have requests out a connection of its own, whose
+# key exchange stalls every request of the mount (docs/DESIGN.md §6.12). Where one file takes all
+# the store gives, the daemon opens the next shard only when the one before is nearly in, and a
+# passed-through file lets its store descriptor go, and numbered shards leave the index unread:
+# three 128 MiB shards, cold, after a remount (one connection), need two, as the loader reading
+# sshfs directly does (before: three).
+if [[ $kind == sshfs ]]; then
+  stop_daemon
+  set_dir=$("$stores" path "$st")/set
+  mkdir -p "$set_dir"
+  for k in 1 2 3; do head -c $((128 << 20)) /dev/urandom >"$set_dir/model-0000$k-of-00003.safetensors"; done
+  # A model's index beside its shards, as every sharded checkpoint has (the names order the set).
+  printf '{"weight_map": {"a": "%s", "b": "%s", "c": "%s"}}\n' model-0000{1,2,3}-of-00003.safetensors \
+    >"$set_dir/model.safetensors.index.json"
+  "$stores" remount "$st" || fail "the store did not remount"
+  rm -rf "$cache"
+  start_daemon "$tmp/accelfs3.log"
+  for k in 1 2 3; do
+    f=set/model-0000$k-of-00003.safetensors
+    cmp -s "$mnt/$f" "$set_dir/${f#set/}" || fail "$f through accelfs differs from the store's file"
+  done
+  read -r client _ <"$st/pids/client"
+  conns=$(pgrep -c -s "$client" -x ssh || true)  # sshfs runs ssh in its session, not as its child
+  echo "$kind: a cold load of 3 x 128 MiB shards: $conns SSH connections"
+  ((conns <= 2)) || fail "a cold load of three shards left sshfs with $conns SSH connections"
+fi
 
 stop_daemon
 echo "PASS $kind"

@@ -458,6 +458,31 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
   reader.Stop();
 }
 
+// Whether a file read alone takes all its store gives (BackingFile::alone_fills_store, what makes
+// the next shard of a set wait): where its store's lone bound is within its share of the depth
+// (a FUSE store of max_background 12 behind depth 32), not where the share holds it lower (a
+// store that takes 64 requests) nor on a store without a queue of its own; it follows the depth.
+TEST(BoundedReaderTest, AFileTellsWhetherAloneItTakesAllItsStoreGives) {
+  for (const auto& [depth, lone, fills] :
+       {std::tuple{32u, 5u, true}, std::tuple{32u, 28u, false}, std::tuple{64u, 28u, true},
+        std::tuple{32u, 0u, false}}) {
+    auto* inner = new HeldReader(depth);
+    BoundedReaderOptions options;
+    options.limits = [lone](const BackingFile&) {
+      return lone == 0 ? StoreLimits{} : StoreLimits{1 << 20, lone + 1, 3, lone};
+    };
+    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    const auto file = File();
+    EXPECT_FALSE(file->alone_fills_store()) << "nothing known before its first read";
+    Done done;
+    reader.Submit(Request(file, true, done));
+    EXPECT_EQ(file->alone_fills_store(), fills) << "depth " << depth << ", lone bound " << lone;
+    ASSERT_TRUE(inner->Answer());
+    ASSERT_TRUE(done.Wait());
+    reader.Stop();
+  }
+}
+
 // A store's first reads try O_DIRECT and the page cache by turns (IoChoice), and the rest go the
 // way that read faster; a file that refuses O_DIRECT is read through the page cache anyway, and
 // the operator's choice holds without a trial.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -429,6 +430,35 @@ TEST_F(PrefetcherTest, SuccessorStartsOnceWhenAnOpenedStreamHasAskedForEverythin
   prefetcher_->OnRead(key_, backing_, 0, kBlock);  // more pumps run no second successor
   EXPECT_EQ(started, 1);
 }
+
+// Where one file alone takes all its store gives (BackingFile::alone_fills_store), the next shard
+// waits until the stream has asked for everything and at most NextShardLead of it is still to
+// come (40 blocks: 10); elsewhere it starts once everything was asked for.
+class SuccessorLeadTest : public PrefetcherTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(SuccessorLeadTest, WhereOneFileFillsTheStoreTheNextWaitsForTheLastBlocks) {
+  const bool fills = GetParam();
+  Make(64, 40, {/*ahead=*/64, /*max_in_flight=*/64});
+  backing_->SetAloneFillsStore(fills);
+  std::atomic<int> started{0};
+  backend_.Hold();
+  prefetcher_->OnOpen(key_, backing_);
+  prefetcher_->SetSuccessor(key_, [&] { ++started; });
+  ASSERT_EQ(backend_.waiting(), 40u);
+  EXPECT_EQ(started, fills ? 0 : 1) << "every block asked for, none in";
+  backend_.Release(29);
+  ASSERT_TRUE(backend_.WaitCompleted(29));
+  EXPECT_EQ(started, fills ? 0 : 1) << "11 still to come";
+  backend_.Release(1);
+  ASSERT_TRUE(backend_.WaitCompleted(30));
+  EXPECT_EQ(started, 1) << "10 still to come";
+  backend_.ReleaseAll();
+  ASSERT_TRUE(backend_.WaitCompleted(40));
+  EXPECT_EQ(started, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(FillsOrNot, SuccessorLeadTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Fills" : "DoesNot"; });
 
 TEST_F(PrefetcherTest, SpeculativeStreamStaysAWindowAheadAndStartsNoSuccessor) {
   Make(256, 40, {/*ahead=*/8, /*max_in_flight=*/4});

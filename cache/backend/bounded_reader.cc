@@ -140,9 +140,13 @@ BoundedReader::FileId BoundedReader::IdOf(const BackingFile& file) {
 
 void BoundedReader::Submit(ReadRequest request) {
   const StoreLimits limits = LimitsOf(*request.file);
-  // A lone file held by its store's bound, not by the share: a second file adds nothing.
+  // A lone file held by its store's bound, not by the share: a second file adds nothing. Not on
+  // a store that reads ahead from each read's offset (tail_samples: the object stores' FUSE
+  // mounts), which serves a file one read-ahead at a time (s3fs: a 50 MB range under the file's
+  // lock, its reads waiting behind it): another file streams while one waits.
   request.file->SetAloneFillsStore(limits.lone_file_requests > 0 &&
-                                   Share() >= limits.lone_file_requests);
+                                   Share() >= limits.lone_file_requests &&
+                                   !request.file->tail_samples());
   std::vector<ReadRequest> pieces;
   if (limits.request_bytes > 0 && request.expected > limits.request_bytes) {
     pieces = Split(std::move(request), limits.request_bytes);

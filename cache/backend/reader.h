@@ -67,9 +67,10 @@ class BackingFile {
 
   // A read of it alone gets its store all that accelfs sends that store but the slots kept for
   // another file (BoundedReader, from the store's queue and the backend's depth; false until its
-  // first read, and on stores without a queue of their own): a second file read beside it would
-  // get the store nothing more, and costs some stores more than a descriptor (NextShardLead), so
-  // the next shard of a set waits until this one is nearly in. Changes with the depth.
+  // first read, on stores without a queue of their own, and on stores that read ahead from each
+  // read's offset, tail_samples): a second file read beside it would get the store nothing more,
+  // and costs some stores more than a descriptor (NextShardLead), so the next shard of a set waits
+  // until this one is nearly in. Changes with the depth.
   void SetAloneFillsStore(bool fills) {
     alone_fills_store_.store(fills, std::memory_order_relaxed);
   }

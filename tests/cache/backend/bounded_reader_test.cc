@@ -461,22 +461,32 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
 // Whether a file read alone takes all its store gives (BackingFile::alone_fills_store, what makes
 // the next shard of a set wait): where its store's lone bound is within its share of the depth
 // (a FUSE store of max_background 12 behind depth 32), not where the share holds it lower (a
-// store that takes 64 requests) nor on a store without a queue of its own; it follows the depth.
+// store that takes 64 requests), nor on a store without a queue of its own, nor on one that
+// reads ahead from each read's offset (an object store's mount: tail samples); it follows the
+// depth.
 TEST(BoundedReaderTest, AFileTellsWhetherAloneItTakesAllItsStoreGives) {
-  for (const auto& [depth, lone, fills] :
-       {std::tuple{32u, 5u, true}, std::tuple{32u, 28u, false}, std::tuple{64u, 28u, true},
-        std::tuple{32u, 0u, false}}) {
-    auto* inner = new HeldReader(depth);
+  struct Case {
+    unsigned depth;
+    unsigned lone;  // 0: no queue of its own
+    bool reads_ahead;
+    bool fills;
+  };
+  for (const Case& c :
+       {Case{32, 5, false, true}, Case{32, 28, false, false}, Case{64, 28, false, true},
+        Case{32, 0, false, false}, Case{32, 5, true, false}}) {
+    auto* inner = new HeldReader(c.depth);
     BoundedReaderOptions options;
-    options.limits = [lone](const BackingFile&) {
+    options.limits = [lone = c.lone](const BackingFile&) {
       return lone == 0 ? StoreLimits{} : StoreLimits{1 << 20, lone + 1, 3, lone};
     };
     BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
     const auto file = File();
+    file->SetTailSamples(c.reads_ahead);
     EXPECT_FALSE(file->alone_fills_store()) << "nothing known before its first read";
     Done done;
     reader.Submit(Request(file, true, done));
-    EXPECT_EQ(file->alone_fills_store(), fills) << "depth " << depth << ", lone bound " << lone;
+    EXPECT_EQ(file->alone_fills_store(), c.fills)
+        << "depth " << c.depth << ", lone bound " << c.lone << ", reads ahead " << c.reads_ahead;
     ASSERT_TRUE(inner->Answer());
     ASSERT_TRUE(done.Wait());
     reader.Stop();

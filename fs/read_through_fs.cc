@@ -376,8 +376,10 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   StartStreams(*handle, dir, name, next_started);
   // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
   // goes now, not at its RELEASE (which a mapping delays until it is unmapped). A file held open
-  // costs some stores more than a descriptor (NextShardLead).
-  if (handle->backing_id > 0) handle->file.reset();
+  // costs some stores more than a descriptor (NextShardLead). Only on the OPEN's own thread
+  // (`may_wait`): closing a FUSE store's file waits for the store's answer to a FLUSH, which must
+  // never hold the backend's thread that ended a fill.
+  if (handle->backing_id > 0 && may_wait) handle->file.reset();
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);

@@ -183,10 +183,9 @@ echo "$kind: replaced by a rename: read as the new file"
 # 6. sshfs: a cold load opens no SSH connection it does not need. sshfs with max_conns (the rig's
 # 4) gives a file opened while its connections have requests out a connection of its own, whose
 # key exchange stalls every request of the mount (docs/DESIGN.md §6.12). Where one file takes all
-# the store gives, the daemon opens the next shard only when the one before is nearly in, and a
-# passed-through file lets its store descriptor go, and numbered shards leave the index unread:
-# three 128 MiB shards, cold, after a remount (one connection), need two, as the loader reading
-# sshfs directly does (before: three).
+# the store gives, the daemon opens the next shard only when the one before is nearly in, and
+# numbered shards leave the index unread: three 128 MiB shards, cold, after a remount (one
+# connection), need two, as the loader reading sshfs directly does (before: three).
 if [[ $kind == sshfs ]]; then
   stop_daemon
   set_dir=$("$stores" path "$st")/set

@@ -41,14 +41,14 @@ inline uint64_t StreamAheadBlocks(uint64_t cache_size, uint32_t block_size) {
 // When the next shard of a set starts (fs/shard_opener.h) where one file alone takes all its store
 // gives (BackingFile::alone_fills_store): once the file before it has at most this many of its
 // blocks still to come. Not sooner: the second file would get the store nothing, the files would
-// arrive together instead of in the order the loader takes them, and each file held open costs
-// some stores more than a descriptor. sshfs with max_conns gives a file opened while its
+// arrive together instead of in the order the loader takes them, and a file held open can cost
+// the store more than a descriptor: sshfs with max_conns gives a file opened while its
 // connections have requests out a new SSH connection, whose key exchange stalls every request of
-// the mount for 0.2 s (docs/DESIGN.md §6.12); s3fs and rclone keep a reader per file. Soon enough
-// that the next file's open, identity and first requests are under way before the store runs
-// dry: a quarter of the file, at least 8 blocks (32 MiB of 4 MiB blocks), at most 64. Where one
-// file cannot fill the store (accelfs's share of its depth holds it lower: the NET emulator, a
-// local disk), the next starts at once.
+// the mount for 0.2 s (docs/DESIGN.md §6.12). Soon enough that the next file's open, identity and
+// first requests are under way before the store runs dry: a quarter of the file, at least 8
+// blocks (32 MiB of 4 MiB blocks), at most 64. Where one file cannot fill the store (accelfs's
+// share of its depth holds it lower: the NET emulator; a local disk; an object store's mount,
+// which serves a file one read-ahead at a time), the next starts at once.
 inline uint64_t NextShardLead(uint64_t blocks) { return std::clamp<uint64_t>(blocks / 4, 8, 64); }
 
 // Records a reader asking for blocks [first, end).

@@ -44,8 +44,11 @@ void SwarmReader::Impl::Tick() {
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
-          if (ch->Whole()) refresh(*ch);
-          if (!ch->Whole()) followed = now;
+          if (ch->Whole()) {
+            refresh(*ch);
+          } else {
+            followed = now;
+          }
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;

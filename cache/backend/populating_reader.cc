@@ -1,10 +1,12 @@
 #include "cache/backend/populating_reader.h"
 #include "cache/guard.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -28,8 +30,12 @@ bool KernelPopulates() {
 
 }  // namespace
 
-PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads)
-    : inner_(std::move(inner)), populate_(KernelPopulates()), thread_count_(std::max(threads, 1u)) {
+PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads,
+                                   PageChoice::Options pages)
+    : inner_(std::move(inner)),
+      populate_(KernelPopulates()),
+      thread_count_(std::max(threads, 1u)),
+      pages_(pages) {
   for (unsigned i = 0; i < thread_count_; ++i)
     served_.threads.emplace_back([this] { RunGuarded("populating", [this] { Run(); }); });
 }
@@ -121,11 +127,40 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   // What the read will write: an O_DIRECT read rounds the length up to whole pages.
   const size_t bytes = std::min(RoundUp(request.expected, 4096), request.capacity);
   if (bytes == 0) return;
+  const bool choose = bytes >= kChoiceBytes;
+  PageChoice::Pages pages = PageChoice::Pages::kHuge;
+  if (choose) {
+    std::lock_guard lock(pages_mu_);
+    pages = pages_.Pick(reinterpret_cast<uintptr_t>(request.buffer), PageChoice::Clock::now());
+  }
+  // Only the buffer's range of its mapping is told: the mapping's other blocks keep their kind.
+  // A buffer whose range already has pages keeps them (a populate then allocates nothing).
+  if (pages == PageChoice::Pages::kSmall) madvise(request.buffer, bytes, MADV_NOHUGEPAGE);
+  const auto start = PageChoice::Clock::now();
   // A failure (no memory, a mapping that cannot be written) is the read's to meet and report;
   // populating is only a head start.
-  if (madvise(request.buffer, bytes, MADV_POPULATE_WRITE) == 0) {
-    populated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (madvise(request.buffer, bytes, MADV_POPULATE_WRITE) != 0) return;
+  const double took =
+      std::chrono::duration<double>(PageChoice::Clock::now() - start).count();
+  populated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (!choose) return;
+  if (pages == PageChoice::Pages::kSmall) {
+    small_page_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
+  std::lock_guard lock(pages_mu_);
+  const PageChoice::Pages before = pages_.preferred();
+  pages_.Note(pages, bytes, took, PageChoice::Clock::now());
+  const PageChoice::Pages after = pages_.preferred();
+  if (after == before) return;
+  // Each way once at info (the first switch is the news); later switches at debug.
+  bool& logged = pages_logged_[after == PageChoice::Pages::kHuge ? 0 : 1];
+  spdlog::log(logged ? spdlog::level::debug : spdlog::level::info, "{}", pages_.Describe());
+  logged = true;
+}
+
+PageChoice::Pages PopulatingReader::preferred_pages() const {
+  std::lock_guard lock(pages_mu_);
+  return pages_.preferred();
 }
 
 unsigned PopulateThreads() { return std::clamp(std::thread::hardware_concurrency() / 2, 2u, 4u); }

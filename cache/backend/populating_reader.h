@@ -11,6 +11,11 @@
 // The same threads read each page of a filled buffer once through its read-only view, where the
 // request has one (ReadRequest::view), before answering it: off the ring's thread, and off the
 // path of a loader that maps the cached file.
+//
+// Buffers of at least `kChoiceBytes` are faulted in as huge pages (what their mappings give) or as
+// 4 KiB pages (MADV_NOHUGEPAGE on the buffer first), whichever PageChoice finds faster on this
+// machine now (page_choice.h: on a VM that reports freed memory to its host, new huge pages can
+// cost 40 times as much as 4 KiB ones).
 #pragma once
 
 #include <atomic>
@@ -18,7 +23,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 
+#include "cache/backend/page_choice.h"
 #include "cache/backend/reader.h"
 
 namespace accelfs {
@@ -35,7 +42,11 @@ class PopulatingReader final : public BackendReader {
   // read faults it in itself. A read that succeeds for a request with a view is answered by one
   // of `threads` once it has read each page of the view that the read filled, and unmapped them
   // again (MADV_DONTNEED); those come before populating.
-  PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads);
+  PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads,
+                   PageChoice::Options pages = {});
+  // Buffers smaller than this keep their mapping's pages and are not measured: a populate of a
+  // few pages is mostly the system call.
+  static constexpr size_t kChoiceBytes = 512 << 10;
   ~PopulatingReader() override;
 
   void Submit(ReadRequest request) override;
@@ -51,6 +62,9 @@ class PopulatingReader final : public BackendReader {
   // Bytes read through views so far (whole pages).
   uint64_t viewed_bytes() const { return viewed_bytes_.load(std::memory_order_relaxed); }
   bool populates() const { return populate_; }
+  // Bytes populated in 4 KiB pages by PageChoice's pick (of populated_bytes), and its current view.
+  uint64_t small_page_bytes() const { return small_page_bytes_.load(std::memory_order_relaxed); }
+  PageChoice::Pages preferred_pages() const;
 
  private:
   // A successful read whose view is still to be read before `done` is called with `bytes`.
@@ -74,6 +88,10 @@ class PopulatingReader final : public BackendReader {
   const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};
   std::atomic<uint64_t> viewed_bytes_{0};
+  std::atomic<uint64_t> small_page_bytes_{0};
+  mutable std::mutex pages_mu_;
+  PageChoice pages_;                           // GUARDED_BY(pages_mu_)
+  bool pages_logged_[2] = {false, false};      // GUARDED_BY(pages_mu_) per kind, a switch to it
   std::atomic<int> lost_{0};
 
   ServedQueue served_;

@@ -9,6 +9,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "cache/block.h"
+#include "cache/ram_block_store.h"
 #include "tests/support/awaited.h"
 
 namespace accelfs {
@@ -426,6 +431,70 @@ TEST_F(PopulatingReaderTest, StopAnswersEveryViewedReadOnce) {
   }
   EXPECT_EQ(viewed, 4 * kMiB / kPage) << "the four answered before the stop, and only those";
   EXPECT_EQ(reader.viewed_bytes(), 4 * kMiB);
+}
+
+// KiB of [p, p + bytes) in transparent huge pages now: AnonHugePages of /proc/self/smaps, summed
+// over the mappings inside the range (a buffer told MADV_NOHUGEPAGE splits its mapping).
+size_t HugeKiB(const std::byte* p, size_t bytes) {
+  const auto from = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t to = from + bytes;
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  size_t kib = 0;
+  while (std::getline(smaps, line)) {
+    uintptr_t start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2 && line.find(' ') > 8) {
+      inside = start >= from && end <= to;
+      continue;
+    }
+    size_t value = 0;
+    if (inside && std::sscanf(line.c_str(), "AnonHugePages: %zu kB", &value) == 1) kib += value;
+  }
+  return kib;
+}
+
+bool ThpAvailable() {
+  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::stringstream text;
+  text << enabled.rdbuf();
+  return enabled && text.str().find("[never]") == std::string::npos;
+}
+
+TEST(PopulatingReaderPagesTest, EachBufferIsFaultedInWithTheKindOfPagesPicked) {
+  if (!ThpAvailable()) GTEST_SKIP() << "transparent huge pages are off on this machine";
+  for (const PageChoice::Pages pinned : {PageChoice::Pages::kHuge, PageChoice::Pages::kSmall}) {
+    const bool small = pinned == PageChoice::Pages::kSmall;
+    SCOPED_TRACE(small ? "4 KiB pages" : "huge pages");
+    auto* probe = new Probe;
+    PopulatingReader reader(std::unique_ptr<BackendReader>(probe), 2,
+                            PageChoice::Options{.pinned = pinned});
+    if (!reader.populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+    // A cache block's memory as the anonymous store maps it: 2 MiB-aligned, MADV_HUGEPAGE.
+    constexpr size_t kBytes = 8 * kMiB;
+    std::byte* block = MapAligned(kBytes, /*fd=*/-1, 0);
+    ASSERT_NE(block, nullptr);
+    std::vector<Done> done;
+    for (size_t i = 0; i < 4; ++i) {
+      done.push_back(Submit(reader, block + i * 2 * kMiB, 2 * kMiB, 2 * kMiB, i % 2 == 1));
+    }
+    for (auto& d : done) ASSERT_TRUE(d.Wait());
+    for (const auto& seen : probe->seen()) EXPECT_EQ(seen.resident_pages, 2 * kMiB / kPage);
+    const size_t huge = HugeKiB(block, kBytes);
+    if (small) {
+      EXPECT_EQ(huge, 0u) << "no huge page in a buffer given 4 KiB pages";
+      EXPECT_EQ(reader.small_page_bytes(), kBytes);
+    } else if (huge == 0) {
+      // The kernel may have no free 2 MiB block to give; the 4 KiB case still ran.
+      std::printf("no huge page was given to the huge-page buffers (memory fragmented?)\n");
+    } else {
+      EXPECT_EQ(reader.small_page_bytes(), 0u);
+    }
+    EXPECT_EQ(reader.populated_bytes(), kBytes);
+    EXPECT_EQ(reader.preferred_pages(), pinned);
+    reader.Stop();
+    munmap(block, kBytes);
+  }
 }
 
 TEST_F(PopulatingReaderTest, ThreadsForThisMachineAreTwoToFour) {

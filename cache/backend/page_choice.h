@@ -15,10 +15,11 @@
 //
 // How: each kind's rate is its populated bytes over its time, both sums decaying with time (by e
 // every `rate_window`: a try a second keeps a few samples of the kind not preferred, and the two
-// pieces of a region weigh alike whichever paid for its huge page). Huge pages (what the buffer's mapping gives by default) unless 4 KiB pages
-// fault in `margin` times faster. Once every `explore_every` one 2 MiB region of buffers goes to
-// the kind not preferred, and so from the first region on: every buffer of that region gets that
-// kind (a huge page covers the region whole, so pieces of it must agree).
+// pieces of a region weigh alike whichever paid for its huge page). Huge pages (what the buffer's
+// mapping gives by default) unless 4 KiB pages fault in `margin` times faster. Once every
+// `explore_every` one 2 MiB region of buffers goes to the kind not preferred, and so from the first
+// region on: every buffer of that region gets that kind (a huge page covers the region whole, so
+// pieces of it must agree).
 #pragma once
 
 #include <array>

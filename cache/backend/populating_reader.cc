@@ -140,8 +140,7 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   // A failure (no memory, a mapping that cannot be written) is the read's to meet and report;
   // populating is only a head start.
   if (madvise(request.buffer, bytes, MADV_POPULATE_WRITE) != 0) return;
-  const double took =
-      std::chrono::duration<double>(PageChoice::Clock::now() - start).count();
+  const double took = std::chrono::duration<double>(PageChoice::Clock::now() - start).count();
   populated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   if (!choose) return;
   if (pages == PageChoice::Pages::kSmall) {

@@ -90,8 +90,8 @@ class PopulatingReader final : public BackendReader {
   std::atomic<uint64_t> viewed_bytes_{0};
   std::atomic<uint64_t> small_page_bytes_{0};
   mutable std::mutex pages_mu_;
-  PageChoice pages_;                           // GUARDED_BY(pages_mu_)
-  bool pages_logged_[2] = {false, false};      // GUARDED_BY(pages_mu_) per kind, a switch to it
+  PageChoice pages_;                       // GUARDED_BY(pages_mu_)
+  bool pages_logged_[2] = {false, false};  // GUARDED_BY(pages_mu_) per kind, a switch to it
   std::atomic<int> lost_{0};
 
   ServedQueue served_;

@@ -9,17 +9,17 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
-#include <string>
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 

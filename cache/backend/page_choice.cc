@@ -20,7 +20,8 @@ PageChoice::Pages PageChoice::Pick(uintptr_t address, Clock::time_point now) {
   return preferred_;
 }
 
-void PageChoice::Note(Pages pages, size_t bytes, double seconds, Clock::time_point now) {
+void PageChoice::Note(Pages pages, uintptr_t address, size_t bytes, double seconds,
+                      Clock::time_point now) {
   if (options_.pinned || seconds < 0) return;
   const double since =
       noted_at_ ? std::max(std::chrono::duration<double>(now - *noted_at_).count(), 0.0) : 0;
@@ -35,12 +36,22 @@ void PageChoice::Note(Pages pages, size_t bytes, double seconds, Clock::time_poi
   const size_t i = Index(pages);
   bytes_[i] += static_cast<double>(bytes);
   seconds_[i] += seconds;
+  noted_[i] += bytes;
   noted_at_ = now;
+  // Decided where a region's last piece is noted, and once each kind has a whole region behind
+  // it: the first piece of a region pays for its whole huge page, and counted without the rest it
+  // makes huge pages look slower than they are.
+  if ((address + bytes) % kRegionBytes != 0) return;
+  if (noted_[0] < kRegionBytes || noted_[1] < kRegionBytes) return;
   const double huge = rate(Pages::kHuge);
   const double small = rate(Pages::kSmall);
-  if (huge > 0 && small > 0) {
-    preferred_ = small > options_.margin * huge ? Pages::kSmall : Pages::kHuge;
-  }
+  const Pages wanted = small > options_.margin * huge ? Pages::kSmall : Pages::kHuge;
+  // At most one change per `explore_every`: each change of kind along a mapping splits it in the
+  // kernel (a process may hold 65,530), and two rates within noise of the margin would otherwise
+  // flip with every sample.
+  if (wanted == preferred_ || (changed_at_ && now - *changed_at_ < options_.explore_every)) return;
+  preferred_ = wanted;
+  changed_at_ = now;
 }
 
 double PageChoice::rate(Pages pages) const {

@@ -16,10 +16,10 @@
 // How: each kind's rate is its populated bytes over its time, both sums decaying with time (by e
 // every `rate_window`: a try a second keeps a few samples of the kind not preferred, and the two
 // pieces of a region weigh alike whichever paid for its huge page). Huge pages (what the buffer's
-// mapping gives by default) unless 4 KiB pages fault in `margin` times faster. Once every
-// `explore_every` one 2 MiB region of buffers goes to the kind not preferred, and so from the first
-// region on: every buffer of that region gets that kind (a huge page covers the region whole, so
-// pieces of it must agree).
+// mapping gives by default) unless 4 KiB pages fault in `margin` times faster; the choice changes
+// at most once every `explore_every`. Once every `explore_every` one 2 MiB region of buffers goes
+// to the kind not preferred, and so from the first region on: every buffer of that region gets that
+// kind (a huge page covers the region whole, so pieces of it must agree).
 #pragma once
 
 #include <array>
@@ -49,8 +49,8 @@ class PageChoice {
 
   // The kind for a buffer starting at `address`.
   Pages Pick(uintptr_t address, Clock::time_point now);
-  // Populating `bytes` in `pages` took `seconds`, ending now.
-  void Note(Pages pages, size_t bytes, double seconds, Clock::time_point now);
+  // Populating `bytes` at `address` in `pages` took `seconds`, ending now.
+  void Note(Pages pages, uintptr_t address, size_t bytes, double seconds, Clock::time_point now);
 
   Pages preferred() const { return options_.pinned.value_or(preferred_); }
   // Bytes per second, 0 while the kind has no sample.
@@ -65,7 +65,9 @@ class PageChoice {
   Pages preferred_ = Pages::kHuge;
   std::array<double, 2> bytes_{};    // sums decaying with time, per kind
   std::array<double, 2> seconds_{};  // sums decaying with time, per kind
+  std::array<uint64_t, 2> noted_{};  // bytes ever noted, per kind
   std::optional<Clock::time_point> noted_at_;
+  std::optional<Clock::time_point> changed_at_;  // the last change of preferred_
   std::optional<Clock::time_point> explored_at_;
   uintptr_t explore_region_ = 0;
   Pages explore_pages_ = Pages::kSmall;

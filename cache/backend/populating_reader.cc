@@ -135,7 +135,10 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   }
   // Only the buffer's range of its mapping is told: the mapping's other blocks keep their kind.
   // A buffer whose range already has pages keeps them (a populate then allocates nothing).
-  if (pages == PageChoice::Pages::kSmall) madvise(request.buffer, bytes, MADV_NOHUGEPAGE);
+  // (A mapping that cannot be split any more, at the process's map count, keeps its kind.)
+  if (pages == PageChoice::Pages::kSmall && madvise(request.buffer, bytes, MADV_NOHUGEPAGE) != 0) {
+    pages = PageChoice::Pages::kHuge;
+  }
   const auto start = PageChoice::Clock::now();
   // A failure (no memory, a mapping that cannot be written) is the read's to meet and report;
   // populating is only a head start.
@@ -148,7 +151,8 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   }
   std::lock_guard lock(pages_mu_);
   const PageChoice::Pages before = pages_.preferred();
-  pages_.Note(pages, bytes, took, PageChoice::Clock::now());
+  pages_.Note(pages, reinterpret_cast<uintptr_t>(request.buffer), bytes, took,
+              PageChoice::Clock::now());
   const PageChoice::Pages after = pages_.preferred();
   if (after == before) return;
   // Each way once at info (the first switch is the news); later switches at debug.

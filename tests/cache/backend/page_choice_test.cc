@@ -26,8 +26,8 @@ std::vector<Pages> Fill(PageChoice& choice, PageChoice::Clock::time_point& now, 
     const Pages b = choice.Pick(base + kMiB, now);
     EXPECT_EQ(a, b) << "both pieces of region " << r << " get the same kind";
     const bool huge = a == Pages::kHuge;
-    choice.Note(a, kMiB, huge ? 2 * huge_s_per_mib : small_s_per_mib, now);
-    choice.Note(b, kMiB, huge ? 0.0 : small_s_per_mib, now);
+    choice.Note(a, base, kMiB, huge ? 2 * huge_s_per_mib : small_s_per_mib, now);
+    choice.Note(b, base + kMiB, kMiB, huge ? 0.0 : small_s_per_mib, now);
     got.push_back(a);
     now += step;
   }
@@ -108,6 +108,33 @@ TEST(PageChoiceTest, ARegionKeepsTheKindItWasGivenForAllItsPieces) {
   EXPECT_EQ(choice.Pick(7 * kRegion, now), Pages::kHuge) << "region 7 is no longer the one tried";
 }
 
+// Changes of the choice over 3 s of samples that each alone would flip it (rates that forget in
+// 10 ms; huge pages at 80 GB/s and 80 MB/s by turns, 4 KiB ones at 2.7 GB/s), 50 ms apart.
+int ChangesUnderFlippingSamples(std::chrono::milliseconds explore_every) {
+  PageChoice::Options options;
+  options.rate_window = 10ms;
+  options.explore_every = explore_every;
+  PageChoice choice(options);
+  PageChoice::Clock::time_point now{};
+  int changes = 0;
+  Pages last = choice.preferred();
+  for (int i = 0; i < 60; ++i) {
+    now += 50ms;
+    choice.Note(Pages::kSmall, 0, 2 * kMiB, 2.0 / 2700, now);
+    choice.Note(Pages::kHuge, 0, 8 * kMiB, i % 2 == 0 ? 1e-4 : 0.1, now);
+    if (choice.preferred() != last) {
+      ++changes;
+      last = choice.preferred();
+    }
+  }
+  return changes;
+}
+
+TEST(PageChoiceTest, TheChoiceChangesAtMostOnceASecondWhateverTheSamplesSay) {
+  EXPECT_GT(ChangesUnderFlippingSamples(0ms), 50) << "the samples alone flip it each time";
+  EXPECT_LE(ChangesUnderFlippingSamples(1000ms), 4);
+}
+
 TEST(PageChoiceTest, APinnedKindIsAlwaysGivenAndNothingIsLearnt) {
   for (const Pages pinned : {Pages::kHuge, Pages::kSmall}) {
     PageChoice choice(PageChoice::Options{.pinned = pinned});
@@ -122,9 +149,9 @@ TEST(PageChoiceTest, APinnedKindIsAlwaysGivenAndNothingIsLearnt) {
 TEST(PageChoiceTest, APopulateTooQuickForTheClockCountsAsFast) {
   PageChoice choice;
   PageChoice::Clock::time_point now{};
-  for (int i = 0; i < 10; ++i) {  // 20 MiB in 10 ms
-    choice.Note(Pages::kSmall, kMiB, 0.0, now);
-    choice.Note(Pages::kHuge, kMiB, 0.001, now);
+  for (int i = 0; i < 10; ++i) {  // 40 MiB in 10 ms
+    choice.Note(Pages::kSmall, 0, 2 * kMiB, 0.0, now);
+    choice.Note(Pages::kHuge, 0, 2 * kMiB, 0.002, now);
     now += 1ms;
   }
   EXPECT_EQ(choice.preferred(), Pages::kSmall);

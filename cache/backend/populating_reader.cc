@@ -143,7 +143,8 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   // A failure (no memory, a mapping that cannot be written) is the read's to meet and report;
   // populating is only a head start.
   if (madvise(request.buffer, bytes, MADV_POPULATE_WRITE) != 0) return;
-  const double took = std::chrono::duration<double>(PageChoice::Clock::now() - start).count();
+  const auto end = PageChoice::Clock::now();
+  const double took = std::chrono::duration<double>(end - start).count();
   populated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   if (!choose) return;
   if (pages == PageChoice::Pages::kSmall) {
@@ -151,8 +152,7 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   }
   std::lock_guard lock(pages_mu_);
   const PageChoice::Pages before = pages_.preferred();
-  pages_.Note(pages, reinterpret_cast<uintptr_t>(request.buffer), bytes, took,
-              PageChoice::Clock::now());
+  pages_.Note(pages, reinterpret_cast<uintptr_t>(request.buffer), bytes, took, end);
   const PageChoice::Pages after = pages_.preferred();
   if (after == before) return;
   // Each way once at info (the first switch is the news); later switches at debug.

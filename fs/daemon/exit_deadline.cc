@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fs/common/mountinfo.h"
@@ -44,18 +47,16 @@ void Detach(const std::string& mountpoint) {
   }
 }
 
-// Ends the FUSE connection of the mount with device 0:`minor` through fusectl: every request
-// still waiting on it is answered ENOTCONN now. Without this they would be answered only once
-// each of the process's threads is gone, and a thread waiting in a store whose own daemon has
-// already taken the request waits on without end. Writable by the mount's owner; absent when
-// fusectl is not mounted, and then the exit alone ends them.
-void AbortConnection(unsigned minor) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/sys/fs/fuse/connections/%u/abort", minor);
-  const int fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  if (write(fd, "1", 1) != 1) spdlog::debug("fusectl abort failed: {}", std::strerror(errno));
-  close(fd);
+// The fusectl abort file of the FUSE connection with device `major`:`minor`, opened: writing to it
+// ends that connection, and every request still waiting on it is answered ENOTCONN. Without this
+// they would be answered only once each of the process's threads is gone, and a thread waiting in
+// a store whose own daemon has already taken the request waits on without end. Writable by the
+// mount's owner; -1 when fusectl is not mounted (the exit alone then ends them).
+int OpenAbortFile(unsigned major, unsigned minor) {
+  // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.
+  const std::string path =
+      "/sys/fs/fuse/connections/" + std::to_string((uint64_t{major} << 20) | minor) + "/abort";
+  return open(path.c_str(), O_WRONLY | O_CLOEXEC);
 }
 
 // Lets go of the daemon's descriptors of /dev/fuse (the session's and libfuse's clone for each
@@ -99,7 +100,19 @@ void ReleaseDescriptors(const std::string& cache_dir) {
 }  // namespace
 
 ExitDeadline::ExitDeadline(Options options)
-    : options_(std::move(options)), thread_([this] { Run(); }) {}
+    : options_(std::move(options)), thread_([this] { Run(); }) {
+  // The thread reads own_device_ and abort_fd_ only in Expire, after a grace that starts no
+  // sooner than Watch or Arm, each of which takes mu_ after these are set.
+  std::lock_guard lock(mu_);
+  try {
+    if (const std::optional<MountInfo> mount = FindMount(options_.mountpoint, "fuse.accelfs")) {
+      own_device_.emplace(mount->major, mount->minor);
+      abort_fd_ = OpenAbortFile(mount->major, mount->minor);
+    }
+  } catch (...) {
+    // Out of memory reading mountinfo: nothing of the mount is known, so nothing is touched.
+  }
+}
 
 ExitDeadline::~ExitDeadline() {
   {
@@ -108,6 +121,7 @@ ExitDeadline::~ExitDeadline() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (abort_fd_ >= 0) close(abort_fd_);
 }
 
 void ExitDeadline::Watch(std::function<bool()> stopping) {
@@ -156,10 +170,13 @@ void ExitDeadline::Expire() const {
         "the daemon did not stop within {} s: threads still wait in calls into SOURCE's own "
         "filesystem (a hung store?); detaching {} and exiting without waiting for them",
         std::chrono::duration<double>(options_.grace).count(), options_.mountpoint);
+    // Detached only while the mountpoint still holds this daemon's own mount (no new daemon's).
     const std::optional<MountInfo> mount = FindMount(options_.mountpoint, "fuse.accelfs");
-    if (mount) {
+    if (mount && own_device_ && *own_device_ == std::pair(mount->major, mount->minor)) {
       Detach(options_.mountpoint);
-      if (mount->major == 0) AbortConnection(mount->minor);
+    }
+    if (abort_fd_ >= 0 && write(abort_fd_, "1", 1) != 1) {
+      spdlog::debug("fusectl abort failed: {}", std::strerror(errno));
     }
     ReleaseDescriptors(options_.cache_dir);
     spdlog::default_logger()->flush();

@@ -13,6 +13,16 @@
 // is safe beside whatever the other threads are doing. A --cache-dir
 // keeps what was committed: blocks are committed one by one, as after a kill -9.
 //
+// What is detached and aborted is this daemon's own mount, known from the start: by the time of
+// the deadline the mountpoint may hold a new daemon's mount (an unmount, then a restart, while
+// this one waited on its store), and a FUSE connection's number is its anonymous device's minor,
+// which the kernel hands to the next mount anywhere as soon as this one's is gone. So the mount's
+// device is noted and its fusectl abort file opened once it is mounted (the open file aborts its
+// own connection or, once that is gone, nothing); the mount at the mountpoint is detached only if
+// it is still that device. Before, a daemon past its deadline detached whatever was mounted at
+// its mountpoint and aborted whichever connection held its old number: a test daemon mounted
+// meanwhile elsewhere lost its connection ("Software caused connection abort").
+//
 // Thread safety: Watch, Arm and the destructor are called from one thread (the daemon's main
 // thread); `stopping` runs on this class's own thread.
 #pragma once
@@ -21,6 +31,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -39,8 +50,10 @@ class ExitDeadline {
     int exit_code = 0;  // the daemon was asked to stop, and did
   };
 
-  explicit ExitDeadline(Options options);  // starts its thread, which waits for Watch or Arm
-  ~ExitDeadline();                         // ends the watch; an exit that got here was orderly
+  // Notes the fuse.accelfs mount on `options.mountpoint`, if any (the daemon's own: constructed
+  // once it is mounted), and starts the thread, which waits for Watch or Arm.
+  explicit ExitDeadline(Options options);
+  ~ExitDeadline();  // ends the watch; an exit that got here was orderly
   ExitDeadline(const ExitDeadline&) = delete;
   ExitDeadline& operator=(const ExitDeadline&) = delete;
 
@@ -60,6 +73,10 @@ class ExitDeadline {
   [[noreturn]] void Expire() const;
 
   const Options options_;
+  // The daemon's own mount at construction (its device), and its fusectl abort file (-1 where
+  // there was none, or fusectl is not mounted: the exit alone then ends the connection).
+  std::optional<std::pair<unsigned, unsigned>> own_device_;
+  int abort_fd_ = -1;
   std::mutex mu_;
   std::condition_variable wake_;
   std::function<bool()> stopping_;                  // GUARDED_BY(mu_)

@@ -416,6 +416,60 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
   ASSERT_NO_FATAL_FAILURE(ExpectGoneOnceTheStoreAnswers());
 }
 
+// A daemon past its deadline touches its own mount only. Unmounted while a warm waits on the
+// stopped store, it stops but cannot finish; meanwhile a new daemon mounts the same mountpoint (an
+// unmount and a restart, as systemd does). The old one's deadline comes, and the new mount stays:
+// it serves byte for byte once the old daemon is gone, and exits 0 when unmounted. Before, the old
+// daemon detached whatever was mounted at its mountpoint and aborted the connection numbered as
+// its own had been (which the kernel gives to the next FUSE mount anywhere): the new daemon lost
+// its mount, and in CI a test's daemon mounted meanwhile elsewhere died with "reading device:
+// Software caused connection abort".
+TEST_F(StoppedStoreTest, ADaemonPastItsDeadlineLeavesANewMountOnItsMountpointAlone) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  struct stat st {};
+  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
+  ASSERT_NO_FATAL_FAILURE(StopStore());
+  auto warm = Async([this] {
+    return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
+  });
+  std::this_thread::sleep_for(1s);  // the daemon's control thread waits on the store
+  ASSERT_NE(warm.wait_for(0s), std::future_status::ready) << warm.get().err;
+  const pid_t old_pid = daemon_.pid();
+  const CommandResult u = RunCommand({"fusermount3", "-u", mountpoint_});
+  ASSERT_EQ(u.exit_code, 0) << u.err;
+
+  const std::string plain = dir_ / "plain";
+  ASSERT_EQ(mkdir(plain.c_str(), 0755), 0);
+  constexpr uint64_t kSize = 4 * kMiB;
+  WriteTestFile(plain + "/weights.bin", kSize, 9);
+  AccelfsProcess fresh;
+  ASSERT_TRUE(fresh.Start(plain, mountpoint_, dir_ / "fresh.log"));
+  ASSERT_EQ(daemon_.Log().find("did not stop within"), std::string::npos)
+      << "the old daemon's deadline came before the new mount: nothing was tried\n"
+      << daemon_.Log();
+
+  // The old daemon's deadline (5 s after the unmount) passes: it exits, or is left with threads
+  // asleep in the store, holding nothing of the mount.
+  const auto begin = std::chrono::steady_clock::now();
+  int status = 0;
+  while (!daemon_.Wait(0ms, &status) && !ProcessGone(old_pid) &&
+         std::chrono::steady_clock::now() - begin < kExitWait) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_NE(daemon_.Log().find("did not stop within"), std::string::npos) << daemon_.Log();
+  ASSERT_TRUE(IsAccelfsMounted(mountpoint_)) << "the old daemon detached the new mount\n"
+                                             << fresh.Log();
+  const ReadOutcome r = ReadAndCheck(M("weights.bin"), 9, kSize);
+  EXPECT_EQ(r.err, 0) << std::strerror(r.err) << "\n" << fresh.Log();
+  EXPECT_FALSE(r.wrong);
+  EXPECT_EQ(fresh.Stop(), 0) << "the new daemon did not exit cleanly after unmount; log:\n"
+                             << fresh.Log();
+
+  ASSERT_EQ(warm.wait_for(60s), std::future_status::ready);
+  EXPECT_NE(warm.get().exit_code, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectGoneOnceTheStoreAnswers());
+}
+
 // accelfs-warm of a hung file fails with one line after the timeout, instead of waiting forever.
 TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
   ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "2"}));

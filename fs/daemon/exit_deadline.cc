@@ -171,11 +171,14 @@ void ExitDeadline::Expire() const {
         "filesystem (a hung store?); detaching {} and exiting without waiting for them",
         std::chrono::duration<double>(options_.grace).count(), options_.mountpoint);
     // Detached only while the mountpoint still holds this daemon's own mount (no new daemon's).
+    int abort_fd = abort_fd_;
     const std::optional<MountInfo> mount = FindMount(options_.mountpoint, "fuse.accelfs");
     if (mount && own_device_ && *own_device_ == std::pair(mount->major, mount->minor)) {
+      // fusectl mounted since (store_limits.cc mounts it): the number is still this mount's.
+      if (abort_fd < 0) abort_fd = OpenAbortFile(mount->major, mount->minor);
       Detach(options_.mountpoint);
     }
-    if (abort_fd_ >= 0 && write(abort_fd_, "1", 1) != 1) {
+    if (abort_fd >= 0 && write(abort_fd, "1", 1) != 1) {
       spdlog::debug("fusectl abort failed: {}", std::strerror(errno));
     }
     ReleaseDescriptors(options_.cache_dir);

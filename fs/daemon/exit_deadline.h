@@ -73,7 +73,8 @@ class ExitDeadline {
 
   const Options options_;
   // The daemon's own mount at construction (its device), and its fusectl abort file (-1 where
-  // there was none, or fusectl is not mounted: the exit alone then ends the connection).
+  // there was none, or fusectl was not mounted: opened at the deadline if the mountpoint still
+  // holds that device, else the exit alone ends the connection).
   std::optional<std::pair<unsigned, unsigned>> own_device_;
   int abort_fd_ = -1;
   std::mutex mu_;

@@ -1,8 +1,10 @@
 #include "fs/common/mountinfo.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <string_view>
 
 namespace accelfs {
@@ -55,6 +57,10 @@ std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::str
 bool IsFuseType(std::string_view fstype) {
   return fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk" ||
          fstype.starts_with("fuseblk.");
+}
+
+std::string FuseConnectionDir(unsigned major, unsigned minor, const std::string& connections) {
+  return connections + "/" + std::to_string((uint64_t{major} << 20) | minor);
 }
 
 std::optional<uid_t> MountUid(const std::string& super_options) {

@@ -35,6 +35,11 @@ std::optional<MountInfo> FindMount(const std::string& mountpoint, const std::str
 // ("fuse.sshfs"). Statfs of such a mount, and every other call, goes to its daemon.
 bool IsFuseType(std::string_view fstype);
 
+// fusectl's directory for the FUSE connection of device `major`:`minor` under `connections` (where
+// fusectl is mounted): it names a connection by the kernel's own dev_t, major << 20 | minor.
+std::string FuseConnectionDir(unsigned major, unsigned minor,
+                              const std::string& connections = "/sys/fs/fuse/connections");
+
 // The user_id= of a FUSE mount's super options; nullopt when absent.
 std::optional<uid_t> MountUid(const std::string& super_options);
 

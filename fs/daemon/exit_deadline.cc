@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,10 +52,7 @@ void Detach(const std::string& mountpoint) {
 // a store whose own daemon has already taken the request waits on without end. Writable by the
 // mount's owner; -1 when fusectl is not mounted (the exit alone then ends them).
 int OpenAbortFile(unsigned major, unsigned minor) {
-  // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.
-  const std::string path =
-      "/sys/fs/fuse/connections/" + std::to_string((uint64_t{major} << 20) | minor) + "/abort";
-  return open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  return open((FuseConnectionDir(major, minor) + "/abort").c_str(), O_WRONLY | O_CLOEXEC);
 }
 
 // Lets go of the daemon's descriptors of /dev/fuse (the session's and libfuse's clone for each

@@ -71,9 +71,7 @@ std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string&
   if (!file.on_fuse()) return std::nullopt;  // no statfs: on a FUSE store, a request to it
   FuseQueue queue;
   const dev_t dev = static_cast<dev_t>(file.dev());
-  // fusectl names a connection by the kernel's own dev_t: major << 20 | minor.
-  const std::string dir =
-      connections + "/" + std::to_string((uint64_t{major(dev)} << 20) | minor(dev));
+  const std::string dir = FuseConnectionDir(major(dev), minor(dev), connections);
   std::optional<uint64_t> background = ReadNumber(dir + "/max_background");
   if (!background && access((connections + "/").c_str(), F_OK) == 0) {
     // Not mounted yet (an empty directory): mount it, as systemd does at boot.

@@ -113,6 +113,14 @@ TEST(MountUidTest, FromFuseSuperOptions) {
   EXPECT_EQ(MountUid(""), std::nullopt);
 }
 
+// fusectl's names: the kernel's dev_t of the connection's device (a FUSE mount's is anonymous,
+// major 0; a fuseblk mount's is its block device's).
+TEST(FuseConnectionDirTest, NamedByTheKernelsDevT) {
+  EXPECT_EQ(FuseConnectionDir(0, 41), "/sys/fs/fuse/connections/41");
+  EXPECT_EQ(FuseConnectionDir(8, 1, "/tmp/ctl"), "/tmp/ctl/8388609");
+  EXPECT_EQ(FuseConnectionDir(4095, 1048575, ""), "/4294967295");
+}
+
 TEST(IsFuseTypeTest, FuseAndFuseblkWithOrWithoutASubtype) {
   for (const char* type : {"fuse", "fuse.sshfs", "fuse.rclone", "fuseblk", "fuseblk.ntfs-3g"}) {
     EXPECT_TRUE(IsFuseType(type)) << type;

@@ -295,11 +295,7 @@ class StoppedStoreTest : public HungStoreTest {
     const auto begin = std::chrono::steady_clock::now();
     ASSERT_EQ(kill(pid, SIGTERM), 0);
     int status = 0;
-    bool exited = false;
-    while (!(exited = daemon_.Wait(0ms, &status)) && !ProcessGone(pid) &&
-           std::chrono::steady_clock::now() - begin < kExitWait) {
-      std::this_thread::sleep_for(50ms);
-    }
+    const bool exited = WaitExitedOrGone(pid, &status);
     ASSERT_TRUE(exited || ProcessGone(pid)) << "the daemon outlived SIGTERM\n" << daemon_.Log();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -324,6 +320,31 @@ class StoppedStoreTest : public HungStoreTest {
         }
       }
     }
+  }
+  // Waits up to kExitWait for the daemon (`pid`) to exit, reaped with its `status` (true), or to be
+  // gone but for threads asleep in the store.
+  bool WaitExitedOrGone(pid_t pid, int* status) {
+    const auto begin = std::chrono::steady_clock::now();
+    bool exited = false;
+    while (!(exited = daemon_.Wait(0ms, status)) && !ProcessGone(pid) &&
+           std::chrono::steady_clock::now() - begin < kExitWait) {
+      std::this_thread::sleep_for(50ms);
+    }
+    return exited;
+  }
+  // Mounts over the store, stops the store, and starts accelfs-warm of a file looked up before,
+  // which then waits in the daemon's look at the file in the store, on the control connection's
+  // thread. `*warm` is the tool's result, once it ends.
+  void StartAWarmWaitingOnTheStore(std::future<CommandResult>* warm) {
+    ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+    struct stat st {};
+    ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
+    ASSERT_NO_FATAL_FAILURE(StopStore());
+    *warm = Async([this] {
+      return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
+    });
+    std::this_thread::sleep_for(1s);
+    ASSERT_NE(warm->wait_for(0s), std::future_status::ready) << warm->get().err;
   }
   // The store answers again: what was left of the daemon, if anything, exits, 0.
   void ExpectGoneOnceTheStoreAnswers() {
@@ -396,16 +417,8 @@ TEST_F(StoppedStoreTest, SigtermEndsTheMountWhileTheStoresDaemonHoldsItsCalls) {
 }
 
 TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
-  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
-  struct stat st {};
-  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
-  ASSERT_NO_FATAL_FAILURE(StopStore());
-  // The daemon looks at the file in the store on the control connection's thread.
-  auto warm = Async([this] {
-    return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
-  });
-  std::this_thread::sleep_for(1s);
-  ASSERT_NE(warm.wait_for(0s), std::future_status::ready) << warm.get().err;
+  std::future<CommandResult> warm;
+  ASSERT_NO_FATAL_FAILURE(StartAWarmWaitingOnTheStore(&warm));
   bool stuck = false;
   ASSERT_NO_FATAL_FAILURE(ExpectSigtermEndsTheDaemon(&stuck));
   ASSERT_EQ(warm.wait_for(60s), std::future_status::ready);
@@ -424,15 +437,8 @@ TEST_F(StoppedStoreTest, SigtermEndsTheDaemonWhileAWarmWaitsOnTheStore) {
 // its own had been (which the kernel gives to the next FUSE mount anywhere): the new daemon lost
 // its mount.
 TEST_F(StoppedStoreTest, ADaemonPastItsDeadlineLeavesANewMountOnItsMountpointAlone) {
-  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
-  struct stat st {};
-  ASSERT_EQ(stat(M("config.json").c_str(), &st), 0);  // the tool finds it without the store
-  ASSERT_NO_FATAL_FAILURE(StopStore());
-  auto warm = Async([this] {
-    return RunCommand({TestBinary(ACCELFS_WARM), M("config.json")}, std::chrono::seconds(60));
-  });
-  std::this_thread::sleep_for(1s);  // the daemon's control thread waits on the store
-  ASSERT_NE(warm.wait_for(0s), std::future_status::ready) << warm.get().err;
+  std::future<CommandResult> warm;
+  ASSERT_NO_FATAL_FAILURE(StartAWarmWaitingOnTheStore(&warm));
   const pid_t old_pid = daemon_.pid();
   const CommandResult u = RunCommand({"fusermount3", "-u", mountpoint_});
   ASSERT_EQ(u.exit_code, 0) << u.err;
@@ -451,12 +457,8 @@ TEST_F(StoppedStoreTest, ADaemonPastItsDeadlineLeavesANewMountOnItsMountpointAlo
 
   // The old daemon's deadline (5 s after it saw the unmount) passes: it exits, or is left with
   // threads asleep in the store, holding nothing of the mount.
-  const auto begin = std::chrono::steady_clock::now();
   int status = 0;
-  while (!daemon_.Wait(0ms, &status) && !ProcessGone(old_pid) &&
-         std::chrono::steady_clock::now() - begin < kExitWait) {
-    std::this_thread::sleep_for(50ms);
-  }
+  WaitExitedOrGone(old_pid, &status);
   ASSERT_NE(daemon_.Log().find("did not stop within"), std::string::npos) << daemon_.Log();
   ASSERT_TRUE(IsAccelfsMounted(mountpoint_)) << "the old daemon detached the new mount\n"
                                              << fresh.Log();

@@ -24,7 +24,7 @@ constexpr int kFillRounds = 2;
 bool ReadThroughFs::WantsFill(const Handle& handle) {
   if (options_.fill == FsOptions::Fill::kOff || registry_ == nullptr || !registry_->Enabled() ||
       prefetcher_ == nullptr || !cache_.store().KeepsFiles() ||
-      !prefetcher_->Streams(handle.identity)) {
+      !prefetcher_->Streams(handle.identity, handle.safetensors)) {
     return false;
   }
   // It must fit in the budget (whether it fits beside what others pin is seen at the end of the

@@ -230,6 +230,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   handle->identity = identity.value();
   handle->inode = *inode;
   handle->ino = ino;
+  handle->safetensors = PlaceOf(**inode).second.ends_with(".safetensors");
   if (!WantsFill(*handle)) {
     return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
   }
@@ -242,8 +243,8 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   {
     auto [dir, name] = PlaceOf(*handle->inode);
     if (dir && name.ends_with(".safetensors")) {
-      fill->next = [opener = shard_opener_.get(), dir, name, size = handle->identity.size] {
-        opener->StartNextAfter(dir, name, size);
+      fill->next = [opener = shard_opener_.get(), dir, name, key = handle->identity] {
+        opener->StartNextAfter(dir, name, key);
       };
       if (!handle->file->alone_fills_store()) fill->StartNext();
     }
@@ -379,7 +380,10 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   // costs some stores more than a descriptor (NextShardLead). Only on the OPEN's own thread
   // (`may_wait`): closing a FUSE store's file waits for the store's answer to a FLUSH, which must
   // never hold the backend's thread that ended a fill.
-  if (handle->backing_id > 0 && may_wait) handle->file.reset();
+  // After the reply: on a FUSE store the close waits for the store's FLUSH and RELEASE (up to
+  // 9 ms on s3fs), which the loader's open need not.
+  std::shared_ptr<BackingFile> closed_after_reply;
+  if (handle->backing_id > 0 && may_wait) closed_after_reply = std::move(handle->file);
   out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);
@@ -387,24 +391,25 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
   done(out);
+  closed_after_reply.reset();
 }
 
 void ReadThroughFs::StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,
                                  const std::string& name, bool next_started) {
   if (prefetcher_ == nullptr) return;
   // A file served by the daemon starts streaming in at its first open, before any READ.
-  const bool safetensors = name.ends_with(".safetensors");
+  const bool safetensors = handle.safetensors;
   if (handle.backing_id == 0) prefetcher_->OnOpen(handle.identity, handle.file, safetensors);
   // The shard a loader opens after this one streams in once this one's stream is done, or at
   // once when this one is already cached (passed through).
   if (!safetensors || !dir || next_started) return;
-  const uint64_t size = handle.identity.size;
   if (handle.backing_id > 0) {
-    shard_opener_->StartNextAfter(dir, name, size);
+    shard_opener_->StartNextAfter(dir, name, handle.identity);
   } else {
-    prefetcher_->SetSuccessor(handle.identity, [opener = shard_opener_.get(), dir, name, size] {
-      opener->StartNextAfter(dir, name, size);
-    });
+    prefetcher_->SetSuccessor(handle.identity,
+                              [opener = shard_opener_.get(), dir, name, key = handle.identity] {
+                                opener->StartNextAfter(dir, name, key);
+                              });
   }
 }
 
@@ -414,6 +419,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   // reply can let the kernel send RELEASE, which deletes the handle while this thread is still
   // here.
   const FileKey identity = handle->identity;
+  const bool safetensors = handle->safetensors;
   const std::shared_ptr<BackingFile> file = handle->file;
   const uint32_t block_size = options_.block_size;
   if (handle->direct && LooksLikePageCacheRead(offset, size)) {
@@ -434,7 +440,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     return;
   }
   // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
-  const bool streamed = prefetcher_ != nullptr && prefetcher_->Streams(identity);
+  const bool streamed = prefetcher_ != nullptr && prefetcher_->Streams(identity, safetensors);
   BlockRange ahead;
   if (!streamed) {
     std::lock_guard lock(handle->mu);
@@ -466,7 +472,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                });
   }
   if (streamed) {
-    prefetcher_->OnRead(identity, file, offset, size);
+    prefetcher_->OnRead(identity, file, offset, size, safetensors);
     return;
   }
   for (uint64_t b = ahead.first; b < ahead.end; ++b) {

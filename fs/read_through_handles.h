@@ -22,8 +22,9 @@ struct ReadThroughFs::Handle {
   uint64_t ino = 0;  // the FUSE inode number
   std::shared_ptr<BackingFile> file;
   FileKey identity;
-  int backing_id = 0;   // passthrough mode when > 0
-  bool direct = false;  // cached mode, reads around the page cache
+  bool safetensors = false;  // named *.safetensors where opened: streamed whatever its size
+  int backing_id = 0;        // passthrough mode when > 0
+  bool direct = false;       // cached mode, reads around the page cache
   // In the pusher's watchers (PagePusher::Watch): a cached-mode handle from its open, a direct one
   // from its first READ that looks like a mapping's fault (kRefused when a file changed since the
   // open: PagePusher::WatchFrom). Set before any Get of a READ, read in Release, which the kernel

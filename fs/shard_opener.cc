@@ -35,9 +35,29 @@ ShardOpener::~ShardOpener() {
   thread_.join();
 }
 
-void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name, uint64_t size) {
-  Queue({std::move(dir), std::move(name), lookahead_bytes_ - std::min(size, lookahead_bytes_),
-         /*first=*/true});
+void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name,
+                                 const FileKey& opened) {
+  Remember(opened);
+  Queue({std::move(dir), std::move(name),
+         lookahead_bytes_ - std::min(opened.size, lookahead_bytes_), /*first=*/true});
+}
+
+void ShardOpener::Remember(const FileKey& key) {
+  std::lock_guard lock(mu_);
+  if (seen_.size() >= kMaxSeen) seen_.clear();
+  seen_[{key.size, key.mtime_ns, key.ctime_ns}] = key;
+}
+
+bool ShardOpener::CachedAsSeen(const struct stat& st) {
+  const FileKey attributes = FileKeyFromStat(st, 0);
+  std::optional<FileKey> key;
+  {
+    std::lock_guard lock(mu_);
+    auto it = seen_.find({attributes.size, attributes.mtime_ns, attributes.ctime_ns});
+    if (it != seen_.end()) key = it->second;
+  }
+  return key && key->size > 0 &&
+         (prefetcher_.Streaming(*key) || prefetcher_.cache().ResidentBytes(*key) == key->size);
 }
 
 void ShardOpener::Queue(Start start) {
@@ -62,11 +82,24 @@ void ShardOpener::Run() {
     const std::shared_ptr<Inode>& dir = start.dir;
     const std::string name = order_.Next(dir->fd, start.after);
     if (name.empty()) continue;
+    if (start.ahead > kMaxShardsAhead) {
+      spdlog::debug("next shard {} not prefetched yet: {} shards stream ahead already", name,
+                    kMaxShardsAhead);
+      continue;
+    }
     // Only regular files are opened: an open of a FIFO named by a hostile index would block this
     // thread, and with it the daemon's exit, until some writer came.
     struct stat st {};
     if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
       spdlog::debug("next shard {} not prefetched: not a regular file", name);
+      continue;
+    }
+    if (CachedAsSeen(st)) {
+      spdlog::debug("next shard {} not prefetched: cached or streaming as last seen", name);
+      // The one after it takes its turn, as if this one had been started now.
+      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      if (size < start.left)
+        Queue({dir, name, start.left - size, /*first=*/false, start.ahead + 1});
       continue;
     }
     Result<std::shared_ptr<BackingFile>> backing =
@@ -88,6 +121,7 @@ void ShardOpener::Run() {
     }
     spdlog::debug("prefetching the next shard, {}", name);
     const FileKey key = identity.value();
+    Remember(key);
     // All of it when it fits in the budget; else (only the first after an opened shard) the
     // stream's window of it, and nothing after it.
     const bool fits = size <= start.left;
@@ -95,8 +129,8 @@ void ShardOpener::Run() {
     // Once this one has asked for its last block, the one after it, while the budget lasts.
     const uint64_t left = fits ? start.left - size : 0;
     if (left > 0) {
-      prefetcher_.SetSuccessor(key, [this, dir, name, left] {
-        Queue({dir, name, left, /*first=*/false});
+      prefetcher_.SetSuccessor(key, [this, dir, name, left, ahead = start.ahead + 1] {
+        Queue({dir, name, left, /*first=*/false, ahead});
       });
     }
   }

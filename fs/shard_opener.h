@@ -4,12 +4,13 @@
 // opened shard has asked for its last block, the next shard starts streaming (speculatively: at
 // most the stream's window of it, see cache/prefetch/prefetcher.h). When that one has asked for
 // its last block too, the one after it starts, and so on while the opened shard and the shards
-// streaming ahead of it fit in the look-ahead budget (half the cache): a loader that is slower than
-// the store for a while (copying, converting, 4 data-parallel processes on 2 cores) does not leave
-// the store idle, and a model bigger than the cache is not fetched so far ahead that it evicts
-// itself. One shard at a time, so that the next one a loader opens is complete first. Opening a
-// shard touches the backend, so that runs on this class's own thread, never on the backend's
-// completion thread that noticed the stream's end, nor in an OPEN.
+// streaming ahead of it fit in the look-ahead budget (half the cache), at most kMaxShardsAhead of
+// them (a model's shards are streamed whatever their size, Prefetcher::Streams): a loader that is
+// slower than the store for a while (copying, converting, 4 data-parallel processes on 2 cores)
+// does not leave the store idle, and a model bigger than the cache is not fetched so far ahead that
+// it evicts itself. One shard at a time, so that the next one a loader opens is complete first.
+// Opening a shard touches the backend, so that runs on this class's own thread, never on the
+// backend's completion thread that noticed the stream's end, nor in an OPEN.
 #pragma once
 
 #include <sys/types.h>
@@ -24,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -46,10 +48,15 @@ class ShardOpener {
   ShardOpener(const ShardOpener&) = delete;
   ShardOpener& operator=(const ShardOpener&) = delete;
 
-  // Later, on the opener's thread: finds the shard after `name` (an opened shard of `size` bytes)
-  // in `dir` (ShardOrder::Next), opens it and starts its stream; then the ones after it, in turn,
-  // within the look-ahead budget.
-  void StartNextAfter(std::shared_ptr<Inode> dir, std::string name, uint64_t size);
+  // Later, on the opener's thread: finds the shard after `name` (an opened shard whose identity is
+  // `opened`) in `dir` (ShardOrder::Next), opens it and starts its stream; then the ones after it,
+  // in turn, within the look-ahead budget. A next shard whose attributes (size, mtime, ctime; a
+  // stat the store's kernel mount answers) are those of an identity seen here before whose every
+  // block is cached, or whose stream is under way, is not opened on the store again: that open
+  // would most likely find nothing to do, and would add an OPEN, a GETATTR and the samples' reads
+  // at the store beside the loader's own open of it. A hint only: the loader's open checks the
+  // file's identity itself, whatever this did.
+  void StartNextAfter(std::shared_ptr<Inode> dir, std::string name, const FileKey& opened);
 
   // The shard after `name` in `dir_fd` (ShardOrder::Next), from any thread, with the opener's
   // remembered indexes.
@@ -61,9 +68,19 @@ class ShardOpener {
     std::string after;   // start the shard after this one
     uint64_t left = 0;   // look-ahead budget left for it and the ones after it
     bool first = false;  // the one right after an opened shard: started whatever `left` is
+    unsigned ahead = 1;  // how many shards after the opened one it is
   };
+  // The most shards streaming ahead of an opened one. Large shards meet the byte budget first;
+  // small ones (a model in many shards of a few MiB) would otherwise all be opened on the store
+  // at once and arrive together, the one the loader waits for among them.
+  static constexpr unsigned kMaxShardsAhead = 2;
   void Queue(Start start);
   void Run();
+  // Notes `key` as seen (by an open or by this thread's own identity of a next shard).
+  void Remember(const FileKey& key);
+  // Whether an identity with `st`'s size, mtime and ctime was seen and is wholly cached or
+  // streaming in already (started by an earlier shard's chain, or by the open of the one before).
+  bool CachedAsSeen(const struct stat& st);
 
   Prefetcher& prefetcher_;
   const uint64_t lookahead_bytes_;
@@ -72,7 +89,11 @@ class ShardOpener {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Start> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;        // GUARDED_BY(mu_)
+  // Identities seen, by their attributes (size, mtime_ns, ctime_ns): at most kMaxSeen, forgotten
+  // all at once beyond (a hint).
+  static constexpr size_t kMaxSeen = 4096;
+  std::map<std::tuple<uint64_t, int64_t, int64_t>, FileKey> seen_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                                               // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

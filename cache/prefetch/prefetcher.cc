@@ -21,11 +21,11 @@ constexpr uint32_t kFileOrderMoves = 4;
 
 Prefetcher::Stream* Prefetcher::StreamFor(const FileKey& file,
                                           const std::shared_ptr<BackingFile>& backing,
-                                          bool* created) {
+                                          bool safetensors, bool* created) {
   if (created != nullptr) *created = false;
   auto it = streams_.find(file);
   if (it != streams_.end()) return &it->second;
-  if (!Streams(file)) return nullptr;
+  if (!Streams(file, safetensors)) return nullptr;
   Stream& stream = streams_[file];
   stream.state.blocks = BlockCount(file.size, options_.block_size);
   stream.backing = backing;
@@ -39,7 +39,7 @@ void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>&
   bool learn = false;
   {
     std::lock_guard lock(mu_);
-    Stream* stream = StreamFor(file, backing, &created);
+    Stream* stream = StreamFor(file, backing, safetensors, &created);
     if (stream == nullptr) return;
     if (stream->state.done() || !stream->opened) {
       // Opened again after its stream finished (a second load; blocks may have been evicted
@@ -63,7 +63,7 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
   bool created = false;
   {
     std::lock_guard lock(mu_);
-    Stream* stream = StreamFor(file, backing, &created);
+    Stream* stream = StreamFor(file, backing, safetensors, &created);
     if (stream == nullptr) return;
     // Whole: its window is the file. A speculative stream asked for whole later (the budget has
     // room for it now) widens; an opened one follows its readers.
@@ -161,11 +161,11 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
 }
 
 bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
-                        uint64_t offset, uint64_t size) {
+                        uint64_t offset, uint64_t size, bool safetensors) {
   bool dropped_order = false;
   {
     std::lock_guard lock(mu_);
-    Stream* stream = StreamFor(file, backing);
+    Stream* stream = StreamFor(file, backing, safetensors);
     if (stream == nullptr) return false;
     stream->opened = true;
     if (size > 0 && offset < file.size) {
@@ -247,6 +247,12 @@ void Prefetcher::Forget(const FileKey& file) {
 size_t Prefetcher::stream_count() const {
   std::lock_guard lock(mu_);
   return streams_.size();
+}
+
+bool Prefetcher::Streaming(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  auto it = streams_.find(file);
+  return it != streams_.end() && !it->second.state.done();
 }
 
 void Prefetcher::Pump(const FileKey& file) {

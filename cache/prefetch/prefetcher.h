@@ -56,16 +56,20 @@ class Prefetcher {
   void OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
               bool safetensors = false);
 
-  // Whether `file` is large enough to be streamed (then every open and read keeps a stream).
-  bool Streams(const FileKey& file) const {
-    return options_.stream_threshold != 0 && file.size >= options_.stream_threshold;
+  // Whether `file` is streamed (then every open and read keeps a stream): when it is large enough,
+  // or when it is a model's weights (`safetensors`), which loaders read whole whatever their size:
+  // a model of many small shards streams each and the next beside it like one of large ones.
+  // Nothing streams with a threshold of 0.
+  bool Streams(const FileKey& file, bool safetensors = false) const {
+    return options_.stream_threshold != 0 &&
+           (file.size >= options_.stream_threshold || (safetensors && file.size > 0));
   }
 
   // A reader asked for [offset, offset + size) of `file` (after its own demand fetches were
-  // started). Moves the stream along; starts one if the file is large enough and has none. Returns
+  // started). Moves the stream along; starts one if the file is streamed and has none. Returns
   // whether a stream covers the file (Streams).
   bool OnRead(const FileKey& file, const std::shared_ptr<BackingFile>& backing, uint64_t offset,
-              uint64_t size);
+              uint64_t size, bool safetensors = false);
 
   // Called (on the backend's thread, no lock held) each time a stream's fetch of `block` of `file`
   // has finished, well or not. REQUIRES: set before the first OnOpen/OnRead.
@@ -97,6 +101,8 @@ class Prefetcher {
   void Forget(const FileKey& file);
 
   size_t stream_count() const;
+  // Whether `file` has a stream that has not finished.
+  bool Streaming(const FileKey& file) const;
 
  private:
   struct Stream {
@@ -120,9 +126,9 @@ class Prefetcher {
     bool again = false;
   };
 
-  // Finds or creates the stream of a large file (`created` says which). REQUIRES: mu_ held.
+  // Finds or creates the stream of a streamed file (`created` says which). REQUIRES: mu_ held.
   Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
-                    bool* created = nullptr);
+                    bool safetensors, bool* created = nullptr);
   // Reads the file's first block and, when it starts with a valid safetensors header, orders the
   // stream by tensors. Takes no lock itself before the block arrives. An opened file's is a
   // demand read (its loader reads the header first anyway); a speculative stream's is prefetch,

@@ -135,17 +135,18 @@ class PassthroughTest : public MountTest {
 };
 
 TEST_F(PassthroughTest, FullyCachedFileIsPassedThroughAndReadsTheBackingBytes) {
+  // Not named *.safetensors: a model's weights would be filled on open (passed through at once).
   const uint64_t size = 9 * kMiB + 123;  // a short last block
-  WriteTestFile(Src("model.safetensors"), size, 11);
+  WriteTestFile(Src("weights.bin"), size, 11);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
 
-  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.safetensors"), 11, size));  // fills the cache
+  ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("weights.bin"), 11, size));  // fills the cache
   EXPECT_EQ(CountOpens("passthrough"), 0u) << "a file not yet cached is served by the daemon";
-  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("model.safetensors"), 11, size));
-  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model.safetensors"), 11, size));
+  ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("weights.bin"), 11, size));
+  ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("weights.bin"), 11, size));
   EXPECT_EQ(CountOpens("passthrough"), 2u) << daemon_.Log();
   struct stat st {};
-  ASSERT_EQ(stat(Mnt("model.safetensors").c_str(), &st), 0);
+  ASSERT_EQ(stat(Mnt("weights.bin").c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), size);
 }
 

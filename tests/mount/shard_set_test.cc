@@ -124,19 +124,58 @@ TEST_F(ShardSetTest, OpeningAShardStreamsTheNextOneFromTheIndex) {
   EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
 }
 
-// The shards after an opened one stream in one after another, none opened yet, while it and they
-// fit in half the cache (256M: 128M, room for all four after the first); every byte reads the same.
-TEST_F(ShardSetTest, ShardsStreamAheadOneAfterAnotherWithinHalfTheCache) {
+// The shards after an opened one stream in one after another, none opened yet, while they fit in
+// half the cache (256M: 128M, room for all four after the first) and are at most two: the fourth
+// waits until a loader opens the second, the fifth the third. Every byte reads the same.
+TEST_F(ShardSetTest, AtMostTwoShardsStreamAheadOfAnOpenedOne) {
   MakeModel(5, /*index=*/true);
   ASSERT_NO_FATAL_FAILURE(Mount());
   int error = 0;
   EXPECT_EQ(ReadWholeFile(Mnt(shards_[0]), &error), ReadWholeFile(Src(shards_[0]), &error));
   EXPECT_EQ(error, 0);
-  for (int k = 1; k < 5; ++k) {
+  for (int k = 1; k < 3; ++k) {
     EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[k])) << daemon_.Log();
   }
+  EXPECT_TRUE(LogShows(
+      daemon_, "next shard " + shards_[3] + " not prefetched yet: 2 shards stream ahead already"))
+      << daemon_.Log();
+  EXPECT_EQ(Count(daemon_.Log(), "prefetching the next shard, " + shards_[3]), 0u) << daemon_.Log();
+  // Opening the second moves the window along: the fourth streams now (the third is not opened on
+  // the store again: it streams or is cached already), the fifth once the third is opened.
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[1]), Src(shards_[1])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[3])) << daemon_.Log();
+  EXPECT_TRUE(LogShows(
+      daemon_, "next shard " + shards_[4] + " not prefetched yet: 2 shards stream ahead already"))
+      << daemon_.Log();
+  EXPECT_EQ(Count(daemon_.Log(), "prefetching the next shard, " + shards_[2]), 1u) << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[2]), Src(shards_[2])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[4])) << daemon_.Log();
   for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
   EXPECT_EQ(Count(daemon_.Log(), "beyond the look-ahead budget"), 0u) << daemon_.Log();
+}
+
+// A model in shards smaller than --stream-threshold (64M by default) streams like one in large
+// shards: opening a shard streams the next, which is then opened on the store once, by the
+// loader; a second load, all cached, opens no shard on the store but the loader's own.
+TEST_F(ShardSetTest, SmallShardsStreamAndAreOpenedOnTheStoreOnce) {
+  MakeModel(3, /*index=*/false);
+  OpenCounter third(Src(shards_[2]));
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--cache-size", "256M", "--log-level", "debug"}));
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[1])) << daemon_.Log();
+  EXPECT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[2])) << daemon_.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[1]), Src(shards_[1])));
+  EXPECT_TRUE(LogShows(
+      daemon_, "next shard " + shards_[2] + " not prefetched: cached or streaming as last seen"))
+      << daemon_.Log();
+  EXPECT_EQ(third.Take(), 1) << "the third shard opened on the store by its stream only";
+  ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[2]), Src(shards_[2])));
+  EXPECT_GE(third.Take(), 1) << "the loader's open checks the file on the store";
+  // Again, everything cached: the shard opener opens nothing on the store.
+  const size_t skipped = Count(daemon_.Log(), "cached or streaming as last seen");
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  EXPECT_TRUE(LogShows(daemon_, "cached or streaming as last seen", skipped + 2)) << daemon_.Log();
+  EXPECT_EQ(Count(daemon_.Log(), "prefetching the next shard, "), 2u) << daemon_.Log();
 }
 
 // Half of a 64M cache is 32M: the opened 12M shard and the next one fit, the third does not, so it
@@ -167,17 +206,18 @@ TEST_F(ShardSetTest, TheIndexIsReadOnceAndAgainWhenItChanges) {
   const std::string index = Src("model.safetensors.index.json");
   OpenCounter opens(index);
   ASSERT_NO_FATAL_FAILURE(Mount());
-  const std::string last = "prefetching the next shard, " + shards_[3];
-  for (int load = 1; load <= 2; ++load) {
-    for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
-    ASSERT_TRUE(LogShows(daemon_, last, load)) << daemon_.Log();
-  }
+  // The last shard's turn comes in each load: the first prefetches it, the second finds it cached.
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  ASSERT_TRUE(LogShows(daemon_, "prefetching the next shard, " + shards_[3])) << daemon_.Log();
+  const std::string cached = " not prefetched: cached or streaming as last seen";
+  for (const std::string& s : shards_) ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(s), Src(s)));
+  ASSERT_TRUE(LogShows(daemon_, "next shard " + shards_[3] + cached)) << daemon_.Log();
   EXPECT_EQ(opens.Take(), 1) << "the index is read once for two loads of four shards";
 
   // Rewritten without shard 2: after shard 1 comes shard 3.
   WriteIndex(index, {shards_[0], shards_[2], shards_[3]});
   EXPECT_EQ(opens.Take(), 1) << "the rewrite itself";
-  const std::string third = "prefetching the next shard, " + shards_[2];
+  const std::string third = "next shard " + shards_[2] + cached;
   const size_t before = Count(daemon_.Log(), third);
   ASSERT_NO_FATAL_FAILURE(ExpectSameBytes(Mnt(shards_[0]), Src(shards_[0])));
   EXPECT_TRUE(LogShows(daemon_, third, before + 1)) << daemon_.Log();

@@ -106,6 +106,24 @@ TEST_F(PrefetcherTest, SmallFilesAreNotStreamed) {
   EXPECT_EQ(prefetcher_->stream_count(), 0u);
 }
 
+// A model's weights stream whatever their size: a safetensors file below the threshold streams
+// whole from its open (its first block is not a valid header here: file order); with a threshold
+// of 0 nothing streams, not even weights.
+TEST_F(PrefetcherTest, SmallWeightsAreStreamedAnyway) {
+  Make(64, 4, {64, 4}, /*threshold=*/8 * kBlock);
+  EXPECT_FALSE(prefetcher_->Streams(key_));
+  EXPECT_TRUE(prefetcher_->Streams(key_, /*safetensors=*/true));
+  prefetcher_->OnOpen(key_, backing_, /*safetensors=*/true);
+  ASSERT_TRUE(backend_.WaitCompleted(4));
+  EXPECT_TRUE(prefetcher_->OnRead(key_, backing_, 0, 4096, /*safetensors=*/true));
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(Consume(i));
+  EXPECT_EQ(backend_.submitted(), 4u) << "every block came from the stream, none twice";
+  PrefetcherOptions off;
+  off.block_size = kBlock;
+  off.stream_threshold = 0;
+  EXPECT_FALSE(Prefetcher(*cache_, off).Streams(key_, /*safetensors=*/true));
+}
+
 TEST_F(PrefetcherTest, FullBudgetPausesTheStreamWithoutEvictingUnreadBlocksThenReadsResumeIt) {
   Make(/*budget_blocks=*/8, /*file_blocks=*/24, {/*ahead=*/64, /*max_in_flight=*/4});
   prefetcher_->OnOpen(key_, backing_);

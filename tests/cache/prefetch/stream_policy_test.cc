@@ -67,5 +67,17 @@ TEST(NoteStreamReadTest, ReadPastEndOfFileIsClipped) {
   EXPECT_EQ(NextStreamBlocks(s, {4, 8}), (BlockRange{9, 10}));
 }
 
+// The next shard's lead: a quarter of the file, at least 8 blocks and at most 64, but never more
+// than half of it (a small shard would start the next at once, and that one the next).
+TEST(NextShardLeadTest, AQuarterOfTheFileWithinItsBoundsAndAtMostHalf) {
+  EXPECT_EQ(NextShardLead(1), 1u);
+  EXPECT_EQ(NextShardLead(4), 2u);
+  EXPECT_EQ(NextShardLead(10), 5u);
+  EXPECT_EQ(NextShardLead(16), 8u);
+  EXPECT_EQ(NextShardLead(32), 8u);
+  EXPECT_EQ(NextShardLead(40), 10u);
+  EXPECT_EQ(NextShardLead(1000), 64u);
+}
+
 }  // namespace
 }  // namespace accelfs

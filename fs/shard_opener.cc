@@ -37,27 +37,30 @@ ShardOpener::~ShardOpener() {
 
 void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name,
                                  const FileKey& opened) {
-  Remember(opened);
+  Remember(name, opened);
   Queue({std::move(dir), std::move(name),
          lookahead_bytes_ - std::min(opened.size, lookahead_bytes_), /*first=*/true});
 }
 
-void ShardOpener::Remember(const FileKey& key) {
+void ShardOpener::Remember(const std::string& name, const FileKey& key) {
   std::lock_guard lock(mu_);
   if (seen_.size() >= kMaxSeen) seen_.clear();
-  seen_[{key.size, key.mtime_ns, key.ctime_ns}] = key;
+  seen_[{name, key.size, key.mtime_ns, key.ctime_ns}] = key;
 }
 
-bool ShardOpener::CachedAsSeen(const struct stat& st) {
+std::optional<FileKey> ShardOpener::Seen(const std::string& name, const struct stat& st) {
   const FileKey attributes = FileKeyFromStat(st, 0);
-  std::optional<FileKey> key;
-  {
-    std::lock_guard lock(mu_);
-    auto it = seen_.find({attributes.size, attributes.mtime_ns, attributes.ctime_ns});
-    if (it != seen_.end()) key = it->second;
-  }
-  return key && key->size > 0 &&
-         (prefetcher_.Streaming(*key) || prefetcher_.cache().ResidentBytes(*key) == key->size);
+  std::lock_guard lock(mu_);
+  auto it = seen_.find({name, attributes.size, attributes.mtime_ns, attributes.ctime_ns});
+  if (it == seen_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ShardOpener::ChainAfter(const FileKey& key, const std::shared_ptr<Inode>& dir,
+                             const std::string& name, uint64_t left, unsigned ahead) {
+  prefetcher_.SetSuccessor(key, [this, dir, name, left, ahead] {
+    Queue({dir, name, left, /*first=*/false, ahead});
+  });
 }
 
 void ShardOpener::Queue(Start start) {
@@ -94,13 +97,23 @@ void ShardOpener::Run() {
       spdlog::debug("next shard {} not prefetched: not a regular file", name);
       continue;
     }
-    if (CachedAsSeen(st)) {
-      spdlog::debug("next shard {} not prefetched: cached or streaming as last seen", name);
-      // The one after it takes its turn, as if this one had been started now.
-      const uint64_t size = static_cast<uint64_t>(st.st_size);
-      if (size < start.left)
-        Queue({dir, name, start.left - size, /*first=*/false, start.ahead + 1});
-      continue;
+    // Streaming or cached already (as last seen: a hint, see StartNextAfter): not opened again.
+    // The one after it takes its turn when it would have, had this one been started now: once
+    // this one's stream has asked for its last block (the stream's successor, set again from
+    // here), or at once when it is cached.
+    const uint64_t seen_size = static_cast<uint64_t>(st.st_size);
+    const uint64_t after_seen = seen_size < start.left ? start.left - seen_size : 0;
+    if (const std::optional<FileKey> seen = Seen(name, st); seen && seen->size > 0) {
+      if (prefetcher_.Streaming(*seen)) {
+        spdlog::debug("next shard {} not prefetched: streaming already", name);
+        if (after_seen > 0) ChainAfter(*seen, dir, name, after_seen, start.ahead + 1);
+        continue;
+      }
+      if (prefetcher_.cache().ResidentBytes(*seen) == seen->size) {
+        spdlog::debug("next shard {} not prefetched: cached as last seen", name);
+        if (after_seen > 0) Queue({dir, name, after_seen, /*first=*/false, start.ahead + 1});
+        continue;
+      }
     }
     Result<std::shared_ptr<BackingFile>> backing =
         OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st, buffered_reads_);
@@ -121,18 +134,14 @@ void ShardOpener::Run() {
     }
     spdlog::debug("prefetching the next shard, {}", name);
     const FileKey key = identity.value();
-    Remember(key);
+    Remember(name, key);
     // All of it when it fits in the budget; else (only the first after an opened shard) the
     // stream's window of it, and nothing after it.
     const bool fits = size <= start.left;
     prefetcher_.StartSpeculative(key, backing.value(), /*safetensors=*/true, /*whole=*/fits);
     // Once this one has asked for its last block, the one after it, while the budget lasts.
     const uint64_t left = fits ? start.left - size : 0;
-    if (left > 0) {
-      prefetcher_.SetSuccessor(key, [this, dir, name, left, ahead = start.ahead + 1] {
-        Queue({dir, name, left, /*first=*/false, ahead});
-      });
-    }
+    if (left > 0) ChainAfter(key, dir, name, left, start.ahead + 1);
   }
 }
 

@@ -50,12 +50,12 @@ class ShardOpener {
 
   // Later, on the opener's thread: finds the shard after `name` (an opened shard whose identity is
   // `opened`) in `dir` (ShardOrder::Next), opens it and starts its stream; then the ones after it,
-  // in turn, within the look-ahead budget. A next shard whose attributes (size, mtime, ctime; a
-  // stat the store's kernel mount answers) are those of an identity seen here before whose every
-  // block is cached, or whose stream is under way, is not opened on the store again: that open
-  // would most likely find nothing to do, and would add an OPEN, a GETATTR and the samples' reads
-  // at the store beside the loader's own open of it. A hint only: the loader's open checks the
-  // file's identity itself, whatever this did.
+  // in turn, within the look-ahead budget. A next shard whose name and attributes (size, mtime,
+  // ctime; a stat the store's kernel mount answers) are those of an identity seen here before whose
+  // every block is cached, or whose stream is under way, is not opened on the store again: that
+  // open would most likely find nothing to do, and would add an OPEN, a GETATTR and the samples'
+  // reads at the store beside the loader's own open of it. A hint only: the loader's open checks
+  // the file's identity itself, whatever this did.
   void StartNextAfter(std::shared_ptr<Inode> dir, std::string name, const FileKey& opened);
 
   // The shard after `name` in `dir_fd` (ShardOrder::Next), from any thread, with the opener's
@@ -76,11 +76,15 @@ class ShardOpener {
   static constexpr unsigned kMaxShardsAhead = 2;
   void Queue(Start start);
   void Run();
-  // Notes `key` as seen (by an open or by this thread's own identity of a next shard).
-  void Remember(const FileKey& key);
-  // Whether an identity with `st`'s size, mtime and ctime was seen and is wholly cached or
-  // streaming in already (started by an earlier shard's chain, or by the open of the one before).
-  bool CachedAsSeen(const struct stat& st);
+  // Notes `key` as seen under `name` (by an open or by this thread's own identity of a next shard).
+  void Remember(const std::string& name, const FileKey& key);
+  // The identity last seen under `name` with `st`'s size, mtime and ctime, if any. The name
+  // counts: a model's shards are often of one size and written in the same second.
+  std::optional<FileKey> Seen(const std::string& name, const struct stat& st);
+  // Sets what runs once `key`'s stream has asked for its last block: the shard after `name`
+  // takes its turn (`left` of the budget, `ahead` shards after the opened one).
+  void ChainAfter(const FileKey& key, const std::shared_ptr<Inode>& dir, const std::string& name,
+                  uint64_t left, unsigned ahead);
 
   Prefetcher& prefetcher_;
   const uint64_t lookahead_bytes_;
@@ -89,11 +93,11 @@ class ShardOpener {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Start> queue_;  // GUARDED_BY(mu_)
-  // Identities seen, by their attributes (size, mtime_ns, ctime_ns): at most kMaxSeen, forgotten
-  // all at once beyond (a hint).
+  // Identities seen, by name and attributes (size, mtime_ns, ctime_ns): at most kMaxSeen,
+  // forgotten all at once beyond (a hint).
   static constexpr size_t kMaxSeen = 4096;
-  std::map<std::tuple<uint64_t, int64_t, int64_t>, FileKey> seen_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                                               // GUARDED_BY(mu_)
+  std::map<std::tuple<std::string, uint64_t, int64_t, int64_t>, FileKey> seen_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                                                            // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

@@ -12,7 +12,7 @@
 # and nothing else. A hung READ holds one of s3rver's 64 libuv threads and that GET's body; rclone
 # sees an HTTP response that stops coming.
 #
-# The source: model-00001-of-00002.safetensors and model-00002-of-00002.safetensors (48 MiB each),
+# The source: model-00001-of-00002.bin and model-00002-of-00002.safetensors (48 MiB each),
 # config.json (100 KiB), other.bin and direct.bin (8 MiB each), random bytes. accelfs is mounted
 # over the rclone mount (--cache-size 1G). Then:
 #   1. before the hang (page cache dropped first), timed, each under `timeout 60`: cmp of other.bin
@@ -71,7 +71,10 @@ stores=$here/stores.sh
 
 readonly MIB=$((1 << 20))
 readonly SHARD=$((48 * MIB))
-readonly HUNG=model-00001-of-00002.safetensors
+# Not *.safetensors: a model's weights are filled on open whatever their size, so the loader's
+# open would return only once the whole file was cached, before the hang could hold any of it. A
+# file served by the daemon's reads keeps its reads at the store while the hang is set.
+readonly HUNG=model-00001-of-00002.bin
 readonly RULE="hang model-00001-of-00002"
 readonly CMD_TIMEOUT=60 GIVE_UP=70 # s: `timeout`, and when a command stuck in the kernel is left
 
@@ -222,7 +225,7 @@ snapshot() { # WHY [PID of the slow command's subshell]
 }
 
 # --- the store, accelfs over it ------------------------------------------------------------------
-head -c "$SHARD" /dev/urandom >"$src/model-00001-of-00002.safetensors"
+head -c "$SHARD" /dev/urandom >"$src/$HUNG"
 head -c "$SHARD" /dev/urandom >"$src/model-00002-of-00002.safetensors"
 head -c $((100 * 1024)) /dev/urandom >"$src/config.json"
 head -c $((8 * MIB)) /dev/urandom >"$src/other.bin"

@@ -261,7 +261,8 @@ const std::vector<OptionSpec>& Options() {
          "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
          [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
         {"stream-threshold", "", "SIZE",
-         "Stream files at least this big in whole from their first open (0: never)",
+         "Stream files at least this big, and every *.safetensors file, in whole from their "
+         "first open (0: never)",
          [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
         {"attr-timeout", "", "S", "Seconds attributes are cached",
          [](C c) { return Number(c.attr_timeout); },

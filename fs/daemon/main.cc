@@ -472,7 +472,8 @@ void Daemon::ReportStarted(const std::string& readahead) const {
         "passthrough on: fully cached files are read by the kernel from the cache, without the "
         "daemon{}",
         fs_options_.fill != FsOptions::Fill::kOff && config_.stream_threshold > 0
-            ? fmt::format("; opens of uncached files from {} wait until they are cached ({})",
+            ? fmt::format("; opens of uncached *.safetensors files and of others from {} wait "
+                          "until they are cached ({})",
                           FormatBytes(config_.stream_threshold),
                           fs_options_.fill == FsOptions::Fill::kAll
                               ? "all"
@@ -485,7 +486,8 @@ void Daemon::ReportStarted(const std::string& readahead) const {
                                                  : "the kernel does not offer it (needs 6.9+)");
   }
   spdlog::debug(
-      "daemon read-ahead {} blocks; files from {} streamed, {} blocks ahead, {} in flight, "
+      "daemon read-ahead {} blocks; *.safetensors and files from {} streamed, {} blocks ahead, "
+      "{} in flight, "
       "pushed to the page cache: {}; attr_timeout {} s, entry_timeout {} s, max_background {}",
       config_.readahead_blocks, FormatBytes(config_.stream_threshold), prefetch_.limits.ahead,
       prefetch_.limits.max_in_flight,

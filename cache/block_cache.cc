@@ -170,6 +170,15 @@ uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
   return bytes;
 }
 
+bool BlockCache::HoldsOrFetches(const FileKey& file) const {
+  std::lock_guard lock(mu_);
+  for (uint64_t b = 0; b < BlockCount(file.size, options_.block_size); ++b) {
+    auto it = map_.find(BlockKey{file, b});
+    if (it == map_.end() || it->second->zombie) return false;
+  }
+  return true;
+}
+
 bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
   const uint64_t blocks = BlockCount(file.size, options_.block_size);
   std::vector<Entry*> pinned;

@@ -89,6 +89,9 @@ class BlockCache {
 
   // Bytes of `file` ready in the cache (per-file residency). Walks the file's blocks: for stats.
   uint64_t ResidentBytes(const FileKey& file) const;
+  // Whether every block of `file` is ready, stored, or queued or in flight already (a fetch that
+  // will make it ready): nothing of it needs asking for.
+  bool HoldsOrFetches(const FileKey& file) const;
   // The content identity of `file` (IdentifyFile, cache/file_key.h), its sample read through this
   // cache's backend reader. Blocks the caller: never on a reader's thread. ECANCELED once
   // InterruptIdentify was called.

@@ -109,8 +109,8 @@ void ShardOpener::Run() {
         if (after_seen > 0) ChainAfter(*seen, dir, name, after_seen, start.ahead + 1);
         continue;
       }
-      if (prefetcher_.cache().ResidentBytes(*seen) == seen->size) {
-        spdlog::debug("next shard {} not prefetched: cached as last seen", name);
+      if (prefetcher_.cache().HoldsOrFetches(*seen)) {
+        spdlog::debug("next shard {} not prefetched: cached or on its way, as last seen", name);
         if (after_seen > 0) Queue({dir, name, after_seen, /*first=*/false, start.ahead + 1});
         continue;
       }

@@ -242,7 +242,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   auto fill = std::make_shared<Fill>();
   {
     auto [dir, name] = PlaceOf(*handle->inode);
-    if (dir && name.ends_with(".safetensors")) {
+    if (dir && handle->safetensors) {
       fill->next = [opener = shard_opener_.get(), dir, name, key = handle->identity] {
         opener->StartNextAfter(dir, name, key);
       };

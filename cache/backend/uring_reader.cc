@@ -4,10 +4,12 @@
 #include <liburing.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -323,6 +325,61 @@ Result<std::unique_ptr<BackendReader>> MakeUringReader(
   auto reader = std::make_unique<UringReader>(depth, adaptive, event_fd, std::move(debug_log));
   if (Status s = reader->Start(); !s.ok()) return s.error();
   return std::unique_ptr<BackendReader>(std::move(reader));
+}
+
+Result<std::vector<std::chrono::microseconds>> TimeReadsAtOnce(int fd, uint64_t offset,
+                                                               unsigned bytes, unsigned count,
+                                                               std::chrono::milliseconds give_up) {
+  using Clock = std::chrono::steady_clock;
+  if (count == 0) return std::vector<std::chrono::microseconds>{};
+  auto ring = std::make_unique<io_uring>();
+  if (const int rc = io_uring_queue_init(count, ring.get(), 0); rc < 0) return Error(-rc);
+  // Every read in a worker of its own where the kernel makes one wait (a full queue holds the
+  // worker that sends the request), as UringReader allows.
+  unsigned workers[2] = {count, count};
+  io_uring_register_iowq_max_workers(ring.get(), workers);
+  // One buffer for every read: the bytes are not looked at, only when each read came back.
+  const size_t size = RoundUp(std::max(bytes, 1u), 4096);
+  void* buffer = std::aligned_alloc(4096, size);
+  if (buffer == nullptr) {
+    io_uring_queue_exit(ring.get());
+    return Error(ENOMEM);
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    io_uring_sqe* sqe = io_uring_get_sqe(ring.get());
+    io_uring_prep_read(sqe, fd, buffer, bytes, offset);
+    io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
+  }
+  const Clock::time_point sent = Clock::now();
+  const Clock::time_point deadline = sent + give_up;
+  const int submitted = io_uring_submit(ring.get());
+  std::vector<std::chrono::microseconds> arrived;
+  int error = submitted < 0 ? -submitted : 0;
+  const unsigned expected = submitted < 0 ? 0u : static_cast<unsigned>(submitted);
+  while (arrived.size() < expected) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      // Reads still in flight write into the buffer when they come back: both stay theirs.
+      (void)ring.release();
+      return Error(ETIME);
+    }
+    __kernel_timespec ts{left.count() / 1'000'000, (left.count() % 1'000'000) * 1000};
+    io_uring_cqe* cqe = nullptr;
+    const int rc = io_uring_wait_cqe_timeout(ring.get(), &cqe, &ts);
+    if (rc == -ETIME || rc == -EINTR) continue;
+    if (rc < 0) {
+      (void)ring.release();  // whether reads are still in flight is not known
+      return Error(-rc);
+    }
+    if (cqe->res < 0 && error == 0) error = -cqe->res;
+    io_uring_cqe_seen(ring.get(), cqe);
+    arrived.push_back(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent));
+  }
+  io_uring_queue_exit(ring.get());
+  std::free(buffer);
+  if (error != 0) return Error(error);
+  if (expected < count) return Error(EAGAIN);
+  return arrived;
 }
 
 }  // namespace accelfs

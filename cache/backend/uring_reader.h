@@ -2,9 +2,11 @@
 // file that does.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/backend/reader.h"
 
@@ -19,5 +21,15 @@ namespace accelfs {
 Result<std::unique_ptr<BackendReader>> MakeUringReader(
     unsigned depth, bool adaptive = false,
     std::function<void(const std::string&)> debug_log = nullptr);
+
+// `count` reads of `bytes` at `offset` of `fd` sent at once on a ring of their own, each to the
+// kernel's workers (IOSQE_ASYNC), as the backend sends a FUSE store's reads: on such a store each
+// is a request of the connection's background queue. Returns when each arrived, after the send,
+// in the order they arrived; an error when the kernel refuses io_uring or any read failed; ETIME
+// when they were not all back within `give_up` (then the ring and the buffer are left to the
+// reads still in flight, never freed: the kernel still writes into the buffer).
+Result<std::vector<std::chrono::microseconds>> TimeReadsAtOnce(int fd, uint64_t offset,
+                                                               unsigned bytes, unsigned count,
+                                                               std::chrono::milliseconds give_up);
 
 }  // namespace accelfs

@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cache/backend/uring_reader.h"
 #include "fs/common/mountinfo.h"
 
 namespace accelfs {
@@ -66,6 +67,28 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
   return limits;
 }
 
+unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
+  using std::chrono::microseconds;
+  const auto in_time = [&](const std::optional<std::vector<microseconds>>& arrived) {
+    return arrived && !arrived->empty() && arrived->back() <= probe.give_up;
+  };
+  if (!in_time(round(probe.warm_up))) return 0;
+  unsigned learned = 0;
+  for (const unsigned count : probe.rounds) {
+    bool one_wave = false;
+    for (unsigned t = 0; t < probe.tries && !one_wave; ++t) {
+      const std::optional<std::vector<microseconds>> arrived = round(count);
+      if (!in_time(arrived) || arrived->size() != count) return learned;
+      const auto [first, last] = std::minmax_element(arrived->begin(), arrived->end());
+      one_wave = static_cast<double>(last->count()) <=
+                 probe.spread * static_cast<double>(std::max<int64_t>(first->count(), 1));
+    }
+    if (!one_wave) break;
+    learned = count;
+  }
+  return learned;
+}
+
 std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string& connections,
                                      const std::string& mountinfo) {
   if (!file.on_fuse()) return std::nullopt;  // no statfs: on a FUSE store, a request to it
@@ -81,12 +104,35 @@ std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string&
       background = ReadNumber(dir + "/max_background");
     }
   }
-  if (background && *background > 0) queue.max_background = static_cast<unsigned>(*background);
   for (const MountInfo& m : ReadMountInfo(mountinfo)) {
     if (m.major == major(dev) && m.minor == minor(dev)) {
       queue.max_read = MaxReadOption(m.super_options);
       queue.sequential = m.fstype == "fuse.rclone";
     }
+  }
+  if (background && *background > 0) {
+    queue.max_background = static_cast<unsigned>(*background);
+    return queue;
+  }
+  queue.from = FuseQueue::From::kDefault;
+  struct stat st {};
+  if (queue.sequential || file.direct_fd() < 0 || fstat(file.direct_fd(), &st) != 0 ||
+      st.st_size <= 0) {
+    return queue;
+  }
+  const uint64_t last_page = (static_cast<uint64_t>(st.st_size) - 1) / kPage * kPage;
+  const QueueProbe probe;
+  const unsigned learned = LearnQueue(
+      [&](unsigned count) -> std::optional<std::vector<std::chrono::microseconds>> {
+        auto arrived =
+            TimeReadsAtOnce(file.direct_fd(), last_page, kPage, count, probe.give_up);
+        if (!arrived.ok()) return std::nullopt;
+        return std::move(arrived).value();
+      },
+      probe);
+  if (learned > queue.max_background) {
+    queue.max_background = learned;
+    queue.from = FuseQueue::From::kAnswers;
   }
   return queue;
 }
@@ -95,10 +141,17 @@ StoreLimits StoreLimitsOf(const BackingFile& file) {
   const std::optional<FuseQueue> queue = FuseQueueOf(file);
   if (!queue) return {};
   const StoreLimits limits = LimitsForQueue(*queue);
+  const char* from = "max_background";
+  if (queue->from == FuseQueue::From::kAnswers) {
+    from = "at least, learned from its answers: fusectl's max_background is its mounter's to read";
+  } else if (queue->from == FuseQueue::From::kDefault) {
+    from = "libfuse's default, assumed: fusectl's max_background cannot be read, and its answers "
+           "did not show more";
+  }
   spdlog::info(
-      "the store is a FUSE filesystem whose queue takes {} requests (max_background): reads of "
-      "it go as {} KiB requests, at most {} in flight, {} per file ({} while it is the only one)",
-      queue->max_background, limits.request_bytes / 1024, limits.store_requests,
+      "the store is a FUSE filesystem whose queue takes {} requests ({}): reads of it go as {} KiB "
+      "requests, at most {} in flight, {} per file ({} while it is the only one)",
+      queue->max_background, from, limits.request_bytes / 1024, limits.store_requests,
       limits.file_requests, limits.lone_file_requests);
   return limits;
 }

@@ -33,6 +33,80 @@ TEST(StoreLimitsTest, AStoreThatReadsFilesFrontToBackGetsOneRequestPerFile) {
   EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1, 1, /*sequential=*/true}));
 }
 
+// A store with a queue of `queue` whose every read takes `answer`: reads beyond the queue wait for
+// one before them, in waves. Counts the rounds asked for.
+TimeRound QueueOf(unsigned queue, std::chrono::microseconds answer, std::vector<unsigned>* asked) {
+  return [=](unsigned count) -> std::optional<std::vector<std::chrono::microseconds>> {
+    asked->push_back(count);
+    std::vector<std::chrono::microseconds> arrived;
+    for (unsigned i = 0; i < count; ++i) arrived.push_back(answer * (i / queue + 1));
+    return arrived;
+  };
+}
+
+TEST(LearnQueueTest, TheLargestRoundThatCameBackInOneWave) {
+  using std::chrono::microseconds;
+  const struct {
+    unsigned queue;
+    unsigned learned;
+  } cases[] = {{12, 0}, {15, 0}, {16, 16}, {40, 32}, {64, 64}, {128, 64}};
+  for (const auto& c : cases) {
+    std::vector<unsigned> asked;
+    EXPECT_EQ(LearnQueue(QueueOf(c.queue, microseconds(5000), &asked)), c.learned) << c.queue;
+    // The warm-up, then each round until one fails (tried three times): nothing after it.
+    ASSERT_FALSE(asked.empty());
+    EXPECT_EQ(asked.front(), 4u);
+    EXPECT_LE(asked.back(), std::max(c.learned * 2, 16u)) << c.queue;
+  }
+}
+
+TEST(LearnQueueTest, NothingIsLearnedFromAStoreThatFailsOrIsSlowOrUneven) {
+  using std::chrono::microseconds;
+  std::vector<unsigned> asked;
+  const auto failing = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
+    asked.push_back(count);
+    return std::nullopt;
+  };
+  EXPECT_EQ(LearnQueue(failing), 0u);
+  EXPECT_EQ(asked, std::vector<unsigned>{4}) << "nothing more after a failed warm-up";
+
+  asked.clear();
+  EXPECT_EQ(LearnQueue(QueueOf(64, microseconds(1'500'000), &asked)), 0u);
+  EXPECT_EQ(asked, std::vector<unsigned>{4}) << "nothing more where the warm-up took over 1 s";
+
+  // Answers spread over 1..count ms: no round is one wave.
+  asked.clear();
+  const auto uneven = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
+    asked.push_back(count);
+    std::vector<microseconds> arrived;
+    for (unsigned i = 1; i <= count; ++i) arrived.push_back(microseconds(1000 * i));
+    return arrived;
+  };
+  EXPECT_EQ(LearnQueue(uneven), 0u);
+  EXPECT_EQ(asked, (std::vector<unsigned>{4, 16, 16, 16})) << "three tries";
+
+  // A round that fails after one passed: what passed.
+  asked.clear();
+  auto queue64 = QueueOf(64, microseconds(5000), &asked);
+  const auto fails_at_32 = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
+    if (count == 32) return std::nullopt;
+    return queue64(count);
+  };
+  EXPECT_EQ(LearnQueue(fails_at_32), 16u);
+}
+
+TEST(LearnQueueTest, ARoundPassesInEitherTry) {
+  using std::chrono::microseconds;
+  unsigned calls = 0;
+  const auto second_try_even = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
+    ++calls;
+    std::vector<microseconds> arrived(count, microseconds(5000));
+    if (calls % 2 == 0) arrived.back() = microseconds(20000);  // each round's first try uneven
+    return arrived;
+  };
+  EXPECT_EQ(LearnQueue(second_try_even), 64u);
+}
+
 TEST(StoreLimitsTest, AFileOnALocalFilesystemHasNoQueue) {
   testing::TempDir dir{"accelfs-store-limits"};
   testing::WriteTestFile(dir / "f", 4096, 1);

@@ -357,7 +357,8 @@ Result<std::vector<std::chrono::microseconds>> TimeReadsAtOnce(int fd, uint64_t 
   int error = submitted < 0 ? -submitted : 0;
   const unsigned expected = submitted < 0 ? 0u : static_cast<unsigned>(submitted);
   while (arrived.size() < expected) {
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       // Reads still in flight write into the buffer when they come back: both stay theirs.
       (void)ring.release();

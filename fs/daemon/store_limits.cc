@@ -124,8 +124,7 @@ std::optional<FuseQueue> FuseQueueOf(const BackingFile& file, const std::string&
   const QueueProbe probe;
   const unsigned learned = LearnQueue(
       [&](unsigned count) -> std::optional<std::vector<std::chrono::microseconds>> {
-        auto arrived =
-            TimeReadsAtOnce(file.direct_fd(), last_page, kPage, count, probe.give_up);
+        auto arrived = TimeReadsAtOnce(file.direct_fd(), last_page, kPage, count, probe.give_up);
         if (!arrived.ok()) return std::nullopt;
         return std::move(arrived).value();
       },
@@ -145,8 +144,9 @@ StoreLimits StoreLimitsOf(const BackingFile& file) {
   if (queue->from == FuseQueue::From::kAnswers) {
     from = "at least, learned from its answers: fusectl's max_background is its mounter's to read";
   } else if (queue->from == FuseQueue::From::kDefault) {
-    from = "libfuse's default, assumed: fusectl's max_background cannot be read, and its answers "
-           "did not show more";
+    from =
+        "libfuse's default, assumed: fusectl's max_background cannot be read, and its answers "
+        "did not show more";
   }
   spdlog::info(
       "the store is a FUSE filesystem whose queue takes {} requests ({}): reads of it go as {} KiB "

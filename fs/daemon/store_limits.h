@@ -34,7 +34,7 @@ struct FuseQueue {
   // fusectl's, or learned from the store's answers, or libfuse's default where neither says.
   enum class From { kFusectl, kAnswers, kDefault };
   unsigned max_background = 12;
-  uint64_t max_read = 0;         // from the mount's options; 0 when not set there
+  uint64_t max_read = 0;  // from the mount's options; 0 when not set there
   // The store reads each file best front to back, one request at a time: rclone (fuse.rclone),
   // whose chunked reader starts a new range at each out-of-order read. A 96 MiB file, cold, at
   // 1 Gbit/s: 14.3 s with 3 requests of the file in flight, 0.89 s with one (0.87 s read directly).

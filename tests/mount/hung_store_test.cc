@@ -81,7 +81,7 @@ class HungStoreTest : public MountTest {
     WriteTestFile(store_ + "/model-00002-of-00002.safetensors", kShard, 2);
     WriteTestFile(store_ + "/config.json", 100 * 1024, 3);
     SetFaults("");
-    std::vector<std::string> argv = {ACCELFS_NETFS_BINARY, store_, net_mount_,       "-f",
+    std::vector<std::string> argv = {ACCELFS_NETFS_BINARY, store_,      net_mount_,       "-f",
                                      "--latency-ms",       latency_ms_, "--request-mbps", "2000",
                                      "--fault-file",       faults_};
     argv.insert(argv.end(), net_extra_.begin(), net_extra_.end());
@@ -802,16 +802,15 @@ class StoreQueueLearnedTest : public HungStoreTest, public ::testing::WithParamI
 TEST_P(StoreQueueLearnedTest, AQueueFusectlDoesNotShowIsLearnedFromTheStoresAnswers) {
   const unsigned max_background = GetParam();
   struct stat st {};
-  auto file = OpenBacking(AT_FDCWD, (net_mount_ + "/model-00001-of-00002.safetensors").c_str(),
-                          0, &st);
+  auto file =
+      OpenBacking(AT_FDCWD, (net_mount_ + "/model-00001-of-00002.safetensors").c_str(), 0, &st);
   ASSERT_TRUE(file.ok()) << file.error().Message();
   const std::optional<FuseQueue> read = FuseQueueOf(*file.value());
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ(read->max_background, max_background) << "fusectl's, read as root";
   EXPECT_EQ(read->from, FuseQueue::From::kFusectl);
 
-  const std::optional<FuseQueue> learned =
-      FuseQueueOf(*file.value(), dir_ / "no-fusectl");
+  const std::optional<FuseQueue> learned = FuseQueueOf(*file.value(), dir_ / "no-fusectl");
   ASSERT_TRUE(learned.has_value());
   std::printf("max_background %u: learned %u (%s)\n", max_background, learned->max_background,
               learned->from == FuseQueue::From::kAnswers ? "from the answers" : "the default");

@@ -69,19 +69,27 @@ StoreLimits LimitsForQueue(const FuseQueue& queue) {
 
 unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
   using std::chrono::microseconds;
-  const auto in_time = [&](const std::optional<std::vector<microseconds>>& arrived) {
-    return arrived && !arrived->empty() && arrived->back() <= probe.give_up;
+  const auto in_time = [&](const std::optional<std::vector<microseconds>>& arrived,
+                           unsigned count) {
+    return arrived && arrived->size() == count && !arrived->empty() &&
+           arrived->back() <= probe.give_up;
   };
-  if (!in_time(round(probe.warm_up))) return 0;
+  microseconds answer = microseconds::max();
+  for (unsigned i = 0; i < probe.singles; ++i) {
+    const std::optional<std::vector<microseconds>> one = round(1);
+    if (!in_time(one, 1)) return 0;
+    answer = std::min(answer, one->front());
+  }
+  if (answer < probe.min_answer) return 0;
   unsigned learned = 0;
   for (const unsigned count : probe.rounds) {
     bool one_wave = false;
     for (unsigned t = 0; t < probe.tries && !one_wave; ++t) {
       const std::optional<std::vector<microseconds>> arrived = round(count);
-      if (!in_time(arrived) || arrived->size() != count) return learned;
+      if (!in_time(arrived, count)) return learned;
       const auto [first, last] = std::minmax_element(arrived->begin(), arrived->end());
-      one_wave = static_cast<double>(last->count()) <=
-                 probe.spread * static_cast<double>(std::max<int64_t>(first->count(), 1));
+      one_wave = static_cast<double>((*last - *first).count()) <=
+                 probe.spread * static_cast<double>(answer.count());
     }
     if (!one_wave) break;
     learned = count;

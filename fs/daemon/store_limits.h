@@ -12,10 +12,11 @@
 //
 // fusectl's files belong to the user who mounted the store (mode 0600): a daemon run by another
 // user (a mount by a user who is not root over a store root mounted) cannot read the limit. There
-// the store's answers tell it (LearnQueue): reads sent at once beyond the connection's queue wait
-// in the kernel until one before them is answered, so they come back a whole round trip after the
-// first ones; reads the queue takes all come back together. Measured on NET (max_background 64):
-// assuming libfuse's 12 there held a user's cold loads to 0.38-0.45 GB/s of a 1.93 GB/s ceiling.
+// the store's answers tell it, where they are slow enough to (LearnQueue): reads sent at once
+// beyond the connection's queue wait in the kernel until one before them is answered, so they
+// come back one answer after the first ones; reads the queue takes all come back together.
+// Measured on NET (max_background 64, 5 ms answers): assuming libfuse's 12 there held a user's
+// cold loads to 0.26-0.45 GB/s of a 1.95 GB/s ceiling.
 #pragma once
 
 #include <chrono>
@@ -42,30 +43,36 @@ struct FuseQueue {
   From from = From::kFusectl;
 };
 
-// How LearnQueue sends its rounds of reads. Each round's count of reads goes at once; a round
-// passes when its last answer came within `spread` times its first (one wave), in any of `tries`
-// tries. Requests held back by a queue of n come at least one whole answer later: 16 reads through
-// a queue of 12 took twice their first answer's time on NET (5 ms answers).
+// How LearnQueue sends its reads. First `singles` reads one at a time: the quickest is the store's
+// answer time. A store that answers quicker than `min_answer` is not probed further: there a read
+// held back by the queue comes too soon after the others to be told from them (the rig's sshfs,
+// s3fs and zfs-fuse answer a cached page in well under a millisecond, and a round's first answer
+// waits on the kernel's workers starting: 64 reads through a queue of 12 came back within 1.5x of
+// their first answer). Then rounds of reads sent at once: a round passes when its last answer came
+// within `spread` of one answer time after its first, in any of `tries` tries. A read the queue
+// holds back is sent to the store only once one before it was answered, so it comes a whole store
+// answer (at least the answer time less the kernel's own part of it) after the first.
 struct QueueProbe {
-  // Sent first, all within any queue: the store must answer them within `give_up`, or nothing more
-  // is sent (a store that hangs or crawls is not sent more than it can hold).
-  unsigned warm_up = 4;
+  // Each must be answered within `give_up`, or nothing more is sent (a store that hangs or crawls
+  // is not sent more than it can hold).
+  unsigned singles = 5;
+  std::chrono::microseconds min_answer{2000};
   std::vector<unsigned> rounds{16, 32, 64};  // each more than libfuse's 12
-  double spread = 1.5;
+  double spread = 0.5;
   unsigned tries = 3;
   std::chrono::milliseconds give_up{1000};
 };
 
 // One round: `count` reads sent at once, each one's answer time since the send, in the order they
-// came (TimeReadsAtOnce of one file); an error when any failed or they were not back in time.
+// came (TimeReadsAtOnce of one file); nothing when any failed or they were not back in time.
 using TimeRound =
     std::function<std::optional<std::vector<std::chrono::microseconds>>(unsigned count)>;
 
 // The most reads a store's queue was seen to take at once: the largest of `probe`'s rounds that
-// passed, the rounds tried in order until one fails. 0 where none passed, or the warm-up or a
-// round failed or took longer than `give_up` (a store whose answers are too quick or too uneven
-// to tell a held-back read from a slow one shows nothing: the caller assumes the default). A
-// result is never more than the queue: a read the queue holds back comes after another's answer.
+// passed, the rounds tried in order until one fails. 0 where none passed, where the store answers
+// quicker than `min_answer`, or where a read failed or took longer than `give_up`: the caller
+// assumes the default. Never more than the queue where the store's answer time is its own, not
+// the machine's (a machine so loaded that one read waits 2 ms to be sent could show more).
 unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe = {});
 
 // The limits for a store with `queue`: pieces of at most max_read (and 1 MiB), at most half its

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "tests/support/test_data.h"
 
@@ -33,15 +34,23 @@ TEST(StoreLimitsTest, AStoreThatReadsFilesFrontToBackGetsOneRequestPerFile) {
   EXPECT_EQ(LimitsForQueue(rclone), (StoreLimits{1 << 20, 6, 1, 1, /*sequential=*/true}));
 }
 
-// A store with a queue of `queue` whose every read takes `answer`: reads beyond the queue wait for
-// one before them, in waves. Counts the rounds asked for.
-TimeRound QueueOf(unsigned queue, std::chrono::microseconds answer, std::vector<unsigned>* asked) {
+// A store with a queue of `queue` whose every read takes `answer`, after `overhead` of the
+// kernel's: reads beyond the queue wait for one before them, in waves. Counts the rounds asked for.
+TimeRound QueueOf(unsigned queue, std::chrono::microseconds answer, std::vector<unsigned>* asked,
+                  std::chrono::microseconds overhead = {}) {
   return [=](unsigned count) -> std::optional<std::vector<std::chrono::microseconds>> {
     asked->push_back(count);
     std::vector<std::chrono::microseconds> arrived;
-    for (unsigned i = 0; i < count; ++i) arrived.push_back(answer * (i / queue + 1));
+    for (unsigned i = 0; i < count; ++i) arrived.push_back(overhead + answer * (i / queue + 1));
     return arrived;
   };
+}
+
+const std::vector<unsigned> kSingles{1, 1, 1, 1, 1};
+
+std::vector<unsigned> Singles(std::vector<unsigned> rounds) {
+  rounds.insert(rounds.begin(), kSingles.begin(), kSingles.end());
+  return rounds;
 }
 
 TEST(LearnQueueTest, TheLargestRoundThatCameBackInOneWave) {
@@ -49,15 +58,29 @@ TEST(LearnQueueTest, TheLargestRoundThatCameBackInOneWave) {
   const struct {
     unsigned queue;
     unsigned learned;
-  } cases[] = {{12, 0}, {15, 0}, {16, 16}, {40, 32}, {64, 64}, {128, 64}};
+    std::vector<unsigned> asked;  // after the five single reads
+  } cases[] = {
+      {12, 0, {16, 16, 16}},          {15, 0, {16, 16, 16}},  {16, 16, {16, 32, 32, 32}},
+      {40, 32, {16, 32, 64, 64, 64}}, {64, 64, {16, 32, 64}}, {128, 64, {16, 32, 64}},
+  };
   for (const auto& c : cases) {
     std::vector<unsigned> asked;
     EXPECT_EQ(LearnQueue(QueueOf(c.queue, microseconds(5000), &asked)), c.learned) << c.queue;
-    // The warm-up, then each round until one fails (tried three times): nothing after it.
-    ASSERT_FALSE(asked.empty());
-    EXPECT_EQ(asked.front(), 4u);
-    EXPECT_LE(asked.back(), std::max(c.learned * 2, 16u)) << c.queue;
+    EXPECT_EQ(asked, Singles(c.asked)) << c.queue;
   }
+}
+
+// The rig's stores answer a cached page in well under a millisecond, and a round's first answer
+// waits on the kernel's workers: 64 reads through a queue of 12 came back within 1.5x of their
+// first answer (sshfs, s3fs and zfs-fuse learned 16, 32 or 64 where the queue was 12).
+TEST(LearnQueueTest, AStoreThatAnswersTooQuicklyToTellTeachesNothing) {
+  using std::chrono::microseconds;
+  std::vector<unsigned> asked;
+  EXPECT_EQ(LearnQueue(QueueOf(12, microseconds(300), &asked)), 0u);
+  EXPECT_EQ(asked, kSingles) << "no round sent";
+  asked.clear();
+  EXPECT_EQ(LearnQueue(QueueOf(12, microseconds(20), &asked, microseconds(1500))), 0u);
+  EXPECT_EQ(asked, kSingles) << "no round sent";
 }
 
 TEST(LearnQueueTest, NothingIsLearnedFromAStoreThatFailsOrIsSlowOrUneven) {
@@ -68,22 +91,22 @@ TEST(LearnQueueTest, NothingIsLearnedFromAStoreThatFailsOrIsSlowOrUneven) {
     return std::nullopt;
   };
   EXPECT_EQ(LearnQueue(failing), 0u);
-  EXPECT_EQ(asked, std::vector<unsigned>{4}) << "nothing more after a failed warm-up";
+  EXPECT_EQ(asked, std::vector<unsigned>{1}) << "nothing more after a failed read";
 
   asked.clear();
   EXPECT_EQ(LearnQueue(QueueOf(64, microseconds(1'500'000), &asked)), 0u);
-  EXPECT_EQ(asked, std::vector<unsigned>{4}) << "nothing more where the warm-up took over 1 s";
+  EXPECT_EQ(asked, std::vector<unsigned>{1}) << "nothing more after a read that took over 1 s";
 
-  // Answers spread over 1..count ms: no round is one wave.
+  // Answers spread over 5..5+count ms: no round is one wave.
   asked.clear();
   const auto uneven = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
     asked.push_back(count);
     std::vector<microseconds> arrived;
-    for (unsigned i = 1; i <= count; ++i) arrived.push_back(microseconds(1000 * i));
+    for (unsigned i = 0; i < count; ++i) arrived.push_back(microseconds(5000 + 1000 * i));
     return arrived;
   };
   EXPECT_EQ(LearnQueue(uneven), 0u);
-  EXPECT_EQ(asked, (std::vector<unsigned>{4, 16, 16, 16})) << "three tries";
+  EXPECT_EQ(asked, Singles({16, 16, 16})) << "three tries";
 
   // A round that fails after one passed: what passed.
   asked.clear();
@@ -95,16 +118,15 @@ TEST(LearnQueueTest, NothingIsLearnedFromAStoreThatFailsOrIsSlowOrUneven) {
   EXPECT_EQ(LearnQueue(fails_at_32), 16u);
 }
 
-TEST(LearnQueueTest, ARoundPassesInEitherTry) {
+TEST(LearnQueueTest, ARoundPassesInAnyOfItsTries) {
   using std::chrono::microseconds;
-  unsigned calls = 0;
-  const auto second_try_even = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
-    ++calls;
+  std::map<unsigned, unsigned> tries;
+  const auto third_try_even = [&](unsigned count) -> std::optional<std::vector<microseconds>> {
     std::vector<microseconds> arrived(count, microseconds(5000));
-    if (calls % 2 == 0) arrived.back() = microseconds(20000);  // each round's first try uneven
+    if (count > 1 && ++tries[count] < 3) arrived.back() = microseconds(9000);
     return arrived;
   };
-  EXPECT_EQ(LearnQueue(second_try_even), 64u);
+  EXPECT_EQ(LearnQueue(third_try_even), 64u);
 }
 
 TEST(StoreLimitsTest, AFileOnALocalFilesystemHasNoQueue) {

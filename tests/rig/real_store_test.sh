@@ -11,7 +11,9 @@
 #      what `cp -p` keeps of the times): read as the new file (sshfs and S3 keep no ctime: the
 #      fingerprint of the first and last page, the last two on object stores, is what tells);
 #   5. a shard replaced by a rename through the store: read as the new file;
-#   6. sshfs: a cold load of three shards leaves sshfs with two SSH connections, not three.
+#   6. sshfs: a cold load of three shards leaves sshfs with two SSH connections, not three;
+#   7. a daemon run by a user who did not mount the store (uid 65534 over root's mount) takes the
+#      store's queue for no more than it is (it cannot read fusectl), and reads byte for byte.
 # Before content identity, 2 and 3 fetched the whole model again (issue "Real stores I").
 # "Next to nothing" is at most a quarter of the model in store traffic: protocol overhead and the
 # two 4 KiB samples of each open. s3fs reads ahead up to 50 MB (multipart_size x parallel_count)
@@ -56,8 +58,10 @@ stop_daemon() {
   wait "$daemon" 2>/dev/null || true
   daemon=
 }
+fuse_mode=
 cleanup() {
   stop_daemon
+  [[ -z $fuse_mode ]] || chmod "$fuse_mode" /dev/fuse
   "$stores" down "$st" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
@@ -117,7 +121,14 @@ head -c "$SHARD" /dev/urandom >"$src/model-00001-of-00002.safetensors"
 head -c "$SHARD" /dev/urandom >"$src/model-00002-of-00002.safetensors"
 echo '{"architectures": ["Test"]}' >"$src/config.json"
 rc=0
-"$stores" up "$kind" "$st" "$src" "$store" --rate 1gbit >"$tmp/up.log" 2>&1 || rc=$?
+# Mounted for other users too (step 7): sshfs and s3fs take allow_other (s3fs shows objects 0640
+# without a umask), zfs-fuse mounts so already.
+others=()
+case $kind in
+  sshfs) others=(--sshfs-opts allow_other) ;;
+  s3fs) others=(--s3fs-opts allow_other,umask=0022) ;;
+esac
+"$stores" up "$kind" "$st" "$src" "$store" --rate 1gbit "${others[@]}" >"$tmp/up.log" 2>&1 || rc=$?
 if ((rc == 77)); then
   echo "SKIP $kind: $(tail -1 "$tmp/up.log")"
   exit 77
@@ -205,6 +216,48 @@ if [[ $kind == sshfs ]]; then
   conns=$(pgrep -c -s "$client" -x ssh || true)  # sshfs runs ssh in its session, not as its child
   echo "$kind: a cold load of 3 x 128 MiB shards: $conns SSH connections"
   ((conns <= 2)) || fail "a cold load of three shards left sshfs with $conns SSH connections"
+fi
+
+# 7. A daemon run by a user who did not mount the store: fusectl's files are the mounter's (root's,
+# mode 0600), so the daemon learns the store's queue from its answers (fs/daemon/store_limits.h)
+# or assumes libfuse's 12. These stores answer a cached page in well under a millisecond, where a
+# read the queue holds back cannot be told from the others: before the probe had a floor on the
+# answer time it took sshfs, s3fs and zfs-fuse for 16, 32 or 64 where their queue was 12. Not
+# rclone (one request per file, never probed). The store is mounted for other users
+# (allow_other, above).
+as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+if [[ $kind != rclone ]]; then
+  stop_daemon
+  chmod 755 "$tmp"
+  if ! "${as_user[@]}" test -x "$accelfs" 2>/dev/null; then
+    echo "$kind: step 7 not run: uid 65534 cannot run $accelfs (a directory on its path is closed)"
+  else
+    fuse_mode=$(stat -c %a /dev/fuse)
+    chmod 0666 /dev/fuse
+    umnt=$tmp/umnt
+    mkdir -p "$umnt"
+    chown 65534:65534 "$umnt"
+    queue=$(cat "$("$stores" fuse-conn "$st")/max_background")
+    "${as_user[@]}" "$accelfs" "$store" "$umnt" -f --cache-size 512M --log-level info \
+      >"$tmp/user.log" 2>&1 &
+    daemon=$!
+    mnt=$umnt
+    for ((i = 0; i < 200; i++)); do
+      grep -q " $umnt fuse.accelfs " /proc/self/mounts && break
+      kill -0 "$daemon" 2>/dev/null || fail "accelfs as uid 65534 exited: $(tail -3 "$tmp/user.log")"
+      sleep 0.1
+    done
+    for f in model-00002-of-00002.safetensors config.json; do
+      "${as_user[@]}" cmp "$umnt/$f" "$store/$f" || fail "$f read as uid 65534 differs from the store's"
+    done
+    taken=$(sed -n 's/.*whose queue takes \([0-9]*\) requests.*/\1/p' "$tmp/user.log" | head -1)
+    echo "$kind: a daemon run as uid 65534: the store's queue taken for ${taken:-?} (it is $queue)"
+    [[ -n $taken ]] || fail "the daemon run as uid 65534 logged no queue for the store"
+    ((taken <= queue)) || fail "the store's queue of $queue taken for $taken by a daemon run as uid 65534"
+    stop_daemon
+    chmod "$fuse_mode" /dev/fuse
+    fuse_mode=
+  fi
 fi
 
 stop_daemon

@@ -88,8 +88,10 @@ unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
       const std::optional<std::vector<microseconds>> arrived = round(count);
       if (!in_time(arrived, count)) return learned;
       const auto [first, last] = std::minmax_element(arrived->begin(), arrived->end());
-      one_wave = static_cast<double>((*last - *first).count()) <=
-                 probe.spread * static_cast<double>(answer.count());
+      const double spread = static_cast<double>((*last - *first).count()) /
+                            static_cast<double>(std::max<int64_t>(answer.count(), 1));
+      one_wave = spread <= probe.spread;
+      if (spread >= 1.0) break;  // a whole answer later: held back by the queue, not by jitter
     }
     if (!one_wave) break;
     learned = count;
@@ -152,9 +154,11 @@ StoreLimits StoreLimitsOf(const BackingFile& file) {
   if (queue->from == FuseQueue::From::kAnswers) {
     from = "at least, learned from its answers: fusectl's max_background is its mounter's to read";
   } else if (queue->from == FuseQueue::From::kDefault) {
-    from =
-        "libfuse's default, assumed: fusectl's max_background cannot be read, and its answers "
-        "did not show more";
+    from = queue->sequential
+               ? "libfuse's default, assumed: fusectl's max_background cannot be read, and a "
+                 "store read front to back is not asked"
+               : "libfuse's default, assumed: fusectl's max_background cannot be read, and its "
+                 "answers did not show more";
   }
   spdlog::info(
       "the store is a FUSE filesystem whose queue takes {} requests ({}): reads of it go as {} KiB "

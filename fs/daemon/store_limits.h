@@ -49,13 +49,14 @@ struct FuseQueue {
 // s3fs and zfs-fuse answer a cached page in well under a millisecond, and a round's first answer
 // waits on the kernel's workers starting: 64 reads through a queue of 12 came back within 1.5x of
 // their first answer). Then rounds of reads sent at once: a round passes when its last answer came
-// within `spread` of one answer time after its first, in any of `tries` tries. A read the queue
-// holds back is sent to the store only once one before it was answered, so it comes a whole store
-// answer (at least the answer time less the kernel's own part of it) after the first.
+// within `spread` of one answer time after its first, in any of `tries` tries (a try whose
+// answers spread over a whole answer time or more ends the round: no jitter makes that). A read
+// the queue holds back is sent to the store only once one before it was answered, so it comes a
+// whole store answer (at least the answer time less the kernel's own part of it) after the first.
 struct QueueProbe {
   // Each must be answered within `give_up`, or nothing more is sent (a store that hangs or crawls
   // is not sent more than it can hold).
-  unsigned singles = 5;
+  unsigned singles = 3;
   std::chrono::microseconds min_answer{2000};
   std::vector<unsigned> rounds{16, 32, 64};  // each more than libfuse's 12
   double spread = 0.5;

@@ -54,8 +54,9 @@ struct FuseQueue {
 // the queue holds back is sent to the store only once one before it was answered, so it comes a
 // whole store answer (at least the answer time less the kernel's own part of it) after the first.
 struct QueueProbe {
-  // Each must be answered within `give_up`, or nothing more is sent (a store that hangs or crawls
-  // is not sent more than it can hold).
+  // Each must be answered within `give_up`, or nothing more is sent: a store that hangs or crawls
+  // before the rounds is sent none of them (one that starts to during a round holds that round's
+  // reads, up to 64, until it answers).
   unsigned singles = 3;
   std::chrono::microseconds min_answer{2000};
   std::vector<unsigned> rounds{16, 32, 64};  // each more than libfuse's 12

@@ -789,8 +789,8 @@ INSTANTIATE_TEST_SUITE_P(
 // not exist) learns the queue from the store's answers: reads sent at once beyond max_background
 // wait in the kernel for an answer before them. NET answers in 20 ms, its queue at 12 or 64 (and
 // 64 threads). What it learns is never more than the queue; at 64, more than libfuse's 12. Before,
-// such a daemon assumed 12 everywhere: a user's cold load over NET (queue 64) ran at 0.38-0.45
-// GB/s of a 1.93 GB/s ceiling (docs/BENCHMARKS.md, run43).
+// such a daemon assumed 12 everywhere: a user's cold load over NET (queue 64) ran at 0.26-0.45
+// GB/s of a 1.95 GB/s ceiling (docs/BENCHMARKS.md, "A user's queue").
 class StoreQueueLearnedTest : public HungStoreTest, public ::testing::WithParamInterface<unsigned> {
  protected:
   StoreQueueLearnedTest() {

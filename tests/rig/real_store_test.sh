@@ -78,6 +78,10 @@ start_daemon() {  # start_daemon LOG
   "$accelfs" "$store" "$mnt" -f --cache-dir "$cache" --cache-size 512M --log-level "${ACCELFS_LOG_LEVEL:-info}" \
     >"$1" 2>&1 &
   daemon=$!
+  wait_mounted "$1"
+}
+# Waits until the daemon started last ($daemon) has mounted $mnt; fails when it exits or takes 20 s.
+wait_mounted() {  # wait_mounted LOG
   local i
   for ((i = 0; i < 200; i++)); do
     grep -q " $mnt fuse.accelfs " /proc/self/mounts && return 0
@@ -242,11 +246,7 @@ if [[ $kind != rclone ]]; then
       >"$tmp/user.log" 2>&1 &
     daemon=$!
     mnt=$umnt
-    for ((i = 0; i < 200; i++)); do
-      grep -q " $umnt fuse.accelfs " /proc/self/mounts && break
-      kill -0 "$daemon" 2>/dev/null || fail "accelfs as uid 65534 exited: $(tail -3 "$tmp/user.log")"
-      sleep 0.1
-    done
+    wait_mounted "$tmp/user.log"
     for f in model-00002-of-00002.safetensors config.json; do
       "${as_user[@]}" cmp "$umnt/$f" "$store/$f" || fail "$f read as uid 65534 differs from the store's"
     done

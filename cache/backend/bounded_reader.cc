@@ -52,10 +52,22 @@ unsigned BoundedReader::Allowed(const PerFile& file, unsigned share) const {
   const auto store = stores_.find(file.store);
   if (store != stores_.end() && store->second.limits.file_requests > 0) {
     const StoreLimits& limits = store->second.limits;
-    const bool lone = store->second.files <= 1 && limits.lone_file_requests > 0;
+    const bool lone =
+        limits.lone_file_requests > 0 &&
+        (store->second.files <= 1 || (HasDemand(file) && store->second.demand_files <= 1));
     allowed = std::min(allowed, lone ? limits.lone_file_requests : limits.file_requests);
   }
   return std::max(allowed, 1u);
+}
+
+void BoundedReader::CountDemand() {
+  for (auto& [dev, store] : stores_) store.demand_files = 0;
+  for (const auto& [id, file] : files_) {
+    if (!HasDemand(file)) continue;
+    if (const auto store = stores_.find(file.store); store != stores_.end()) {
+      ++store->second.demand_files;
+    }
+  }
 }
 
 StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
@@ -67,7 +79,7 @@ StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
   // sysfs and mountinfo: no lock held
   const StoreLimits limits = options_.limits ? options_.limits(file) : StoreLimits{};
   std::lock_guard lock(mu_);
-  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0, IoChoice(options_.io_choice)})
+  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0, 0, IoChoice(options_.io_choice)})
       .first->second.limits;
 }
 
@@ -155,6 +167,7 @@ void BoundedReader::Submit(ReadRequest request) {
   }
   std::vector<ReadRequest> send;
   bool taken = false;
+  bool held_back = false;
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
@@ -181,9 +194,10 @@ void BoundedReader::Submit(ReadRequest request) {
         (demand ? file.demand : file.prefetch).emplace_back(Clock::now(), std::move(piece));
         ++stats_.waiting;
       }
-      AdmitWaiting(&send);
+      held_back = AdmitWaiting(&send);
     }
   }
+  if (held_back) inner_->NoteHeldBack();
   if (!taken) {  // stopping
     for (ReadRequest& piece : pieces) piece.done(Error(ECANCELED));
     return;
@@ -194,6 +208,7 @@ void BoundedReader::Submit(ReadRequest request) {
 void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send) {
   const Clock::time_point now = Clock::now();
   if (file.in_flight++ == 0) file.progress = now;  // an idle file's clock starts now
+  if (request.demand) ++file.demand_in_flight;
   ++active_;
   const auto store = stores_.find(file.store);
   int io_slice = -1;
@@ -218,6 +233,7 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
   const uint64_t id = next_id_++;
   InFlight& f = in_flight_[id];
   f.io_slice = io_slice;
+  f.demand = request.demand;
   f.file = IdOf(*request.file);
   f.store = file.store;
   f.sent = now;
@@ -228,20 +244,28 @@ void BoundedReader::Admit(ReadRequest request, PerFile& file, std::vector<ReadRe
   send->push_back(std::move(request));
 }
 
-void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
+bool BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
   const unsigned share = Share();
   const unsigned flight = 2 * std::max(inner_->CurrentDepth(), 1u);
+  // Admitting a waiting read keeps its file's demand as it was: counted once for the loop.
+  CountDemand();
   while (active_ < flight) {
     // The oldest waiting request of a file under its share: demand, else prefetch. A scan of the
     // files with requests waiting or in flight: a few, or a few hundred when a model's every shard
     // is open.
     PerFile* pick = nullptr;
     bool demand = false;
+    bool held_back = false;  // a file waits that only the share holds
     for (auto& [id, file] : files_) {
-      if (file.in_flight >= Allowed(file, share)) continue;
       const auto store = stores_.find(file.store);
       if (store != stores_.end() && store->second.limits.store_requests > 0 &&
           store->second.in_flight >= store->second.limits.store_requests) {
+        continue;
+      }
+      if (file.in_flight >= Allowed(file, share)) {
+        held_back = held_back ||
+                    (file.in_flight >= share && (!file.demand.empty() || !file.prefetch.empty()) &&
+                     file.in_flight < Allowed(file, kMaxWindow));
         continue;
       }
       for (const bool d : {true, false}) {
@@ -254,13 +278,14 @@ void BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
         }
       }
     }
-    if (pick == nullptr) return;
+    if (pick == nullptr) return held_back;
     auto& from = demand ? pick->demand : pick->prefetch;
     ReadRequest next = std::move(from.front().second);
     from.pop_front();
     --stats_.waiting;
     Admit(std::move(next), *pick, send);
   }
+  return false;  // the flight is full: the inner reader sees requests wait
 }
 
 void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
@@ -269,6 +294,7 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
   std::function<void(Result<size_t>)> done;
   std::vector<ReadRequest> send;
   bool was_lost = false;
+  bool held_back = false;
   {
     std::lock_guard lock(mu_);
     auto it = in_flight_.find(id);
@@ -276,6 +302,7 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
     auto file_it = files_.find(f.file);
     PerFile& file = file_it->second;
     --file.in_flight;
+    if (f.demand) --file.demand_in_flight;
     const Clock::time_point now = Clock::now();
     file.progress = now;
     if (const auto store = stores_.find(f.store); store != stores_.end()) {
@@ -309,9 +336,10 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
       in_flight_.erase(it);
     }
     if (file.in_flight == 0 && file.demand.empty() && file.prefetch.empty()) EraseFile(file_it);
-    if (!stopping_) AdmitWaiting(&send);  // the slot goes to the next waiting request
-    if (stopping_) cv_.notify_all();      // Stop waits for in-flight requests
+    if (!stopping_) held_back = AdmitWaiting(&send);  // the slot goes to the next waiting request
+    if (stopping_) cv_.notify_all();                  // Stop waits for in-flight requests
   }
+  if (held_back) inner_->NoteHeldBack();
   if (was_lost) inner_->NoteLost(-1);
   if (!chosen.empty())
     spdlog::info("the store of device {}:{}: {}", major(chosen_store), minor(chosen_store), chosen);
@@ -325,6 +353,7 @@ void BoundedReader::StallWhere(
   std::vector<std::pair<uint64_t, std::function<void()>>> stalling;
   std::vector<ReadRequest> timed_out;
   std::vector<ReadRequest> send;
+  bool held_back = false;
   {
     std::lock_guard lock(mu_);
     for (auto& [id, f] : in_flight_) {
@@ -335,6 +364,7 @@ void BoundedReader::StallWhere(
       ++stats_.timed_out;
       stalling.emplace_back(id, std::move(f.stalled));
     }
+    CountDemand();  // as the files stand before any expires (`expired` asks Allowed)
     for (auto it = files_.begin(); it != files_.end();) {
       PerFile& file = it->second;
       for (auto* queue : {&file.demand, &file.prefetch}) {
@@ -351,8 +381,9 @@ void BoundedReader::StallWhere(
         ++it;
       }
     }
-    if (!stopping_) AdmitWaiting(&send);  // stalled reads left the flight
+    if (!stopping_) held_back = AdmitWaiting(&send);  // stalled reads left the flight
   }
+  if (held_back) inner_->NoteHeldBack();
   for (ReadRequest& r : send) inner_->Submit(std::move(r));
   for (ReadRequest& r : timed_out) r.done(Error(ETIMEDOUT));
   for (auto& [id, stalled] : stalling) {

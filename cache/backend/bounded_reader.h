@@ -30,9 +30,20 @@
 //   `store_requests` of them in flight to that store and one file at most `file_requests`, or
 //   `lone_file_requests` while no other file of the store has a read in flight or waiting (a lone
 //   shard or a single-file model gets most of the store; one that arrives beside it finds the rest
-//   free and takes slots as the first file falls back to its `file_requests`). So one hung or
-//   crawling file can never fill the queue that every reader of the store, inside accelfs and out,
-//   goes through, nor take accelfs's last slot of it.
+//   free and takes slots as the first file falls back to its `file_requests`), or while it is the
+//   store's only file with demand reads in flight or waiting: a shard whose open waits for its fill
+//   is not held to its file bound by the next shard streaming in beside it (a prefetch), which
+//   takes what it leaves. Held so, the awaited shard arrived only with the next one, and with a
+//   cache of half the model (the look-ahead budget stops the chain there) the store sat idle while
+//   the loader copied the first of each pair. So one hung or crawling file can never fill the
+//   queue that every reader of the store, inside accelfs and out, goes through, nor take
+//   accelfs's last slot of it.
+// - More depth: a file held back by its share and by nothing else (not its window, nor its
+//   store's bounds) tells the inner reader (NoteHeldBack), which an adaptive one takes as requests
+//   waiting for a slot: the share follows the depth, and the depth grows only while requests wait
+//   in the inner reader, which the share kept from happening. A lone file on a store that takes
+//   64 requests stayed at 16 of the 28 its store allows, behind the start depth of 32, for good
+//   (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md).
 // - O_DIRECT or the page cache (`io`): O_DIRECT by default; kLearn tries both on each store's
 //   first reads and sends the rest the way that read faster (IoChoice, logged once per store);
 //   never on a `sequential` store.
@@ -76,8 +87,9 @@ struct StoreLimits {
   uint64_t request_bytes = 0;   // one request of the store carries at most this (4 KiB multiple)
   unsigned store_requests = 0;  // pieces accelfs keeps in flight to the store, every file together
   unsigned file_requests = 0;   // of which one file at most
-  // One file at most while it is the store's only file with reads in flight or waiting (0: the
-  // same as file_requests). Less than store_requests: a file that arrives always finds a slot.
+  // One file at most while it is the store's only file with reads in flight or waiting, or its
+  // only one with demand reads (0: the same as file_requests). Less than store_requests: a file
+  // that arrives always finds a slot.
   unsigned lone_file_requests = 0;
   // The store reads each file best as one stream, front to back (rclone: each handle a ranged GET
   // that restarts at every jump): no IoChoice trial, which would read a file through two handles
@@ -145,8 +157,9 @@ class BoundedReader final : public BackendReader {
   static FileId IdOf(const BackingFile& file);
   struct PerStore {
     StoreLimits limits;
-    unsigned in_flight = 0;  // pieces of every file in flight, stalled ones included
-    unsigned files = 0;      // its files in files_: with reads in flight or waiting
+    unsigned in_flight = 0;     // pieces of every file in flight, stalled ones included
+    unsigned files = 0;         // its files in files_: with reads in flight or waiting
+    unsigned demand_files = 0;  // of which with demand reads in flight or waiting (CountDemand)
     IoChoice io;
   };
   struct InFlight {
@@ -158,14 +171,16 @@ class BoundedReader final : public BackendReader {
     std::function<void(Result<size_t>)> done;
     std::optional<Result<size_t>> result;  // arrived while kStalling
     int io_slice = -1;                     // IoChoice's, of its store
+    bool demand = false;
   };
   struct PerFile {
-    uint64_t store = 0;          // its filesystem (st_dev): the key of stores_
-    unsigned in_flight = 0;      // sent and not answered by the inner reader, stalled ones included
-    unsigned window = 1;         // slow start: most in flight now, within the share
-    bool probing = false;        // held to one read: its reads stopped completing
-    Clock::time_point progress;  // last completion, or the first send after idle
-    Clock::duration usual{};     // a smoothed time of its reads (an EWMA of their latencies)
+    uint64_t store = 0;      // its filesystem (st_dev): the key of stores_
+    unsigned in_flight = 0;  // sent and not answered by the inner reader, stalled ones included
+    unsigned demand_in_flight = 0;  // of which demand reads
+    unsigned window = 1;            // slow start: most in flight now, within the share
+    bool probing = false;           // held to one read: its reads stopped completing
+    Clock::time_point progress;     // last completion, or the first send after idle
+    Clock::duration usual{};        // a smoothed time of its reads (an EWMA of their latencies)
     std::deque<std::pair<Clock::time_point, ReadRequest>> demand;  // waiting for the share
     std::deque<std::pair<Clock::time_point, ReadRequest>> prefetch;
   };
@@ -174,15 +189,23 @@ class BoundedReader final : public BackendReader {
   // what it appends to `send`.
   void Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send);
   // Sends waiting requests, oldest demand first, then oldest prefetch, while the flight has room
-  // and their files are under their share. REQUIRES: mu_ held.
-  void AdmitWaiting(std::vector<ReadRequest>* send);
+  // and their files are under their share. Returns whether requests are left waiting that only the
+  // share holds (the caller tells the inner reader, NoteHeldBack, once mu_ is released).
+  // REQUIRES: mu_ held.
+  bool AdmitWaiting(std::vector<ReadRequest>* send);
   void Completed(uint64_t id, Result<size_t> result);
   using Files = std::unordered_map<FileId, PerFile, FileIdHash>;
   // Forgets an idle file (its window starts again at one). REQUIRES: mu_ held.
   Files::iterator EraseFile(Files::iterator it);
   unsigned Share() const;
   // The most `file` may have in flight now: its window within its share and its store's bound.
+  // REQUIRES: mu_ held, CountDemand() since the last change of any file's demand.
   unsigned Allowed(const PerFile& file, unsigned share) const;
+  // Sets each store's demand_files. REQUIRES: mu_ held.
+  void CountDemand();
+  static bool HasDemand(const PerFile& file) {
+    return file.demand_in_flight > 0 || !file.demand.empty();
+  }
   // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
   // not held.
   StoreLimits LimitsOf(const BackingFile& file);

@@ -56,6 +56,7 @@ class PopulatingReader final : public BackendReader {
   unsigned CurrentDepth() const override { return inner_->CurrentDepth(); }
   // Stalled reads stay in the window: it grows by as many.
   void NoteLost(int delta) override;
+  void NoteHeldBack() override { inner_->NoteHeldBack(); }
 
   // Bytes faulted in so far, and whether this kernel populates at all.
   uint64_t populated_bytes() const { return populated_bytes_.load(std::memory_order_relaxed); }

@@ -173,6 +173,10 @@ class BackendReader {
   // may never return (one blocked in a hung kernel filesystem cannot be cancelled), so it should
   // no longer count against the depth; the reader lets as many more in flight.
   virtual void NoteLost(int delta) { static_cast<void>(delta); }
+  // Requests wait above this reader for its depth: a reader in front holds a file to a share of
+  // CurrentDepth() (BoundedReader), so a larger depth would let them go, though none waits here.
+  // An adaptive reader takes the interval as one in which requests waited for a slot.
+  virtual void NoteHeldBack() {}
 };
 
 // Requests waiting for a reader, demand first, each kind in submission order. Not thread-safe: the

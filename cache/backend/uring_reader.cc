@@ -88,6 +88,8 @@ class UringReader final : public BackendReader {
     Wake();  // room for more, or fewer
   }
 
+  void NoteHeldBack() override { held_back_.store(true, std::memory_order_relaxed); }
+
   void Stop() override {
     {
       std::lock_guard lock(mu_);
@@ -238,6 +240,7 @@ class UringReader final : public BackendReader {
     interval_ops_ = 0;
     interval_latency_ = 0;
     saturated_ = false;
+    held_back_.store(false, std::memory_order_relaxed);
   }
 
   // Ends an interval once it has lasted kInterval and completed at least 16 requests (and half the
@@ -256,7 +259,8 @@ class UringReader final : public BackendReader {
     }
     const unsigned before = limit_;
     const double latency = interval_latency_ / interval_ops_;
-    limit_ = controller_.Update({interval_bytes_, seconds, latency, saturated_});
+    const bool saturated = saturated_ || held_back_.load(std::memory_order_relaxed);
+    limit_ = controller_.Update({interval_bytes_, seconds, latency, saturated});
     current_depth_.store(limit_, std::memory_order_relaxed);
     if (limit_ != before) {
       ++epoch_;
@@ -300,12 +304,13 @@ class UringReader final : public BackendReader {
   unsigned interval_ops_ = 0;
   double interval_latency_ = 0;  // seconds, summed over the interval's completed requests
   bool saturated_ = false;
-  bool warming_ = true;              // ring thread only: the next interval is discarded
-  unsigned epoch_ = 0;               // ring thread only: bumped at each depth change
-  unsigned in_flight_ = 0;           // ring thread only
-  unsigned prefetch_in_flight_ = 0;  // ring thread only
-  std::atomic<int> lost_{0};         // stalled reads among those in flight (NoteLost)
-  unsigned workers_for_lost_ = 0;    // ring thread only: `lost_` when the workers were last set
+  std::atomic<bool> held_back_{false};  // NoteHeldBack in this interval
+  bool warming_ = true;                 // ring thread only: the next interval is discarded
+  unsigned epoch_ = 0;                  // ring thread only: bumped at each depth change
+  unsigned in_flight_ = 0;              // ring thread only
+  unsigned prefetch_in_flight_ = 0;     // ring thread only
+  std::atomic<int> lost_{0};            // stalled reads among those in flight (NoteLost)
+  unsigned workers_for_lost_ = 0;       // ring thread only: `lost_` when the workers were last set
   io_uring ring_{};
   bool ring_ready_ = false;
   uint64_t wake_value_ = 0;

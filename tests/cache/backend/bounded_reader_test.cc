@@ -38,6 +38,7 @@ class HeldReader final : public BackendReader {
   void Stop() override { stopped_ = true; }
   unsigned CurrentDepth() const override { return depth_; }
   void NoteLost(int delta) override { lost_ += delta; }
+  void NoteHeldBack() override { ++held_back_; }
 
   size_t held() const {
     std::lock_guard lock(mu_);
@@ -80,6 +81,7 @@ class HeldReader final : public BackendReader {
   }
 
   std::atomic<int> lost_{0};
+  std::atomic<int> held_back_{0};
   std::atomic<bool> stopped_{false};
 
  private:
@@ -456,6 +458,77 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
   }
   for (auto& d : a_done) ASSERT_TRUE(d.Wait());
   reader.Stop();
+}
+
+// A shard whose open waits for its fill (demand reads) keeps its lone bound while the file beside
+// it is only streamed in ahead (prefetch), which takes the slots it leaves: held to its file bound
+// there, the awaited shard came in only with the next one. A second file with demand reads makes
+// both fall back to their file bound.
+TEST(BoundedReaderTest, AFileWithDemandKeepsItsLoneBoundBesideAPrefetchedOne) {
+  auto* inner = new HeldReader(64);
+  BoundedReaderOptions options;
+  options.initial_window = 1u << 20;  // the bounds alone
+  options.limits = [](const BackingFile&) { return StoreLimits{1 << 20, 8, 2, 6}; };
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  const auto a = File();
+  const auto b = File();
+  const auto c = File();
+  std::vector<Done> a_done(20), b_done(4), c_done(4);
+  for (auto& d : a_done) reader.Submit(Request(a, true, d));
+  EXPECT_EQ(inner->held_of(a.get()), 6u) << "alone: its lone bound";
+  for (auto& d : b_done) reader.Submit(Request(b, false, d));
+  EXPECT_EQ(inner->held_of(b.get()), 2u) << "the slots left";
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(inner->Answer(a.get()));
+    EXPECT_EQ(inner->held_of(a.get()), 6u) << "the store's only file with demand reads";
+    EXPECT_EQ(inner->held_of(b.get()), 2u);
+  }
+  for (auto& d : c_done) reader.Submit(Request(c, true, d));
+  EXPECT_EQ(inner->held_of(c.get()), 0u) << "the store's queue is full";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(inner->Answer(a.get()));
+  EXPECT_EQ(inner->held_of(a.get()), 2u) << "beside another file with demand: its file bound";
+  EXPECT_EQ(inner->held_of(c.get()), 2u) << "its file bound, from the slots a gave back";
+  EXPECT_EQ(inner->held_of(b.get()), 2u);
+  while (inner->Answer()) {
+  }
+  for (auto* done : {&a_done, &b_done, &c_done}) {
+    for (auto& d : *done) ASSERT_TRUE(d.Wait());
+  }
+  reader.Stop();
+}
+
+// A file held back by its share of the depth, and by nothing else, tells the inner reader (an
+// adaptive one takes it as requests waiting for a slot, and may deepen, which widens the share):
+// else a lone file on a store that takes 64 requests stayed at 16 of the 28 its store allows
+// behind the start depth of 32, which never grew, since nothing waited in the inner reader.
+// Not where the store's bound or the file's window holds it.
+TEST(BoundedReaderTest, AFileHeldByItsShareAloneAsksForMoreDepth) {
+  struct Case {
+    unsigned lone;            // the store's lone bound; the share of depth 8 is 4
+    unsigned initial_window;  // the file's window (nothing comes back in this test)
+    size_t held;
+    bool asks;
+  };
+  for (const Case& c :
+       {Case{6, 1u << 20, 4, true}, Case{3, 1u << 20, 3, false}, Case{6, 2, 2, false}}) {
+    auto* inner = new HeldReader(8);
+    BoundedReaderOptions options;
+    options.initial_window = c.initial_window;
+    options.limits = [lone = c.lone](const BackingFile&) {
+      return StoreLimits{1 << 20, 8, 2, lone};
+    };
+    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    const auto file = File();
+    std::vector<Done> done(10);
+    for (auto& d : done) reader.Submit(Request(file, true, d));
+    EXPECT_EQ(inner->held(), c.held) << "lone bound " << c.lone << ", window " << c.initial_window;
+    EXPECT_EQ(inner->held_back_ > 0, c.asks)
+        << "lone bound " << c.lone << ", window " << c.initial_window;
+    while (inner->Answer()) {
+    }
+    for (auto& d : done) ASSERT_TRUE(d.Wait());
+    reader.Stop();
+  }
 }
 
 // Whether a file read alone takes all its store gives (BackingFile::alone_fills_store, what makes

@@ -249,6 +249,14 @@ bool BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
   const unsigned flight = 2 * std::max(inner_->CurrentDepth(), 1u);
   // Admitting a waiting read keeps its file's demand as it was: counted once for the loop.
   CountDemand();
+  const Clock::time_point now = Clock::now();
+  // A file whose reads come back (one within four of its usual times, or a tenth of probe_after)
+  // may ask for more depth; not one that may have hung, which more depth would only feed.
+  const auto moving = [&](const PerFile& file) {
+    return file.usual > Clock::duration{} &&
+           now - file.progress <=
+               std::max<Clock::duration>(4 * file.usual, options_.probe_after / 10);
+  };
   while (active_ < flight) {
     // The oldest waiting request of a file under its share: demand, else prefetch. A scan of the
     // files with requests waiting or in flight: a few, or a few hundred when a model's every shard
@@ -265,7 +273,7 @@ bool BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
       if (file.in_flight >= Allowed(file, share)) {
         held_back = held_back ||
                     (file.in_flight >= share && (!file.demand.empty() || !file.prefetch.empty()) &&
-                     file.in_flight < Allowed(file, kMaxWindow));
+                     file.in_flight < Allowed(file, kMaxWindow) && moving(file));
         continue;
       }
       for (const bool d : {true, false}) {

@@ -39,11 +39,13 @@
 //   queue that every reader of the store, inside accelfs and out, goes through, nor take
 //   accelfs's last slot of it.
 // - More depth: a file held back by its share and by nothing else (not its window, nor its
-//   store's bounds) tells the inner reader (NoteHeldBack), which an adaptive one takes as requests
-//   waiting for a slot: the share follows the depth, and the depth grows only while requests wait
-//   in the inner reader, which the share kept from happening. A lone file on a store that takes
-//   64 requests stayed at 16 of the 28 its store allows, behind the start depth of 32, for good
-//   (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md).
+//   store's bounds), whose reads come back, tells the inner reader (NoteHeldBack), which an
+//   adaptive one takes as requests waiting for a slot: the share follows the depth, and the depth
+//   grows only while requests wait in the inner reader, which the share kept from happening. Not a
+//   file none of whose reads came back lately (four usual times, at least a tenth of
+//   `probe_after`): one that hung would only get more slots to hang in. A lone file on a store that
+//   takes 64 requests stayed at 16 of the 28 its store allows, behind the start depth of 32, for
+//   good (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md).
 // - O_DIRECT or the page cache (`io`): O_DIRECT by default; kLearn tries both on each store's
 //   first reads and sends the rest the way that read faster (IoChoice, logged once per store);
 //   never on a `sequential` store.

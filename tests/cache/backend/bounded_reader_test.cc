@@ -501,19 +501,21 @@ TEST(BoundedReaderTest, AFileWithDemandKeepsItsLoneBoundBesideAPrefetchedOne) {
 // adaptive one takes it as requests waiting for a slot, and may deepen, which widens the share):
 // else a lone file on a store that takes 64 requests stayed at 16 of the 28 its store allows
 // behind the start depth of 32, which never grew, since nothing waited in the inner reader.
-// Not where the store's bound or the file's window holds it.
+// Not where the store's bound or the file's window holds it, nor before any read of it came back
+// (one that hangs from its first read gets no more depth to hang in).
 TEST(BoundedReaderTest, AFileHeldByItsShareAloneAsksForMoreDepth) {
   struct Case {
     unsigned lone;            // the store's lone bound; the share of depth 8 is 4
-    unsigned initial_window;  // the file's window (nothing comes back in this test)
+    unsigned initial_window;  // the file's window, one wider once its first read came back
     size_t held;
     bool asks;
   };
   for (const Case& c :
-       {Case{6, 1u << 20, 4, true}, Case{3, 1u << 20, 3, false}, Case{6, 2, 2, false}}) {
+       {Case{6, 1u << 20, 4, true}, Case{3, 1u << 20, 3, false}, Case{6, 2, 3, false}}) {
     auto* inner = new HeldReader(8);
     BoundedReaderOptions options;
     options.initial_window = c.initial_window;
+    options.probe_after = 600s;  // a read that came back keeps its file moving for the test
     options.limits = [lone = c.lone](const BackingFile&) {
       return StoreLimits{1 << 20, 8, 2, lone};
     };
@@ -521,6 +523,8 @@ TEST(BoundedReaderTest, AFileHeldByItsShareAloneAsksForMoreDepth) {
     const auto file = File();
     std::vector<Done> done(10);
     for (auto& d : done) reader.Submit(Request(file, true, d));
+    EXPECT_EQ(inner->held_back_, 0) << "no read of it came back yet";
+    ASSERT_TRUE(inner->Answer());
     EXPECT_EQ(inner->held(), c.held) << "lone bound " << c.lone << ", window " << c.initial_window;
     EXPECT_EQ(inner->held_back_ > 0, c.asks)
         << "lone bound " << c.lone << ", window " << c.initial_window;

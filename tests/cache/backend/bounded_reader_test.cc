@@ -427,15 +427,21 @@ TEST(BoundedReaderTest, AStoresQueueBoundsPiecesPerFileAndInAll) {
   reader.Stop();
 }
 
+// Files held by their store's bounds alone (no slow start): 8 requests of the store, 2 per file,
+// 6 for a lone one.
+BoundedReaderOptions StoreBoundsAlone() {
+  BoundedReaderOptions options;
+  options.initial_window = 1u << 20;
+  options.limits = [](const BackingFile&) { return StoreLimits{1 << 20, 8, 2, 6}; };
+  return options;
+}
+
 // A file alone in its store may take most of accelfs's part of the store's queue; once another
 // file of the store has reads, each is held to its file bound (the first gives slots back as its
 // reads return), and the first widens again when it is alone once more.
 TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideIt) {
   auto* inner = new HeldReader(64);
-  BoundedReaderOptions options;
-  options.initial_window = 1u << 20;  // the bounds alone
-  options.limits = [](const BackingFile&) { return StoreLimits{1 << 20, 8, 2, 6}; };
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), StoreBoundsAlone());
   const auto a = File();
   const auto b = File();
   std::vector<Done> a_done(20), b_done(4);
@@ -466,10 +472,7 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
 // both fall back to their file bound.
 TEST(BoundedReaderTest, AFileWithDemandKeepsItsLoneBoundBesideAPrefetchedOne) {
   auto* inner = new HeldReader(64);
-  BoundedReaderOptions options;
-  options.initial_window = 1u << 20;  // the bounds alone
-  options.limits = [](const BackingFile&) { return StoreLimits{1 << 20, 8, 2, 6}; };
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<BackendReader>(inner), StoreBoundsAlone());
   const auto a = File();
   const auto b = File();
   const auto c = File();

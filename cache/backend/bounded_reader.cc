@@ -271,9 +271,9 @@ bool BoundedReader::AdmitWaiting(std::vector<ReadRequest>* send) {
         continue;
       }
       if (file.in_flight >= Allowed(file, share)) {
-        held_back = held_back ||
-                    (file.in_flight >= share && (!file.demand.empty() || !file.prefetch.empty()) &&
-                     file.in_flight < Allowed(file, kMaxWindow) && moving(file));
+        // Below what it may have without the share (in_flight >= share follows).
+        held_back = held_back || ((!file.demand.empty() || !file.prefetch.empty()) &&
+                                  file.in_flight < Allowed(file, kMaxWindow) && moving(file));
         continue;
       }
       for (const bool d : {true, false}) {

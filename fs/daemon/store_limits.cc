@@ -81,20 +81,23 @@ unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
     answer = std::min(answer, one->front());
   }
   if (answer < probe.min_answer) return 0;
+  // A read the queue holds back is sent once one before it was answered: it comes at least a
+  // store answer after the round's first. So the reads that came within `spread` of an answer
+  // after the first were all in the store at once: the queue takes at least that many.
   unsigned learned = 0;
   for (const unsigned count : probe.rounds) {
-    bool one_wave = false;
-    for (unsigned t = 0; t < probe.tries && !one_wave; ++t) {
+    unsigned most = 0;
+    for (unsigned t = 0; t < probe.tries && most < count; ++t) {
       const std::optional<std::vector<microseconds>> arrived = round(count);
       if (!in_time(arrived, count)) return learned;
-      const auto [first, last] = std::minmax_element(arrived->begin(), arrived->end());
-      const double spread = static_cast<double>((*last - *first).count()) /
-                            static_cast<double>(std::max<int64_t>(answer.count(), 1));
-      one_wave = spread <= probe.spread;
-      if (spread >= 1.0) break;  // a whole answer later: held back by the queue, not by jitter
+      const microseconds first = *std::min_element(arrived->begin(), arrived->end());
+      const auto within = std::chrono::duration_cast<microseconds>(answer * probe.spread);
+      const auto wave = static_cast<unsigned>(std::count_if(
+          arrived->begin(), arrived->end(), [&](microseconds at) { return at - first <= within; }));
+      most = std::max(most, wave);
     }
-    if (!one_wave) break;
-    learned = count;
+    learned = std::max(learned, most);
+    if (most < count) break;  // some were held back in every try: by the queue, or by the load
   }
   return learned;
 }

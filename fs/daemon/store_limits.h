@@ -48,11 +48,15 @@ struct FuseQueue {
 // held back by the queue comes too soon after the others to be told from them (the rig's sshfs,
 // s3fs and zfs-fuse answer a cached page in well under a millisecond, and a round's first answer
 // waits on the kernel's workers starting: 64 reads through a queue of 12 came back within 1.5x of
-// their first answer). Then rounds of reads sent at once: a round passes when its last answer came
-// within `spread` of one answer time after its first, in any of `tries` tries (a try whose
-// answers spread over a whole answer time or more ends the round: no jitter makes that). A read
-// the queue holds back is sent to the store only once one before it was answered, so it comes a
-// whole store answer (at least the answer time less the kernel's own part of it) after the first.
+// their first answer). Then rounds of reads sent at once. A read the queue holds back is sent to
+// the store only once one before it was answered, so it comes a whole store answer (at least the
+// answer time less the kernel's own part of it) after the round's first: the reads that came
+// within `spread` of an answer time after the first were in the store together, and the queue
+// takes at least that many. A round is tried up to `tries` times, until all its reads came so; a
+// bigger one only after that. A loaded machine delays some reads (a worker or the store's thread
+// waits for a CPU, 4 ms at a time): that makes a count smaller, and the next try may show more.
+// (Only this thread's own wait for a CPU, from before the first answer until after a held one,
+// could make a count larger.)
 struct QueueProbe {
   // Each must be answered within `give_up`, or nothing more is sent: a store that hangs or crawls
   // before the rounds is sent none of them (one that starts to during a round holds that round's
@@ -70,11 +74,11 @@ struct QueueProbe {
 using TimeRound =
     std::function<std::optional<std::vector<std::chrono::microseconds>>(unsigned count)>;
 
-// The most reads a store's queue was seen to take at once: the largest of `probe`'s rounds that
-// passed, the rounds tried in order until one fails. 0 where none passed, where the store answers
-// quicker than `min_answer`, or where a read failed or took longer than `give_up`: the caller
-// assumes the default. Never more than the queue where the store's answer time is its own, not
-// the machine's (a machine so loaded that one read waits 2 ms to be sent could show more).
+// The most reads a store's queue was seen to take at once: the largest first wave of `probe`'s
+// rounds, the rounds tried in order while each came back whole. 0 where the store answers
+// quicker than `min_answer`, or where a single read failed or took longer than `give_up`; what
+// the rounds before showed where a round's read failed or took too long. Never more than the
+// queue where the store's answer time is its own, not the machine's.
 unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe = {});
 
 // The limits for a store with `queue`: pieces of at most max_read (and 1 MiB), at most half its

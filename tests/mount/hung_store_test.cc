@@ -818,8 +818,8 @@ TEST_P(StoreQueueLearnedTest, AQueueFusectlDoesNotShowIsLearnedFromTheStoresAnsw
   if (max_background == 12) {
     EXPECT_EQ(learned->from, FuseQueue::From::kDefault);
   }
-  if (max_background > 12) {
-    EXPECT_GE(learned->max_background, 16u);
+  if (max_background > 12) {  // 64 here; 14 to 64 with 8 busy threads on the 2 CPUs
+    EXPECT_GT(learned->max_background, 12u);
     EXPECT_EQ(learned->from, FuseQueue::From::kAnswers);
   }
   // The limits follow: at 64, as from fusectl.

@@ -78,9 +78,21 @@ StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
   }
   // sysfs and mountinfo: no lock held
   const StoreLimits limits = options_.limits ? options_.limits(file) : StoreLimits{};
-  std::lock_guard lock(mu_);
-  return stores_.try_emplace(file.dev(), PerStore{limits, 0, 0, 0, IoChoice(options_.io_choice)})
-      .first->second.limits;
+  bool inserted = false;
+  StoreLimits kept;
+  {
+    std::lock_guard lock(mu_);
+    const auto [it, added] =
+        stores_.try_emplace(file.dev(), PerStore{limits, 0, 0, 0, IoChoice(options_.io_choice)});
+    inserted = added;
+    kept = it->second.limits;
+  }
+  // A store that takes more of one file than the share of the start depth: the depth starts
+  // there (the share grows with it only after a measured interval otherwise, ~0.2 s).
+  if (inserted && kept.lone_file_requests > 0 && !kept.sequential) {
+    inner_->NoteStoreBound(kept.lone_file_requests);
+  }
+  return kept;
 }
 
 std::vector<ReadRequest> BoundedReader::Split(ReadRequest request, uint64_t bytes) {

@@ -20,6 +20,13 @@ void DepthController::HoldAboveKnee(unsigned knee) {
   Hold(std::clamp(static_cast<unsigned>(above), options_.min_depth, options_.max_depth));
 }
 
+unsigned DepthController::StartAtLeast(unsigned depth) {
+  if (phase_ == Phase::kClimbing && base_depth_ == 0) {
+    depth_ = std::max(depth_, std::clamp(depth, options_.min_depth, options_.max_depth));
+  }
+  return depth_;
+}
+
 unsigned DepthController::Update(const DepthSample& sample) {
   // Throughput measured while the depth did not limit anything says nothing about the depth.
   if (!sample.saturated || sample.seconds <= 0) return depth_;

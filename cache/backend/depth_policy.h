@@ -60,6 +60,10 @@ class DepthController {
   // One interval measured at depth(). Returns the depth for the next interval.
   unsigned Update(const DepthSample& sample);
 
+  // Before the first measured interval: starts from `depth` (within the bounds) where that is
+  // more than the start depth; later, changes nothing. Returns depth().
+  unsigned StartAtLeast(unsigned depth);
+
  private:
   // Climbing: a step up (the start's, or a probe's) is being judged. ProbingDown: a step down.
   enum class Phase { kClimbing, kHolding, kProbingDown };

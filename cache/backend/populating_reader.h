@@ -57,6 +57,7 @@ class PopulatingReader final : public BackendReader {
   // Stalled reads stay in the window: it grows by as many.
   void NoteLost(int delta) override;
   void NoteHeldBack() override { inner_->NoteHeldBack(); }
+  void NoteStoreBound(unsigned requests) override { inner_->NoteStoreBound(requests); }
 
   // Bytes faulted in so far, and whether this kernel populates at all.
   uint64_t populated_bytes() const { return populated_bytes_.load(std::memory_order_relaxed); }

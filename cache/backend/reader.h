@@ -177,6 +177,11 @@ class BackendReader {
   // CurrentDepth() (BoundedReader), so a larger depth would let them go, though none waits here.
   // An adaptive reader takes the interval as one in which requests waited for a slot.
   virtual void NoteHeldBack() {}
+  // A store whose own queue lets one file have `requests` in flight (a FUSE store's lone-file
+  // bound) is read now. An adaptive reader that has measured nothing yet starts from twice that
+  // (within its maximum) where its start depth is less, so that the file's share of it (half)
+  // covers the bound from the first read instead of from the first measured interval.
+  virtual void NoteStoreBound(unsigned requests) { static_cast<void>(requests); }
 };
 
 // Requests waiting for a reader, demand first, each kind in submission order. Not thread-safe: the

@@ -90,6 +90,16 @@ class UringReader final : public BackendReader {
 
   void NoteHeldBack() override { held_back_.store(true, std::memory_order_relaxed); }
 
+  void NoteStoreBound(unsigned requests) override {
+    if (!adaptive_ || requests == 0) return;
+    const unsigned want = std::min(requests, depth_) * 2;
+    unsigned was = start_wanted_.load(std::memory_order_relaxed);
+    while (was < want && !start_wanted_.compare_exchange_weak(was, want)) {
+    }
+    std::lock_guard lock(mu_);
+    Wake();
+  }
+
   void Stop() override {
     {
       std::lock_guard lock(mu_);
@@ -178,6 +188,17 @@ class UringReader final : public BackendReader {
       // let in flight, with as many more workers, so that the backend goes on with the rest.
       const unsigned lost =
           static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
+      if (const unsigned want = start_wanted_.exchange(0, std::memory_order_relaxed);
+          want > limit_) {
+        const unsigned before = limit_;
+        limit_ = controller_.StartAtLeast(want);
+        current_depth_.store(limit_, std::memory_order_relaxed);
+        if (limit_ != before && debug_log_) {
+          debug_log_("backend depth " + std::to_string(before) + " -> " + std::to_string(limit_) +
+                     " at the start: a store takes " + std::to_string(want / 2) +
+                     " requests of one file");
+        }
+      }
       if (lost != workers_for_lost_) {
         unsigned workers[2] = {depth_ + lost, depth_ + lost};
         io_uring_register_iowq_max_workers(&ring_, workers);
@@ -304,13 +325,14 @@ class UringReader final : public BackendReader {
   unsigned interval_ops_ = 0;
   double interval_latency_ = 0;  // seconds, summed over the interval's completed requests
   bool saturated_ = false;
-  std::atomic<bool> held_back_{false};  // NoteHeldBack in this interval
-  bool warming_ = true;                 // ring thread only: the next interval is discarded
-  unsigned epoch_ = 0;                  // ring thread only: bumped at each depth change
-  unsigned in_flight_ = 0;              // ring thread only
-  unsigned prefetch_in_flight_ = 0;     // ring thread only
-  std::atomic<int> lost_{0};            // stalled reads among those in flight (NoteLost)
-  unsigned workers_for_lost_ = 0;       // ring thread only: `lost_` when the workers were last set
+  std::atomic<bool> held_back_{false};     // NoteHeldBack in this interval
+  std::atomic<unsigned> start_wanted_{0};  // NoteStoreBound: twice the largest bound told
+  bool warming_ = true;                    // ring thread only: the next interval is discarded
+  unsigned epoch_ = 0;                     // ring thread only: bumped at each depth change
+  unsigned in_flight_ = 0;                 // ring thread only
+  unsigned prefetch_in_flight_ = 0;        // ring thread only
+  std::atomic<int> lost_{0};               // stalled reads among those in flight (NoteLost)
+  unsigned workers_for_lost_ = 0;  // ring thread only: `lost_` when the workers were last set
   io_uring ring_{};
   bool ring_ready_ = false;
   uint64_t wake_value_ = 0;

@@ -39,6 +39,7 @@ class HeldReader final : public BackendReader {
   unsigned CurrentDepth() const override { return depth_; }
   void NoteLost(int delta) override { lost_ += delta; }
   void NoteHeldBack() override { ++held_back_; }
+  void NoteStoreBound(unsigned requests) override { store_bounds_.push_back(requests); }
 
   size_t held() const {
     std::lock_guard lock(mu_);
@@ -82,6 +83,7 @@ class HeldReader final : public BackendReader {
 
   std::atomic<int> lost_{0};
   std::atomic<int> held_back_{0};
+  std::vector<unsigned> store_bounds_;  // NoteStoreBound's, in order
   std::atomic<bool> stopped_{false};
 
  private:
@@ -531,6 +533,35 @@ TEST(BoundedReaderTest, AFileHeldByItsShareAloneAsksForMoreDepth) {
     EXPECT_EQ(inner->held(), c.held) << "lone bound " << c.lone << ", window " << c.initial_window;
     EXPECT_EQ(inner->held_back_ > 0, c.asks)
         << "lone bound " << c.lone << ", window " << c.initial_window;
+    while (inner->Answer()) {
+    }
+    for (auto& d : done) ASSERT_TRUE(d.Wait());
+    reader.Stop();
+  }
+}
+
+// The first read of a store tells the inner reader its lone bound (an adaptive one starts its
+// depth so that a file's share covers it), once per store; not for a store without a queue of its
+// own, nor for one read front to back (one request per file).
+TEST(BoundedReaderTest, AStoresFirstReadTellsTheInnerReaderItsLoneBound) {
+  struct Case {
+    StoreLimits limits;
+    std::vector<unsigned> told;
+  };
+  for (const Case& c : {Case{{1 << 20, 32, 16, 28}, {28}}, Case{{1 << 20, 6, 3, 5}, {5}},
+                        Case{{}, {}}, Case{{1 << 20, 6, 1, 1, /*sequential=*/true}, {}}}) {
+    auto* inner = new HeldReader(32);
+    BoundedReaderOptions options;
+    options.limits = [limits = c.limits](const BackingFile&) { return limits; };
+    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    const auto a = File();
+    const auto b = File();
+    std::vector<Done> done(4);
+    reader.Submit(Request(a, true, done[0]));
+    reader.Submit(Request(a, true, done[1]));
+    reader.Submit(Request(b, false, done[2]));  // another file of the same store
+    reader.Submit(Request(b, true, done[3]));
+    EXPECT_EQ(inner->store_bounds_, c.told) << c.limits.lone_file_requests;
     while (inner->Answer()) {
     }
     for (auto& d : done) ASSERT_TRUE(d.Wait());

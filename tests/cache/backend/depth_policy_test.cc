@@ -97,6 +97,24 @@ TEST(DepthControllerTest, SettlesWhereTheBackendStopsGiving) {
   }
 }
 
+// A store that lets one file have more in flight than the share of the start depth (a FUSE
+// store's lone bound, twice it asked for): the start moves up to it, within the maximum, before
+// anything was measured; never down, and not once an interval was measured.
+TEST(DepthControllerTest, StartsAtLeastWhereAStoreAsksBeforeItMeasured) {
+  DepthController c(Opts(32, 10));
+  EXPECT_EQ(c.StartAtLeast(16), 32u) << "never down";
+  EXPECT_EQ(c.StartAtLeast(56), 56u);
+  EXPECT_EQ(c.StartAtLeast(200), 64u) << "within the maximum";
+  DepthController measured(Opts(16, 10));
+  measured.Update({uint64_t{1} << 30, 1.0, 0.01, true});
+  const unsigned after = measured.depth();
+  ASSERT_EQ(after, 32u) << "the first step up";
+  EXPECT_EQ(measured.StartAtLeast(56), after) << "once measured, the measurements decide";
+  DepthController unsaturated(Opts(32, 10));
+  unsaturated.Update({uint64_t{1} << 20, 1.0, 0.01, false});
+  EXPECT_EQ(unsaturated.StartAtLeast(56), 56u) << "an interval the depth limited nothing in";
+}
+
 TEST(DepthControllerTest, ClimbsByDoublingWhileThroughputRises) {
   DepthController c(Opts(4, 1000));
   const std::vector<unsigned> path = Simulate(

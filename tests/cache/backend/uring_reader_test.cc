@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/backend/populating_reader.h"
@@ -274,6 +276,30 @@ TEST_P(ReaderTest, ManyMoreRequestsThanDepthAllComplete) {
     EXPECT_GE(reader->CurrentDepth(), 1u);
     EXPECT_LE(reader->CurrentDepth(), depth);
   }
+}
+
+// A store that lets one file have 28 requests in flight (NET's queue of 64) is read: an adaptive
+// reader, which starts at 32, starts from 56 instead, so a file's share (half) covers the bound
+// from the first read; 40 asks for 80, held to the maximum of 64; a smaller bound changes
+// nothing. A reader of a fixed depth keeps it.
+TEST_P(ReaderTest, AStoresLoneBoundRaisesAnAdaptiveStartDepth) {
+  std::unique_ptr<BackendReader> reader = Make(64);
+  ASSERT_NE(reader, nullptr);
+  const bool adaptive = GetParam() == Kind::kUringAdaptive || GetParam() == Kind::kPopulatingUring;
+  const unsigned start = reader->CurrentDepth();
+  EXPECT_EQ(start, adaptive ? 32u : 64u);
+  // The ring's thread applies it: wait for it (or a while, where nothing may change).
+  const auto depth_after = [&](unsigned bound, unsigned expect) {
+    reader->NoteStoreBound(bound);
+    for (int i = 0; i < 500 && reader->CurrentDepth() != expect; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return reader->CurrentDepth();
+  };
+  EXPECT_EQ(depth_after(5, start), start) << "a bound within the share";
+  EXPECT_EQ(depth_after(28, adaptive ? 56u : 64u), adaptive ? 56u : 64u);
+  EXPECT_EQ(depth_after(40, 64u), 64u) << "within the maximum";
+  reader->Stop();
 }
 
 TEST_P(ReaderTest, StopFinishesEverythingSubmittedThenRefuses) {

@@ -45,7 +45,9 @@
 //   file none of whose reads came back lately (four usual times, at least a tenth of
 //   `probe_after`): one that hung would only get more slots to hang in. A lone file on a store that
 //   takes 64 requests stayed at 16 of the 28 its store allows, behind the start depth of 32, for
-//   good (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md).
+//   good (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md). And a
+//   store's first read tells the inner reader its lone bound (NoteStoreBound): an adaptive one
+//   that has measured nothing yet starts where the share covers it, not ~0.2 s later.
 // - O_DIRECT or the page cache (`io`): O_DIRECT by default; kLearn tries both on each store's
 //   first reads and sends the rest the way that read faster (IoChoice, logged once per store);
 //   never on a `sequential` store.

@@ -188,16 +188,9 @@ class UringReader final : public BackendReader {
       // let in flight, with as many more workers, so that the backend goes on with the rest.
       const unsigned lost =
           static_cast<unsigned>(std::max(lost_.load(std::memory_order_relaxed), 0));
-      if (const unsigned want = start_wanted_.exchange(0, std::memory_order_relaxed);
-          want > limit_) {
-        const unsigned before = limit_;
-        limit_ = controller_.StartAtLeast(want);
-        current_depth_.store(limit_, std::memory_order_relaxed);
-        if (limit_ != before && debug_log_) {
-          debug_log_("backend depth " + std::to_string(before) + " -> " + std::to_string(limit_) +
-                     " at the start: a store takes " + std::to_string(want / 2) +
-                     " requests of one file");
-        }
+      // Once per store at most: a plain load on every other pass of the ring's loop.
+      if (start_wanted_.load(std::memory_order_relaxed) != 0) {
+        ApplyStartWanted(start_wanted_.exchange(0, std::memory_order_relaxed));
       }
       if (lost != workers_for_lost_) {
         unsigned workers[2] = {depth_ + lost, depth_ + lost};
@@ -254,6 +247,19 @@ class UringReader final : public BackendReader {
   }
 
   using Clock = std::chrono::steady_clock;
+
+  // NoteStoreBound's depth, on the ring's thread (the controller's only caller).
+  void ApplyStartWanted(unsigned want) {
+    if (want <= limit_) return;
+    const unsigned before = limit_;
+    limit_ = controller_.StartAtLeast(want);
+    current_depth_.store(limit_, std::memory_order_relaxed);
+    if (limit_ != before && debug_log_) {
+      debug_log_("backend depth " + std::to_string(before) + " -> " + std::to_string(limit_) +
+                 " at the start: a store takes " + std::to_string(want / 2) +
+                 " requests of one file");
+    }
+  }
 
   void StartInterval() {
     interval_start_ = Clock::now();

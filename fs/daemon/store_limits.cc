@@ -84,6 +84,7 @@ unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
   // A read the queue holds back is sent once one before it was answered: it comes at least a
   // store answer after the round's first. So the reads that came within `spread` of an answer
   // after the first were all in the store at once: the queue takes at least that many.
+  const auto within = std::chrono::duration_cast<microseconds>(answer * probe.spread);
   unsigned learned = 0;
   for (const unsigned count : probe.rounds) {
     unsigned most = 0;
@@ -91,7 +92,6 @@ unsigned LearnQueue(const TimeRound& round, const QueueProbe& probe) {
       const std::optional<std::vector<microseconds>> arrived = round(count);
       if (!in_time(arrived, count)) return learned;
       const microseconds first = *std::min_element(arrived->begin(), arrived->end());
-      const auto within = std::chrono::duration_cast<microseconds>(answer * probe.spread);
       const auto wave = static_cast<unsigned>(std::count_if(
           arrived->begin(), arrived->end(), [&](microseconds at) { return at - first <= within; }));
       most = std::max(most, wave);

@@ -20,6 +20,7 @@ stores_sh=$repo/tests/rig/stores.sh
 rig_kinds=()   # the store kinds asked for, in --backends order
 rig_rate=1gbit # --rig-rate: stores.sh up --rate
 declare -A RIG_STATE RIG_MNT RIG_PARAMS RIG_SKIPPED
+declare -A RIG_ARGS # --rig-args KIND=OPTIONS: more options for that kind's `stores.sh up`
 rig_live= # the kind whose store may be up (also half up; one at a time): rig_down brings it down
 
 # stores.sh without the suite's lock (fd 9): the clients and servers it starts must not hold it.
@@ -44,13 +45,20 @@ rig_start() {
   # zfs has no link to shape; its pool holds the model (lzjb barely compresses the generated
   # tensors) and zfs's own slack.
   [[ $kind == zfs ]] && opts=(--zfs-size "$((model_bytes * 5 / 4 / 1048576 + 512))M")
+  local -a extra=()
+  # Split as a shell would, quotes kept (xargs), without running anything.
+  [[ -n ${RIG_ARGS[$kind]:-} ]] && mapfile -t extra < <(xargs -n1 printf '%s\n' <<< "${RIG_ARGS[$kind]}")
+  opts+=("${extra[@]}")
+  local shown
+  shown=$(printf '%q ' "${opts[@]}")
+  shown=${shown% }
   if [[ -f $state/rig.env ]]; then
     say "$kind: a rig left in $state by an earlier run: bringing it down"
     rig_store down "$state" >&2 || die "stores.sh down $state failed"
   fi
   mounted "$mnt" && die "$mnt is mounted (another run, or left over): unmount it first"
   RIG_STATE[$kind]=$state RIG_MNT[$kind]=$mnt rig_live=$kind
-  say "$kind: stores.sh up $kind $state $model $mnt ${opts[*]}"
+  say "$kind: stores.sh up $kind $state $model $mnt $shown"
   msg=$(rig_store up "$kind" "$state" "$model" "$mnt" "${opts[@]}" 2>&1) || rc=$?
   if ((rc == 77)); then
     RIG_SKIPPED[$kind]=$(grep -m1 SKIP <<< "$msg" | sed 's/^stores.sh: SKIP: //')
@@ -66,7 +74,7 @@ rig_start() {
     s3fs) version=$(s3fs --version 2>&1 | head -1 | sed 's/ (commit.*//') ;;
     zfs) version="zfs-fuse $(dpkg-query -W -f '${Version}' zfs-fuse 2>/dev/null || echo '?')" ;;
   esac
-  RIG_PARAMS[$kind]="\`tests/rig/stores.sh up $kind $state $model $mnt ${opts[*]}\` ($version), up with the model in $((SECONDS - start)) s"
+  RIG_PARAMS[$kind]="\`tests/rig/stores.sh up $kind $state $model $mnt $shown\` ($version), up with the model in $((SECONDS - start)) s"
   say "$kind up in $((SECONDS - start)) s at $mnt"
 }
 

@@ -141,7 +141,7 @@ while (($#)); do
     --rig-rate) rig_rate=$2; shift 2 ;;
     --rig-args)
       [[ ${2:-} =~ ^(sshfs|rclone|s3fs|zfs)=(.*)$ ]] || { echo "suite: --rig-args takes KIND='OPTIONS' (KIND: sshfs, rclone, s3fs or zfs)" >&2; exit 2; }
-      xargs -n1 printf '%s\n' <<< "${BASH_REMATCH[2]}" >/dev/null 2>&1 || { echo "suite: --rig-args: unbalanced quotes in '${BASH_REMATCH[2]}'" >&2; exit 2; }
+      xargs -r -n1 printf '%s\n' <<< "${BASH_REMATCH[2]}" >/dev/null 2>&1 || { echo "suite: --rig-args: unbalanced quotes in '${BASH_REMATCH[2]}'" >&2; exit 2; }
       RIG_ARGS[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;

@@ -47,7 +47,7 @@ rig_start() {
   [[ $kind == zfs ]] && opts=(--zfs-size "$((model_bytes * 5 / 4 / 1048576 + 512))M")
   local -a extra=()
   # Split as a shell would, quotes kept (xargs), without running anything.
-  [[ -n ${RIG_ARGS[$kind]:-} ]] && mapfile -t extra < <(xargs -n1 printf '%s\n' <<< "${RIG_ARGS[$kind]}")
+  [[ -n ${RIG_ARGS[$kind]:-} ]] && mapfile -t extra < <(xargs -r -n1 printf '%s\n' <<< "${RIG_ARGS[$kind]}")
   opts+=("${extra[@]}")
   local shown
   shown=$(printf '%q ' "${opts[@]}")

@@ -41,8 +41,8 @@
 #         the store remounted (`stores.sh remount`) before every direct and every cold run, and
 #         direct the median of --cold-repeats runs too. Bytes read from it: `stores.sh bytes`
 #         (what the server sent). Skipped with one line where the rig's programs are missing.
-#         --rig-args KIND='...' (repeatable) adds options to that kind's `stores.sh up`, split as a shell would:
-#         the store's own options (`--sshfs-opts max_conns=1`, `--rclone-opts '--buffer-size 0'`,
+#         --rig-args KIND='...' (repeatable) adds options to that kind's `stores.sh up`, split as a
+#         shell would: the store's own options (`--sshfs-opts max_conns=1`, `--rclone-opts '--buffer-size 0'`,
 #         `--s3fs-opts parallel_count=2`, `--arc-mb 64`), to measure the stores as users set them.
 #         The functions are in tests/bench/suite_rig.sh.
 #
@@ -141,7 +141,7 @@ while (($#)); do
     --rig-rate) rig_rate=$2; shift 2 ;;
     --rig-args)
       [[ ${2:-} =~ ^(sshfs|rclone|s3fs|zfs)=(.*)$ ]] || { echo "suite: --rig-args takes KIND='OPTIONS' (KIND: sshfs, rclone, s3fs or zfs)" >&2; exit 2; }
-      xargs -r -n1 printf '%s\n' <<< "${BASH_REMATCH[2]}" >/dev/null 2>&1 || { echo "suite: --rig-args: unbalanced quotes in '${BASH_REMATCH[2]}'" >&2; exit 2; }
+      rig_words "${BASH_REMATCH[2]}" >/dev/null 2>&1 || { echo "suite: --rig-args: unbalanced quotes in '${BASH_REMATCH[2]}'" >&2; exit 2; }
       RIG_ARGS[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;

@@ -23,6 +23,10 @@ declare -A RIG_STATE RIG_MNT RIG_PARAMS RIG_SKIPPED
 declare -A RIG_ARGS # --rig-args KIND=OPTIONS: more options for that kind's `stores.sh up`
 rig_live= # the kind whose store may be up (also half up; one at a time): rig_down brings it down
 
+# rig_words STRING: STRING's words one per line, split as a shell would (quotes kept, nothing run);
+# fails on unbalanced quotes. For --rig-args: checked when parsed, split when the store comes up.
+rig_words() { xargs -r -n1 printf '%s\n' <<< "$1"; }
+
 # stores.sh without the suite's lock (fd 9): the clients and servers it starts must not hold it.
 rig_store() { "$stores_sh" "$@" 9>&-; }
 
@@ -46,11 +50,10 @@ rig_start() {
   # tensors) and zfs's own slack.
   [[ $kind == zfs ]] && opts=(--zfs-size "$((model_bytes * 5 / 4 / 1048576 + 512))M")
   local -a extra=()
-  # Split as a shell would, quotes kept (xargs), without running anything.
-  [[ -n ${RIG_ARGS[$kind]:-} ]] && mapfile -t extra < <(xargs -r -n1 printf '%s\n' <<< "${RIG_ARGS[$kind]}")
+  mapfile -t extra < <(rig_words "${RIG_ARGS[$kind]:-}")
   opts+=("${extra[@]}")
   local shown
-  shown=$(printf '%q ' "${opts[@]}")
+  printf -v shown '%q ' "${opts[@]}"
   shown=${shown% }
   if [[ -f $state/rig.env ]]; then
     say "$kind: a rig left in $state by an earlier run: bringing it down"

@@ -12,6 +12,8 @@ inline int ToErrno(Error error) {
     case 0:
     case ECANCELED:  // the daemon is shutting down; to the reader it is an I/O error
       return EIO;
+    case ENOTCONN:  // the store's own FUSE daemon has died: an I/O error, not this mount's death
+      return EIO;
     default:
       return error.code();
   }

@@ -7,11 +7,30 @@ namespace accelfs {
 Inode::~Inode() { close(fd); }
 
 InodeTable::InodeTable(int root_fd, const struct stat& root_st) {
-  by_id_[kRootId] = Slot{std::make_shared<Inode>(root_fd, root_st), 1};
+  by_id_[kRootId] = Slot{std::make_shared<Inode>(root_fd, root_st, generation_), 1};
   by_backing_[{root_st.st_dev, root_st.st_ino}] = kRootId;
 }
 
-std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const struct stat& st) {
+void InodeTable::ReplaceRoot(int fd, const struct stat& st) {
+  std::shared_ptr<Inode> old;  // closed after the lock (when no one else holds it)
+  std::lock_guard lock(mu_);
+  Slot& root = by_id_.at(kRootId);
+  old = std::move(root.inode);
+  if (auto it = by_backing_.find({old->dev, old->ino});
+      it != by_backing_.end() && it->second == kRootId) {
+    by_backing_.erase(it);
+  }
+  root.inode = std::make_shared<Inode>(fd, st, ++generation_);
+  by_backing_[{st.st_dev, st.st_ino}] = kRootId;
+}
+
+uint64_t InodeTable::generation() const {
+  std::lock_guard lock(mu_);
+  return generation_;
+}
+
+std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const struct stat& st,
+                                                               uint64_t generation) {
   std::unique_lock lock(mu_);
   auto it = by_backing_.find({st.st_dev, st.st_ino});
   if (it != by_backing_.end()) {
@@ -23,7 +42,7 @@ std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const str
     return result;
   }
   const uint64_t id = next_id_++;
-  auto inode = std::make_shared<Inode>(fd, st);
+  auto inode = std::make_shared<Inode>(fd, st, generation);
   by_id_[id] = Slot{inode, 1};
   by_backing_[{st.st_dev, st.st_ino}] = id;
   return {id, inode};

@@ -20,7 +20,8 @@
 namespace accelfs {
 
 struct Inode {
-  Inode(int fd, const struct stat& st) : fd(fd), dev(st.st_dev), ino(st.st_ino), mode(st.st_mode) {}
+  Inode(int fd, const struct stat& st, uint64_t generation)
+      : fd(fd), dev(st.st_dev), ino(st.st_ino), mode(st.st_mode), generation(generation) {}
   ~Inode();
   Inode(const Inode&) = delete;
   Inode& operator=(const Inode&) = delete;
@@ -29,6 +30,9 @@ struct Inode {
   const dev_t dev;
   const ino_t ino;
   const mode_t mode;  // S_IFMT bits never change for a backing inode
+  // The root's generation it was found under (InodeTable::ReplaceRoot): an inode of an older one
+  // lives on a mount of SOURCE that has since been replaced.
+  const uint64_t generation;
 
   // The content identity seen at the last open, to decide keep_cache and to notice changes.
   std::mutex mu;
@@ -61,9 +65,16 @@ class InodeTable {
   // Takes ownership of root_fd (O_PATH of the SOURCE directory).
   InodeTable(int root_fd, const struct stat& root_st);
 
-  // The inode for the backing file `fd` describes, counting one kernel lookup. Takes ownership of
-  // fd (closed when the inode already exists).
-  std::pair<uint64_t, std::shared_ptr<Inode>> Lookup(int fd, const struct stat& st);
+  // The inode for the backing file `fd` describes, found in a directory of root generation
+  // `generation`, counting one kernel lookup. Takes ownership of fd (closed when the inode already
+  // exists).
+  std::pair<uint64_t, std::shared_ptr<Inode>> Lookup(int fd, const struct stat& st,
+                                                     uint64_t generation);
+
+  // SOURCE's directory is now `fd` (a new mount there): the root inode takes it, under the next
+  // generation. Inodes found before keep their descriptors of the old mount. Takes ownership of fd.
+  void ReplaceRoot(int fd, const struct stat& st);
+  uint64_t generation() const;
 
   // nullptr for an id the kernel should not have (forgotten or never given).
   std::shared_ptr<Inode> Get(uint64_t id) const;
@@ -87,6 +98,7 @@ class InodeTable {
   std::unordered_map<uint64_t, Slot> by_id_;                // GUARDED_BY(mu_)
   std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = kRootId + 1;                          // GUARDED_BY(mu_)
+  uint64_t generation_ = 0;                                 // GUARDED_BY(mu_)
 };
 
 }  // namespace accelfs

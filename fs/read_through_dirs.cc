@@ -17,7 +17,7 @@ Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   const int fd = openat((*inode)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error(errno);
+  if (fd < 0) return StoreError(**inode, Error(errno));
   DIR* dir = fdopendir(fd);
   if (dir == nullptr) {
     const int err = errno;

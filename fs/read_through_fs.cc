@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -67,13 +70,55 @@ Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& 
                                                              Prefetcher* prefetcher) {
   const int fd = open(source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Error(errno);
-  return std::make_unique<ReadThroughFs>(fd, cache, options, prefetcher);
+  struct statfs sfs {};
+  if (fstatfs(fd, &sfs) != 0) {
+    const int err = errno;
+    close(fd);
+    return Error(err);
+  }
+  auto fs = std::make_unique<ReadThroughFs>(fd, cache, options, prefetcher);
+  fs->source_ = source;
+  fs->source_fs_type_ = static_cast<int64_t>(sfs.f_type);
+  return fs;
 }
 
 Result<std::shared_ptr<Inode>> ReadThroughFs::Find(uint64_t ino) const {
   auto inode = inodes_.Get(ino);
   if (!inode) return Error(ESTALE);
   return inode;
+}
+
+Error ReadThroughFs::StoreError(const Inode& node, Error error) {
+  const int err = error.code();
+  if (err != ENOTCONN && err != EIO && err != ENODEV && err != ESTALE) return error;
+  FollowSource();
+  return node.generation < inodes_.generation() ? Error(ESTALE) : error;
+}
+
+int ReadThroughFs::OpenRoot() {
+  FollowSource();
+  return fcntl(inodes_.Get(InodeTable::kRootId)->fd, F_DUPFD_CLOEXEC, 0);
+}
+
+void ReadThroughFs::FollowSource() {
+  if (source_.empty()) return;
+  std::lock_guard lock(follow_mu_);
+  const std::shared_ptr<Inode> root = inodes_.Get(InodeTable::kRootId);
+  struct stat st {};
+  if (stat(source_.c_str(), &st) != 0 || (st.st_dev == root->dev && st.st_ino == root->ino)) {
+    return;  // still the mount we have (or none answers there)
+  }
+  const int fd = open(source_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct statfs sfs {};
+  if (fstat(fd, &st) != 0 || fstatfs(fd, &sfs) != 0 ||
+      static_cast<int64_t>(sfs.f_type) != source_fs_type_) {
+    close(fd);  // the directory a dead store's mount covered, or something else
+    return;
+  }
+  spdlog::warn("{} was mounted again (device {}:{}, was {}:{}): reading it from the new mount",
+               source_, major(st.st_dev), minor(st.st_dev), major(root->dev), minor(root->dev));
+  inodes_.ReplaceRoot(fd, st);
 }
 
 Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
@@ -83,14 +128,14 @@ Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
   if (name.find('/') != std::string_view::npos) return Error(EINVAL);
   const std::string child(name);
   const int fd = openat((*dir)->fd, child.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Error(errno);
+  if (fd < 0) return StoreError(**dir, Error(errno));
   EntryOut out;
   if (fstatat(fd, "", &out.attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
     const int err = errno;
     close(fd);
-    return Error(err);
+    return StoreError(**dir, Error(err));
   }
-  auto [ino, node] = inodes_.Lookup(fd, out.attr);
+  auto [ino, node] = inodes_.Lookup(fd, out.attr, (*dir)->generation);
   out.ino = ino;
   if (S_ISREG(out.attr.st_mode)) {
     // The name last looked up: the one Open checks (a file of several names, a rename).
@@ -116,7 +161,9 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
       return st;
     }
   }
-  if (fstatat((*inode)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Error(errno);
+  if (fstatat((*inode)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    return StoreError(**inode, Error(errno));
+  }
   return st;
 }
 
@@ -127,7 +174,7 @@ Result<std::string> ReadThroughFs::ReadLink(uint64_t ino) {
   if (!S_ISLNK((*inode)->mode)) return Error(EINVAL);
   std::string target(PATH_MAX, '\0');
   const ssize_t n = readlinkat((*inode)->fd, "", target.data(), target.size());
-  if (n < 0) return Error(errno);
+  if (n < 0) return StoreError(**inode, Error(errno));
   if (static_cast<size_t>(n) >= target.size()) return Error(ENAMETOOLONG);
   target.resize(static_cast<size_t>(n));
   return target;
@@ -138,7 +185,7 @@ Result<struct statvfs> ReadThroughFs::StatFs(uint64_t ino) {
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   struct statvfs st {};
-  if (fstatvfs((*inode)->fd, &st) != 0) return Error(errno);
+  if (fstatvfs((*inode)->fd, &st) != 0) return StoreError(**inode, Error(errno));
   return st;
 }
 
@@ -147,7 +194,9 @@ Status ReadThroughFs::Access(uint64_t ino, int mask) {
   if (!inode.ok()) return inode.error();
   if (mask & W_OK) return Error(EROFS);
   if (S_ISLNK((*inode)->mode)) return Status::Ok();
-  if (faccessat(AT_FDCWD, FdPath((*inode)->fd).c_str(), mask, 0) != 0) return Error(errno);
+  if (faccessat(AT_FDCWD, FdPath((*inode)->fd).c_str(), mask, 0) != 0) {
+    return StoreError(**inode, Error(errno));
+  }
   return Status::Ok();
 }
 
@@ -179,8 +228,10 @@ Result<std::string> ReadThroughFs::GetXattr(uint64_t ino, const std::string& nam
   // on symlinks anyway).
   if (S_ISLNK((*inode)->mode)) return Error(ENODATA);
   const std::string path = FdPath((*inode)->fd);
-  return ReadSized(
+  Result<std::string> value = ReadSized(
       [&](char* buf, size_t size) { return getxattr(path.c_str(), name.c_str(), buf, size); });
+  if (!value.ok()) return StoreError(**inode, value.error());
+  return value;
 }
 
 Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
@@ -189,7 +240,10 @@ Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
   if (!inode.ok()) return inode.error();
   if (S_ISLNK((*inode)->mode)) return std::string();
   const std::string path = FdPath((*inode)->fd);
-  return ReadSized([&](char* buf, size_t size) { return listxattr(path.c_str(), buf, size); });
+  Result<std::string> names =
+      ReadSized([&](char* buf, size_t size) { return listxattr(path.c_str(), buf, size); });
+  if (!names.ok()) return StoreError(**inode, names.error());
+  return names;
 }
 
 void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
@@ -217,7 +271,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   // entry_timeout): ESTALE makes the kernel walk the path again with LOOKUP_REVAL, so the open
   // reaches what the name means now.
   if (!file.ok() && file.error().code() == ENOENT) return done(Error(ESTALE));
-  if (!file.ok()) return done(file.error());
+  if (!file.ok()) return done(StoreError(**inode, file.error()));
   if (st.st_nlink == 0 || st.st_dev != (*inode)->dev || st.st_ino != (*inode)->ino) {
     return done(Error(ESTALE));
   }
@@ -226,7 +280,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
   Result<FileKey> identity = cache_.Identify(handle->file, st);
-  if (!identity.ok()) return done(identity.error());
+  if (!identity.ok()) return done(StoreError(**inode, identity.error()));
   handle->identity = identity.value();
   handle->inode = *inode;
   handle->ino = ino;

@@ -146,6 +146,10 @@ class ReadThroughFs {
                                                        FsOptions options,
                                                        Prefetcher* prefetcher = nullptr);
 
+  // A new O_PATH descriptor of SOURCE's directory as read now (FollowSource first: a store
+  // mounted again under the daemon), or -1 with errno set.
+  int OpenRoot();
+
   Result<EntryOut> Lookup(uint64_t parent, std::string_view name);
   void Forget(uint64_t ino, uint64_t nlookup);
   Result<struct stat> GetAttr(uint64_t ino);
@@ -210,6 +214,15 @@ class ReadThroughFs {
   struct Fill;
 
   Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
+  // The answer to `error`, an error of SOURCE's filesystem on `node`. A store whose client has died
+  // answers ENOTCONN (and some EIO, ENODEV or ESTALE) for good; once it is mounted again at
+  // SOURCE (the old mount lazily unmounted) the root follows the path (FollowSource), and an
+  // inode found through the old mount answers ESTALE: the kernel walks the path again, from the
+  // new mount, and the cache serves the files found there (identity by content).
+  Error StoreError(const Inode& node, Error error);
+  // Where SOURCE now leads to another directory on a filesystem of its type, the root inode takes
+  // it (InodeTable::ReplaceRoot). Not to the bare mountpoint a dead store leaves: another type.
+  void FollowSource();
   // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
   bool WantsFill(const Handle& handle);
   // The budget bytes all of `file` takes in the cache (every block charged as a whole one).
@@ -236,6 +249,9 @@ class ReadThroughFs {
   BlockCache& cache_;
   const FsOptions options_;
   InodeTable inodes_;
+  std::string source_;          // SOURCE's path (Create); empty: the root never follows it
+  int64_t source_fs_type_ = 0;  // its statfs f_type then
+  std::mutex follow_mu_;        // one FollowSource at a time
   Prefetcher* const prefetcher_;
   std::unique_ptr<ShardOpener> shard_opener_;  // with a prefetcher
   BackingRegistry* registry_ = nullptr;

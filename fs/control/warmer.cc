@@ -67,6 +67,25 @@ Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
   return std::move(file->backing);
 }
 
+// SOURCE's directory for one request or one file's turn (Warmer::RootOpener), closed at its end.
+class Root {
+ public:
+  explicit Root(const Warmer::RootOpener& open) : fd_(open()), err_(errno) {}
+  ~Root() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Root(const Root&) = delete;
+  Root& operator=(const Root&) = delete;
+  int fd() const { return fd_; }
+  Error error() const {
+    return Error(err_, std::string("the source directory cannot be opened: ") + strerror(err_));
+  }
+
+ private:
+  const int fd_;
+  const int err_;
+};
+
 }  // namespace
 
 WarmProgress WarmJob::Progress() const {
@@ -83,15 +102,12 @@ bool WarmJob::WaitFinished(std::chrono::milliseconds timeout) const {
   return changed_.wait_for(lock, timeout, [&] { return progress_.finished(); });
 }
 
-Warmer::Warmer(int root_fd, BlockCache& cache, WarmerOptions options)
-    : root_fd_(root_fd), cache_(cache), options_(options) {
+Warmer::Warmer(RootOpener open_root, BlockCache& cache, WarmerOptions options)
+    : open_root_(std::move(open_root)), cache_(cache), options_(options) {
   thread_ = std::thread([this] { RunGuarded("warmer", [this] { Run(); }); });
 }
 
-Warmer::~Warmer() {
-  Stop();
-  if (root_fd_ >= 0) close(root_fd_);
-}
+Warmer::~Warmer() { Stop(); }
 
 void Warmer::Stop() {
   {
@@ -128,7 +144,9 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
       }
     }
   }
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
+  const Root root(open_root_);
+  if (root.fd() < 0) return root.error();
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
   if (!found.ok()) return found.error();
   auto job = std::make_shared<WarmJob>();
   job->key_ = key;
@@ -169,12 +187,14 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
 }
 
 Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files) {
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
+  const Root root(open_root_);
+  if (root.fd() < 0) return root.error();
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
     Result<IdentifiedFile> identified =
-        OpenIdentified(root_fd_, cache_, f.path, options_.buffered_reads);
+        OpenIdentified(root.fd(), cache_, f.path, options_.buffered_reads);
     if (!identified.ok()) return identified.error();
     const FileKey key = identified->key;
     const uint64_t before = cache_.ResidentBytes(key);
@@ -186,12 +206,14 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
 }
 
 Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths) {
-  Result<std::vector<FoundFile>> found = CollectFiles(root_fd_, paths);
+  const Root root(open_root_);
+  if (root.fd() < 0) return root.error();
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
   for (const FoundFile& f : *found) {
     Result<IdentifiedFile> identified =
-        OpenIdentified(root_fd_, cache_, f.path, options_.buffered_reads);
+        OpenIdentified(root.fd(), cache_, f.path, options_.buffered_reads);
     if (!identified.ok()) return identified.error();
     const FileKey key = identified->key;
     out.push_back({f.path, key.size, cache_.ResidentBytes(key)});
@@ -230,13 +252,15 @@ void Warmer::Run() {
 }
 
 Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::File& file) {
+  if (file.identified && file.key.size == 0) return std::shared_ptr<BackingFile>();
+  const Root root(open_root_);
+  if (root.fd() < 0) return root.error();
   if (file.identified) {
-    if (file.key.size == 0) return std::shared_ptr<BackingFile>();
-    return OpenAgain(root_fd_, cache_, file.path, file.key, options_.buffered_reads);
+    return OpenAgain(root.fd(), cache_, file.path, file.key, options_.buffered_reads);
   }
   // The first turn of the file: what it is now is what the job warms.
   Result<IdentifiedFile> identified =
-      OpenIdentified(root_fd_, cache_, file.path, options_.buffered_reads);
+      OpenIdentified(root.fd(), cache_, file.path, options_.buffered_reads);
   if (!identified.ok()) return identified.error();
   file.key = identified->key;
   file.dev = static_cast<uint64_t>(identified->st.st_dev);

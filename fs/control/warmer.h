@@ -93,8 +93,12 @@ struct FileResidency {
 
 class Warmer {
  public:
-  // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache outlives this.
-  Warmer(int root_fd, BlockCache& cache, WarmerOptions options);
+  // A new O_PATH descriptor of SOURCE's directory as the daemon reads it now (a store mounted
+  // again under the daemon is followed, ReadThroughFs::OpenRoot), or -1 with errno set. Called
+  // for each request and each file's turn, which close it after.
+  using RootOpener = std::function<int()>;
+  // REQUIRES: cache outlives this.
+  Warmer(RootOpener open_root, BlockCache& cache, WarmerOptions options);
   ~Warmer();  // Stop()
   Warmer(const Warmer&) = delete;
   Warmer& operator=(const Warmer&) = delete;
@@ -128,7 +132,7 @@ class Warmer {
   bool IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner);
   void Fail(WarmJob& job, const std::string& error);
 
-  const int root_fd_;
+  const RootOpener open_root_;
   BlockCache& cache_;
   const WarmerOptions options_;
 

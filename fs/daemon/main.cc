@@ -366,8 +366,8 @@ Status Daemon::StartControlPlane() {
                     loaded.error().Message());
     }
   };
-  warmer_ = std::make_unique<Warmer>(open(paths_->source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC),
-                                     *cache_, std::move(warm));
+  warmer_ = std::make_unique<Warmer>([fs = fs_.get()] { return fs->OpenRoot(); }, *cache_,
+                                     std::move(warm));
   ControlSources sources;
   sources.stats = stats;
   sources.open_files = [this] {

@@ -3,7 +3,8 @@
 // forgets the store's inodes (NET --fresh-inodes, as sshfs and s3fs number them) and a remount of
 // the store, which gives it a new st_dev, as after a reboot (with --cache-dir); and it still never
 // serves stale bytes: a file replaced keeping its size and mtime (`cp -p`), directories swapped by
-// renames and a hard link each read as the file now there. Before, the cache was keyed by
+// renames and a hard link each read as the file now there. A store mounted again under a running
+// daemon is followed there. Before, the cache was keyed by
 // (st_dev, st_ino, size, mtime): the renumbered and remounted cases fetched the whole model again.
 // The same cases run over real stores in tests/rig (real_store_test.sh).
 #include <fcntl.h>
@@ -175,6 +176,47 @@ TEST_F(IdentityTest, CacheDirServesAfterTheStoreIsMountedAgain) {
   EXPECT_LT(net_bytes, 256u * 1024) << "the model was fetched again";
   ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
   EXPECT_EQ(BackendReadAtExit(daemon_.Log()), "0 B") << "nothing fetched again:\n" << daemon_.Log();
+}
+
+// The store mounted again under a running daemon: its client restarted (a crash, an upgrade), the
+// busy old mount lazily unmounted and its daemon ended, a new one mounted at the same place. The
+// daemon's descriptors of the old mount answer ENOTCONN for good. While no store is there, an open
+// through accelfs fails with EIO (ENOTCONN would make accelfs's own mount look dead); once the
+// store is back the daemon follows SOURCE to it, the kernel walks the paths again (ESTALE), and
+// every file, one in a subdirectory too, reads from the cache. Before, every open failed until
+// the daemon was restarted.
+TEST_F(IdentityTest, TheStoreMountedAgainUnderTheDaemonIsFollowed) {
+  const std::string nested = std::string("sub/") + kShardName;
+  ASSERT_EQ(mkdir((store_ + "/sub").c_str(), 0755), 0);
+  WriteTestFile(store_ + "/" + nested, kShard, 23);
+  ASSERT_NO_FATAL_FAILURE(StartNet());
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--log-level", "info"}));
+  ASSERT_NO_FATAL_FAILURE(ReadAll());
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(nested), 23, kShard));
+  const dev_t first_dev = StatOf(net_mount_).st_dev;
+  const uint64_t fetched = FetchedBytes();
+  net_.Stop();  // accelfs holds the store: unmounted lazily, then NET ended
+
+  const int fd = open(Mnt(kShardName).c_str(), O_RDONLY);
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  EXPECT_LT(fd, 0) << "opened with no store behind the mount";
+  EXPECT_EQ(err, EIO) << std::strerror(err);
+
+  ASSERT_NO_FATAL_FAILURE(StartNet());
+  EXPECT_NE(StatOf(net_mount_).st_dev, first_dev) << "the store's remount kept its device number";
+  // accelfs-warm first (it finds the files from SOURCE's directory, as the daemon reads it now),
+  // then the loads: their inodes, found through the old mount, answer ESTALE once.
+  const CommandResult warm = RunCommand({TestBinary(ACCELFS_WARM), mountpoint_});
+  EXPECT_EQ(warm.exit_code, 0) << warm.out << warm.err;
+  ASSERT_NO_FATAL_FAILURE(ReadAll());
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt(nested), 23, kShard));
+  const uint64_t net_bytes = NetBytes();
+  std::printf("after the store's remount under the daemon: %ju bytes from the store (model %ju)\n",
+              static_cast<uintmax_t>(net_bytes), static_cast<uintmax_t>(2 * kShard + kSmall));
+  EXPECT_LT(net_bytes, 256u * 1024) << "the model was fetched again";
+  EXPECT_EQ(FetchedBytes(), fetched) << "blocks fetched again";
+  EXPECT_NE(daemon_.Log().find("was mounted again"), std::string::npos) << daemon_.Log();
 }
 
 // `cp -p` of a new file over the old one with the old one's mtime: the size and mtime the reader

@@ -7,6 +7,9 @@
 #      store: the identity samples of each open, never the model again;
 #   3. the daemon stopped, the store unmounted and mounted again (a new st_dev, as after a
 #      reboot), a new daemon over the same cache dir: again no block fetched, next to nothing sent;
+#   3b. the store mounted again under that daemon, which keeps running: the same, from the new
+#      mount (a store's client restarted while accelfs ran over it; not zfs, whose pool cannot be
+#      exported while accelfs holds it);
 #   4. a shard replaced through the store, its size and mtime kept (`cp --preserve=timestamps`,
 #      what `cp -p` keeps of the times): read as the new file (sshfs and S3 keep no ctime: the
 #      fingerprint of the first and last page, the last two on object stores, is what tells);
@@ -171,6 +174,24 @@ b4=$(bytes)
 echo "$kind: after the store's remount (st_dev $dev_before -> $dev_after): $((b4 - b3)) bytes"
 [[ $(fetched) == 0 ]] || fail "after the remount the daemon fetched $(fetched) bytes again"
 expect_little $((b4 - b3)) "after the remount"
+
+# 3b. The store mounted again under the running daemon (its client restarted: the busy old mount
+# lazily unmounted, its daemon ended, a new one at the same place). The daemon's descriptors of
+# the old mount answer ENOTCONN for good; it follows SOURCE to the new mount, and the kernel walks
+# the paths again (ESTALE): the same bytes, from the cache (before: every open failed). Not zfs:
+# a pool whose files accelfs holds cannot be exported (`zpool export -f` refuses too).
+if [[ $kind != zfs ]]; then
+  dev_before=$(stat -c %d "$store")
+  "$stores" remount "$st" || fail "the store did not remount under the daemon"
+  dev_after=$(stat -c %d "$store")
+  b5=$(bytes)
+  check_all
+  b6=$(bytes)
+  echo "$kind: the store remounted under the daemon (st_dev $dev_before -> $dev_after): $((b6 - b5)) bytes"
+  [[ $(fetched) == 0 ]] || fail "after the remount under it the daemon fetched $(fetched) bytes again"
+  expect_little $((b6 - b5)) "after the remount under the daemon"
+  grep -q 'was mounted again' "$tmp/accelfs2.log" || fail "the daemon did not log that it followed the store"
+fi
 
 # 4. Replaced through the store, size and mtime kept.
 target=$store/model-00002-of-00002.safetensors

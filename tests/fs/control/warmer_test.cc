@@ -171,8 +171,8 @@ class WarmerCacheTest : public WarmerTest {
     options.max_in_flight = 4;
     options.no_room_timeout = std::chrono::seconds(2);
     options.resident = std::move(resident);
-    warmer_ =
-        std::make_unique<Warmer>(fcntl(root_fd_, F_DUPFD_CLOEXEC, 0), *cache_, std::move(options));
+    warmer_ = std::make_unique<Warmer>([this] { return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0); },
+                                       *cache_, std::move(options));
   }
   uint64_t Resident(const std::string& relative) {
     auto r = warmer_->Residency({relative});

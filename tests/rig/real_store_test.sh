@@ -123,6 +123,15 @@ fetched() {  # the daemon's bytes of blocks fetched from the store
 expect_little() {  # expect_little BYTES WHAT
   (($1 <= SLACK)) || fail "$2 the load took $1 bytes from the store"
 }
+check_cached() {  # check_cached WHAT: the model's bytes, no block fetched by this daemon, little sent
+  local before after
+  before=$(bytes)
+  check_all
+  after=$(bytes)
+  echo "$kind: $1: $((after - before)) bytes"
+  [[ $(fetched) == 0 ]] || fail "$1: the daemon fetched $(fetched) bytes again"
+  expect_little $((after - before)) "$1:"
+}
 
 head -c "$SHARD" /dev/urandom >"$src/model-00001-of-00002.safetensors"
 head -c "$SHARD" /dev/urandom >"$src/model-00002-of-00002.safetensors"
@@ -168,12 +177,7 @@ dev_before=$(stat -c %d "$store")
 dev_after=$(stat -c %d "$store")
 [[ $dev_before != "$dev_after" ]] || fail "the remount kept st_dev $dev_before"
 start_daemon "$tmp/accelfs2.log"
-b3=$(bytes)
-check_all
-b4=$(bytes)
-echo "$kind: after the store's remount (st_dev $dev_before -> $dev_after): $((b4 - b3)) bytes"
-[[ $(fetched) == 0 ]] || fail "after the remount the daemon fetched $(fetched) bytes again"
-expect_little $((b4 - b3)) "after the remount"
+check_cached "after the store's remount (st_dev $dev_before -> $dev_after)"
 
 # 3b. The store mounted again under the running daemon (its client restarted: the busy old mount
 # lazily unmounted, its daemon ended, a new one at the same place). The daemon's descriptors of
@@ -184,12 +188,7 @@ if [[ $kind != zfs ]]; then
   dev_before=$(stat -c %d "$store")
   "$stores" remount "$st" || fail "the store did not remount under the daemon"
   dev_after=$(stat -c %d "$store")
-  b5=$(bytes)
-  check_all
-  b6=$(bytes)
-  echo "$kind: the store remounted under the daemon (st_dev $dev_before -> $dev_after): $((b6 - b5)) bytes"
-  [[ $(fetched) == 0 ]] || fail "after the remount under it the daemon fetched $(fetched) bytes again"
-  expect_little $((b6 - b5)) "after the remount under the daemon"
+  check_cached "the store remounted under the daemon (st_dev $dev_before -> $dev_after)"
   grep -q 'was mounted again' "$tmp/accelfs2.log" || fail "the daemon did not log that it followed the store"
 fi
 

@@ -4,9 +4,9 @@
 // the store, which gives it a new st_dev, as after a reboot (with --cache-dir); and it still never
 // serves stale bytes: a file replaced keeping its size and mtime (`cp -p`), directories swapped by
 // renames and a hard link each read as the file now there. A store mounted again under a running
-// daemon is followed there. Before, the cache was keyed by
-// (st_dev, st_ino, size, mtime): the renumbered and remounted cases fetched the whole model again.
-// The same cases run over real stores in tests/rig (real_store_test.sh).
+// daemon is followed there. Before, the cache was keyed by (st_dev, st_ino, size, mtime): the
+// renumbered and remounted cases fetched the whole model again. The same cases run over real
+// stores in tests/rig (real_store_test.sh).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

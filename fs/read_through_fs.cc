@@ -65,20 +65,40 @@ bool LooksLikePageCacheRead(uint64_t offset, uint64_t size) {
   return size > 0 && size <= kPageCacheReadMax && offset % kPage == 0 && size % kPage == 0;
 }
 
+namespace {
+
+// SOURCE's directory, opened O_PATH (owned by the caller), with its attributes and its
+// filesystem's type (statfs f_type): the root at the start, and again where SOURCE is mounted anew.
+struct SourceDir {
+  int fd = -1;
+  struct stat st {};
+  int64_t fs_type = 0;
+};
+
+Result<SourceDir> OpenSourceDir(const std::string& path) {
+  SourceDir dir;
+  dir.fd = open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir.fd < 0) return Error(errno);
+  struct statfs sfs {};
+  if (fstat(dir.fd, &dir.st) != 0 || fstatfs(dir.fd, &sfs) != 0) {
+    const int err = errno;
+    close(dir.fd);
+    return Error(err);
+  }
+  dir.fs_type = static_cast<int64_t>(sfs.f_type);
+  return dir;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& source,
                                                              BlockCache& cache, FsOptions options,
                                                              Prefetcher* prefetcher) {
-  const int fd = open(source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Error(errno);
-  struct statfs sfs {};
-  if (fstatfs(fd, &sfs) != 0) {
-    const int err = errno;
-    close(fd);
-    return Error(err);
-  }
-  auto fs = std::make_unique<ReadThroughFs>(fd, cache, options, prefetcher);
+  Result<SourceDir> dir = OpenSourceDir(source);
+  if (!dir.ok()) return dir.error();
+  auto fs = std::make_unique<ReadThroughFs>(dir->fd, cache, options, prefetcher);
   fs->source_ = source;
-  fs->source_fs_type_ = static_cast<int64_t>(sfs.f_type);
+  fs->source_fs_type_ = dir->fs_type;
   return fs;
 }
 
@@ -108,17 +128,16 @@ void ReadThroughFs::FollowSource() {
   if (stat(source_.c_str(), &st) != 0 || (st.st_dev == root->dev && st.st_ino == root->ino)) {
     return;  // still the mount we have (or none answers there)
   }
-  const int fd = open(source_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  struct statfs sfs {};
-  if (fstat(fd, &st) != 0 || fstatfs(fd, &sfs) != 0 ||
-      static_cast<int64_t>(sfs.f_type) != source_fs_type_) {
-    close(fd);  // the directory a dead store's mount covered, or something else
+  Result<SourceDir> dir = OpenSourceDir(source_);
+  if (!dir.ok()) return;
+  if (dir->fs_type != source_fs_type_) {
+    close(dir->fd);  // the directory a dead store's mount covered, or something else
     return;
   }
   spdlog::warn("{} was mounted again (device {}:{}, was {}:{}): reading it from the new mount",
-               source_, major(st.st_dev), minor(st.st_dev), major(root->dev), minor(root->dev));
-  inodes_.ReplaceRoot(fd, st);
+               source_, major(dir->st.st_dev), minor(dir->st.st_dev), major(root->dev),
+               minor(root->dev));
+  inodes_.ReplaceRoot(dir->fd, dir->st);
 }
 
 Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {

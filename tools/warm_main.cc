@@ -84,7 +84,8 @@ Result<bool> AllResident(ControlClient& client, const std::vector<std::string>& 
 void LookUpThroughMount(const AccelfsMount& mount, const std::vector<std::string>& relative) {
   const int root = open(mount.mountpoint.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) return;
-  for (const std::string& path : relative) (void)CollectFiles(root, {path});
+  // The tool's own rights: the kernel checks them at each lookup through the mount.
+  for (const std::string& path : relative) (void)CollectFiles(root, {path}, Caller::Root());
   close(root);
 }
 

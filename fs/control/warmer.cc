@@ -124,13 +124,16 @@ void Warmer::Stop() {
   for (auto& job : left) Fail(*job, "the daemon is stopping");
 }
 
-Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths,
-                                              bool* attached) {
+Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& paths, bool* attached,
+                                              const Caller& caller) {
   *attached = false;
   std::vector<std::string> sorted = paths;
   std::sort(sorted.begin(), sorted.end());
   std::string key;
   for (const auto& p : sorted) key += p + '\0';
+  // Root's job of a directory holds files another caller may not see: callers attach only to
+  // jobs asked with their own rights.
+  if (!caller.unrestricted()) key += caller.RightsKey();
   {
     std::lock_guard lock(mu_);
     if (running_ && running_->key() == key) {
@@ -146,7 +149,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   }
   const Root root(open_root_);
   if (root.fd() < 0) return root.error();
-  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths, caller);
   if (!found.ok()) return found.error();
   auto job = std::make_shared<WarmJob>();
   job->key_ = key;
@@ -186,10 +189,11 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   return job;
 }
 
-Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files) {
+Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* files,
+                               const Caller& caller) {
   const Root root(open_root_);
   if (root.fd() < 0) return root.error();
-  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths, caller);
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
   for (const FoundFile& f : *found) {
@@ -205,10 +209,11 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   return dropped;
 }
 
-Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths) {
+Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::string>& paths,
+                                                     const Caller& caller) {
   const Root root(open_root_);
   if (root.fd() < 0) return root.error();
-  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths);
+  Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths, caller);
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
   for (const FoundFile& f : *found) {

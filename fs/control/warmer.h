@@ -103,15 +103,20 @@ class Warmer {
   Warmer(const Warmer&) = delete;
   Warmer& operator=(const Warmer&) = delete;
 
+  // Each takes the paths as `caller` sees them (CollectFiles): what it may not read is missing.
+
   // Starts warming `paths`, or returns the job already queued or running for the same paths
-  // (*attached true). Errors (with one line): a bad path (CollectFiles), a set larger than the
-  // cache budget (ENOSPC), the daemon stopping (ECANCELED).
-  Result<std::shared_ptr<WarmJob>> Warm(const std::vector<std::string>& paths, bool* attached);
+  // asked with the same rights (*attached true). Errors (with one line): a bad path
+  // (CollectFiles), a set larger than the cache budget (ENOSPC), the daemon stopping (ECANCELED).
+  Result<std::shared_ptr<WarmJob>> Warm(const std::vector<std::string>& paths, bool* attached,
+                                        const Caller& caller = Caller::Root());
   // Drops the files' blocks from the cache. Returns the bytes that were resident; `files` gets
   // how many files there were. Errors as CollectFiles.
-  Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files);
+  Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files,
+                         const Caller& caller = Caller::Root());
   // Errors as CollectFiles.
-  Result<std::vector<FileResidency>> Residency(const std::vector<std::string>& paths);
+  Result<std::vector<FileResidency>> Residency(const std::vector<std::string>& paths,
+                                               const Caller& caller = Caller::Root());
 
   // Fails queued and running jobs, waits for their fetches to finish and joins the thread. Call
   // after the backend stopped (its stop answers every fetch, also those of a hung store).

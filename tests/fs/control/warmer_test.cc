@@ -42,7 +42,7 @@ class WarmerTest : public ::testing::Test {
   }
   // The paths CollectFiles finds; none (and a failure naming the error) when it fails.
   std::vector<std::string> Collect(const std::vector<std::string>& paths) {
-    auto files = CollectFiles(root_fd_, paths);
+    auto files = CollectFiles(root_fd_, paths, Caller::Root());
     std::vector<std::string> names;
     if (files.ok()) {
       for (const auto& f : *files) names.push_back(f.path);
@@ -153,7 +153,7 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
       {"f/x", "'f/x': Not a directory"},
   };
   for (const auto& c : kCases) {
-    auto files = CollectFiles(root_fd_, {"f", c.path});
+    auto files = CollectFiles(root_fd_, {"f", c.path}, Caller::Root());
     ASSERT_FALSE(files.ok()) << c.path;
     EXPECT_EQ(files.error().Message(), c.error);
   }

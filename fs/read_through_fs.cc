@@ -24,6 +24,13 @@ namespace accelfs {
 
 namespace {
 
+// The path the kernel gives descriptor `fd` (/proc/self/fd), or "" when it has none.
+std::string DescriptorPath(int fd) {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), buf, sizeof(buf) - 1);
+  return n > 0 && buf[0] == '/' ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
 // How long an open of a changed file waits for the RELEASE of the passthrough handles of its old
 // contents: the kernel sends RELEASE after close() returns, in the background, within milliseconds.
 constexpr std::chrono::seconds kReleaseWait{1};
@@ -592,11 +599,20 @@ std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
     std::lock_guard lock(handles_mu_);
     for (const auto& [fh, handle] : handles_) {
       open.push_back(
-          {handle->inode, {"", handle->identity.size, handle->backing_id > 0, handle->direct}});
+          {handle->inode, {"", "", handle->identity.size, handle->backing_id > 0, handle->direct}});
     }
   }
   std::vector<OpenFileInfo> out;
+  // Where each file is now below SOURCE's root: the kernel's name of its descriptor (renames
+  // followed) below the root's. Empty when it is not below it (deleted, another root).
+  const std::string root = DescriptorPath(inodes_.Get(InodeTable::kRootId)->fd);
   for (auto& [inode, info] : open) {  // handles_mu_ is a leaf: names are read after it
+    const std::string at = DescriptorPath(inode->fd);
+    const std::string prefix = root == "/" ? root : root + "/";
+    if (!root.empty() && at.size() > prefix.size() && at.starts_with(prefix) &&
+        !at.ends_with(" (deleted)")) {
+      info.path = at.substr(prefix.size());
+    }
     std::lock_guard lock(inode->mu);
     info.name = inode->name;
     out.push_back(std::move(info));

@@ -101,6 +101,7 @@ using DirEmit = std::function<bool(const DirEntry&, const EntryOut* plus)>;
 // A file open now, for accelfs-stat.
 struct OpenFileInfo {
   std::string name;  // the name the kernel last looked it up by (no directory)
+  std::string path;  // where it is now below SOURCE's root; "" when nowhere there (deleted)
   uint64_t size = 0;
   bool passthrough = false;  // open in passthrough mode (else served by the daemon)
   bool direct = false;       // served by the daemon, its reads around the page cache

@@ -13,8 +13,7 @@
 namespace accelfs {
 namespace {
 
-// What a path in a request may hold: an op carries at most this many paths.
-constexpr size_t kMaxPaths = 4096;
+// What a path in a request may hold.
 constexpr size_t kMaxPathBytes = 4096;
 
 uint64_t Fnv1a64(const std::string& text) {
@@ -73,9 +72,61 @@ std::vector<std::string> ControlSocketCandidates(const std::string& mountpoint, 
   return paths;
 }
 
+Status CheckRequestShape(std::string_view line) {
+  if (line.size() > kMaxRequestBytes) {
+    return Error(EMSGSIZE,
+                 "request line too long (at most " + std::to_string(kMaxRequestBytes) + " bytes)");
+  }
+  bool in_string = false;
+  bool escaped = false;
+  int depth = 0;
+  size_t tokens = 0;
+  for (const char c : line) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '[':
+      case '{':
+        if (++depth > kMaxRequestDepth) {
+          return Error(EINVAL, "the request nests deeper than " + std::to_string(kMaxRequestDepth) +
+                                   " levels");
+        }
+        ++tokens;
+        break;
+      case ']':
+      case '}':
+        --depth;  // unbalanced: the parser refuses it
+        break;
+      case ',':
+      case ':':
+        ++tokens;
+        break;
+      default:
+        break;
+    }
+    if (tokens > kMaxRequestTokens) {
+      return Error(EINVAL,
+                   "the request holds more than " + std::to_string(kMaxRequestTokens) + " values");
+    }
+  }
+  return Status::Ok();
+}
+
 bool IsControlOp(const std::string& op) { return op == "warm" || op == "evict"; }
 
 Result<ControlRequest> ParseControlRequest(const std::string& line) {
+  if (Status shape = CheckRequestShape(line); !shape.ok()) return shape.error();
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Error(EINVAL,
@@ -93,9 +144,9 @@ Result<ControlRequest> ParseControlRequest(const std::string& line) {
     return Error(EINVAL, "unknown op '" + EscapeName(request.op) + "'");
   }
   if (auto paths = j.find("paths"); paths != j.end()) {
-    if (!paths->is_array() || paths->size() > kMaxPaths) {
-      return Error(EINVAL, "\"paths\" must be an array of at most " + std::to_string(kMaxPaths) +
-                               " strings");
+    if (!paths->is_array() || paths->size() > kMaxRequestPaths) {
+      return Error(EINVAL, "\"paths\" must be an array of at most " +
+                               std::to_string(kMaxRequestPaths) + " strings");
     }
     for (const auto& p : *paths) {
       std::optional<std::string> path = NameFromJson(p);

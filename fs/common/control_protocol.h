@@ -43,10 +43,23 @@ struct ControlRequest {
   bool wait = true;                // warm: stream progress until the job ends
 };
 
+// What a request line may be, checked before it is parsed (CheckRequestShape): a JSON tree takes
+// far more memory than its text, so its shape is bounded, not only its length. The biggest
+// request, "warm" with kMaxRequestPaths paths each a {"bytes_hex": ...} object, fits all three.
+inline constexpr size_t kMaxRequestPaths = 4096;
+inline constexpr size_t kMaxRequestBytes = 4u << 20;  // the line, without its newline
+inline constexpr int kMaxRequestDepth = 4;            // {"paths": [{"bytes_hex": "..."}]} is 3
+// '[', '{', ',' and ':' outside strings: a bound on the values the tree holds.
+inline constexpr size_t kMaxRequestTokens = 4 * kMaxRequestPaths + 64;
+
+// Whether `line` keeps those limits: one pass over its bytes, strings skipped, nothing allocated.
+// EINVAL (EMSGSIZE for the length) with one line when it does not.
+Status CheckRequestShape(std::string_view line);
+
 // Whether `op` changes the cache (only the owner, root and the control group may send it).
 bool IsControlOp(const std::string& op);
 
-// Parses one request line. EINVAL with one line for bad input.
+// Parses one request line, after CheckRequestShape. EINVAL with one line for bad input.
 Result<ControlRequest> ParseControlRequest(const std::string& line);
 nlohmann::json ControlRequestToJson(const ControlRequest& request);
 

@@ -11,19 +11,20 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "fs/common/collect_files.h"
 #include "fs/common/names.h"
 
 namespace accelfs {
 namespace {
 
-// A request line longer than this is refused (a warm of thousands of paths fits).
-constexpr size_t kMaxLine = 4u << 20;
 // How often a connection thread looks at the stop flag while idle, and how often a waiting warm
 // sends progress.
 constexpr int kPollMs = 100;
@@ -79,7 +80,42 @@ void SweepStaleSockets(const std::string& dir, uid_t owner) {
   closedir(d);
 }
 
+// The peer of `fd`: SO_PEERCRED's uid and gid, SO_PEERGROUPS's groups (none where the kernel
+// does not tell them: fewer rights, never more).
+Result<Caller> PeerCaller(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return Errno("SO_PEERCRED");
+  Caller caller{cred.uid, cred.gid, {}};
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      caller.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(bytes / sizeof(gid_t) + 1);  // the size the kernel asked for
+  }
+  return caller;
+}
+
 }  // namespace
+
+std::chrono::milliseconds ControlIdleTimeout(const char* text) {
+  if (text == nullptr || *text == '\0') return kDefaultControlIdleTimeout;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (*end != '\0' || !(seconds >= 0 && seconds <= 86400)) return kDefaultControlIdleTimeout;
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+bool MayTakeSlot(uid_t uid, uid_t owner, size_t open, size_t of_uid) {
+  if (uid == 0 || uid == owner) return open < ControlServer::kMaxConnections;
+  return open < ControlServer::kMaxConnections - ControlServer::kReservedConnections &&
+         of_uid < ControlServer::kMaxConnectionsPerUid;
+}
 
 bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
   if (uid == 0 || uid == owner) return true;
@@ -147,7 +183,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions
   if (options.group && chown(temp.c_str(), static_cast<uid_t>(-1), *options.group) != 0) {
     return fail("cannot give the control socket to group " + std::to_string(*options.group));
   }
-  if (listen(fd, ControlServer::kMaxConnections) != 0) return fail("listen");
+  if (listen(fd, static_cast<int>(ControlServer::kMaxConnections)) != 0) return fail("listen");
   if (rename(temp.c_str(), options.path.c_str()) != 0) return fail("rename to " + options.path);
   struct stat st {};
   stat(options.path.c_str(), &st);
@@ -228,9 +264,8 @@ void ControlServer::AcceptLoop() {
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    Result<Caller> caller = PeerCaller(fd);
+    if (!caller.ok()) {
       close(fd);
       continue;
     }
@@ -238,10 +273,21 @@ void ControlServer::AcceptLoop() {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
     auto connection = std::make_unique<Connection>();
     connection->fd = fd;
-    connection->may_control = MayControl(cred.uid, cred.gid, options_.owner, options_.group);
+    connection->may_control = MayControl(caller->uid, caller->gid, options_.owner, options_.group);
+    connection->caller = std::move(caller.value());
     std::lock_guard lock(mu_);
-    if (connections_.size() >= kMaxConnections) {
-      const std::string busy = DumpJson(ControlError("too many connections")) + "\n";
+    const uid_t uid = connection->caller.uid;
+    const size_t of_uid =
+        static_cast<size_t>(std::count_if(connections_.begin(), connections_.end(),
+                                          [&](const auto& c) { return c->caller.uid == uid; }));
+    if (!MayTakeSlot(uid, options_.owner, connections_.size(), of_uid)) {
+      const std::string busy =
+          DumpJson(ControlError(of_uid >= kMaxConnectionsPerUid && uid != 0 && uid != options_.owner
+                                    ? "too many connections from uid " + std::to_string(uid) +
+                                          " (at most " + std::to_string(kMaxConnectionsPerUid) +
+                                          " at once)"
+                                    : "too many connections")) +
+          "\n";
       [[maybe_unused]] ssize_t n = send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       close(fd);
       continue;
@@ -270,18 +316,38 @@ bool ControlServer::Send(Connection& connection, const nlohmann::json& message) 
 }
 
 void ControlServer::Serve(Connection& connection) {
+  using Clock = std::chrono::steady_clock;
   std::string buffer;
+  size_t scanned = 0;  // bytes of `buffer` known to hold no newline
   char chunk[4096];
+  // Since the connection opened or its last request was answered: only whole requests count, so
+  // a client that trickles a byte at a time is idle all the same.
+  Clock::time_point idle_since = Clock::now();
   while (!stopping_.load()) {
-    const size_t newline = buffer.find('\n');
+    const size_t newline = buffer.find('\n', scanned);
     if (newline != std::string::npos) {
       const std::string line = buffer.substr(0, newline);
       buffer.erase(0, newline + 1);
+      scanned = 0;
       if (!Handle(connection, line)) return;
+      idle_since = Clock::now();
       continue;
     }
-    if (buffer.size() > kMaxLine) {
-      Send(connection, ControlError("request line too long"));
+    scanned = buffer.size();
+    if (buffer.size() > kMaxRequestBytes) {
+      Send(connection, ControlError("request line too long (at most " +
+                                    std::to_string(kMaxRequestBytes) + " bytes)"));
+      return;
+    }
+    if (options_.idle_timeout.count() > 0 && Clock::now() - idle_since >= options_.idle_timeout) {
+      const int64_t ms = options_.idle_timeout.count();
+      const std::string bye =
+          DumpJson(ControlError("closed: no request for " + (ms % 1000 == 0
+                                                                 ? std::to_string(ms / 1000) + " s"
+                                                                 : std::to_string(ms) + " ms"))) +
+          "\n";
+      [[maybe_unused]] ssize_t n =
+          send(connection.fd, bye.data(), bye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       return;
     }
     pollfd pfd{connection.fd, POLLIN, 0};
@@ -291,6 +357,25 @@ void ControlServer::Serve(Connection& connection) {
     if (n <= 0) return;  // the client closed (or the server is stopping)
     buffer.append(chunk, static_cast<size_t>(n));
   }
+}
+
+std::vector<OpenFileEntry> ControlServer::VisibleOpenFiles(
+    const Caller& caller, const std::vector<OpenFileSource>& open) const {
+  std::vector<OpenFileEntry> visible;
+  const int root = caller.unrestricted() || !sources_.open_root ? -1 : sources_.open_root();
+  for (const OpenFileSource& file : open) {
+    bool readable = caller.unrestricted();
+    if (!readable && root >= 0) {
+      Result<int> fd = OpenBeneathAs(root, file.path, caller);
+      struct stat st {};
+      readable = fd.ok() && fstat(*fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                 MayAccess(st, caller, kWantRead);
+      if (fd.ok()) close(*fd);
+    }
+    if (readable) visible.push_back(file.entry);
+  }
+  if (root >= 0) close(root);
+  return visible;
 }
 
 bool ControlServer::Handle(Connection& connection, const std::string& line) {
@@ -303,13 +388,15 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
   if (request->op == "stats") return Send(connection, StatsReply{sources_.stats()}.ToJson());
   if (request->op == "open") {
     OpenReply reply;
-    if (sources_.open_files) reply.open = sources_.open_files();
+    if (sources_.open_files) {
+      reply.open = VisibleOpenFiles(connection.caller, sources_.open_files());
+    }
     return Send(connection, reply.ToJson());
   }
   if (sources_.warmer == nullptr) return Send(connection, ControlError("no warmer"));
   if (request->op == "files") {
     if (request->paths.empty()) request->paths.push_back("");
-    auto files = sources_.warmer->Residency(request->paths);
+    auto files = sources_.warmer->Residency(request->paths, connection.caller);
     if (!files.ok()) return Send(connection, ControlError(files.error().Message()));
     FilesReply reply;
     reply.files.reserve(files->size());
@@ -318,7 +405,7 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
   }
   if (request->op == "evict") {
     uint64_t files = 0;
-    auto dropped = sources_.warmer->Evict(request->paths, &files);
+    auto dropped = sources_.warmer->Evict(request->paths, &files, connection.caller);
     if (!dropped.ok()) return Send(connection, ControlError(dropped.error().Message()));
     spdlog::info("control: evicted {} files ({} bytes were cached)", files, *dropped);
     return Send(connection, EvictReply{files, *dropped}.ToJson());
@@ -328,7 +415,7 @@ bool ControlServer::Handle(Connection& connection, const std::string& line) {
 
 bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& request) {
   bool attached = false;
-  auto job = sources_.warmer->Warm(request.paths, &attached);
+  auto job = sources_.warmer->Warm(request.paths, &attached, connection.caller);
   if (!job.ok()) return Send(connection, ControlError(job.error().Message()));
   std::shared_ptr<WarmJob> warm = std::move(job.value());
   if (!attached) spdlog::info("control: warming {} paths", request.paths.size());

@@ -371,17 +371,20 @@ Status Daemon::StartControlPlane() {
   ControlSources sources;
   sources.stats = stats;
   sources.open_files = [this] {
-    std::vector<OpenFileEntry> open;
+    std::vector<OpenFileSource> open;
     for (const OpenFileInfo& f : fs_->OpenFiles()) {
-      open.push_back({f.name, f.size,
-                      std::string(f.passthrough ? kOpenModePassthrough
-                                  : f.direct    ? kOpenModeDirect
-                                                : kOpenModeCached)});
+      open.push_back({{f.name, f.size,
+                       std::string(f.passthrough ? kOpenModePassthrough
+                                   : f.direct    ? kOpenModeDirect
+                                                 : kOpenModeCached)},
+                      f.path});
     }
     return open;
   };
   sources.warmer = warmer_.get();
+  sources.open_root = [fs = fs_.get()] { return fs->OpenRoot(); };
   ControlServerOptions options;
+  options.idle_timeout = ControlIdleTimeout(std::getenv("ACCELFS_CONTROL_IDLE_TIMEOUT"));
   options.path = ControlSocketDir(geteuid(), std::getenv("XDG_RUNTIME_DIR")) + "/" +
                  ControlSocketName(paths_->mountpoint);
   options.owner = geteuid();

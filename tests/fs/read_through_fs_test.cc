@@ -448,6 +448,7 @@ TEST_F(ReadThroughFsTest, OpenIsReadOnly) {
   ASSERT_EQ(open.size(), 2u);
   for (const OpenFileInfo& f : open) {
     EXPECT_EQ(f.name, "one");
+    EXPECT_EQ(f.path, "one");
     EXPECT_FALSE(f.passthrough);
   }
   fs_->Release(fh);

@@ -332,5 +332,73 @@ TEST(ControlRepliesTest, FromJsonOfGarbageReadsZeroAndNeverThrows) {
   EXPECT_EQ(u.progress.state, "running");
 }
 
+TEST(CheckRequestShapeTest, DepthValuesAndLengthAreBoundedBeforeParsing) {
+  // The biggest request there is: every path a {"bytes_hex": ...} object.
+  std::string biggest = R"({"op":"warm","wait":true,"paths":[)";
+  for (size_t i = 0; i < kMaxRequestPaths; ++i) {
+    biggest += std::string(i ? "," : "") + R"({"bytes_hex":"ff"})";
+  }
+  biggest += "]}";
+  EXPECT_TRUE(CheckRequestShape(biggest).ok());
+  EXPECT_TRUE(ParseControlRequest(biggest).ok());
+
+  const std::string deep(1000000, '[');
+  const Result<ControlRequest> r = ParseControlRequest(deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), EINVAL);
+  EXPECT_EQ(r.error().Message(), "the request nests deeper than 4 levels");
+  EXPECT_FALSE(CheckRequestShape(R"({"paths":[[[["a"]]]]})").ok());
+  EXPECT_TRUE(CheckRequestShape(R"({"paths":[[["a"]]]})").ok());  // the parser refuses it
+  // Brackets, commas and colons inside strings are text; an escaped quote does not end one.
+  EXPECT_TRUE(CheckRequestShape(R"({"op":"files","paths":["[[[[[[,:,:{{{{", "\"[[[[[["]})").ok());
+  EXPECT_FALSE(CheckRequestShape(R"({"op":"files","paths":["\\"[[[[[["]})").ok());
+
+  std::string wide = R"({"op":"files","paths":[)";
+  for (size_t i = 0; i < kMaxRequestTokens; ++i) wide += "0,";
+  wide += "0]}";
+  EXPECT_EQ(CheckRequestShape(wide).error().Message(),
+            "the request holds more than " + std::to_string(kMaxRequestTokens) + " values");
+  const std::string long_line = R"({"op":")" + std::string(kMaxRequestBytes, 'x') + R"("})";
+  EXPECT_EQ(ParseControlRequest(long_line).error().code(), EMSGSIZE);
+}
+
+TEST(MayTakeSlotTest, OthersShareTheUnreservedSlotsAFewEach) {
+  constexpr size_t kAll = ControlServer::kMaxConnections;
+  constexpr size_t kShared = kAll - ControlServer::kReservedConnections;
+  constexpr size_t kEach = ControlServer::kMaxConnectionsPerUid;
+  const uid_t owner = 1000;
+  struct Case {
+    uid_t uid;
+    size_t open, of_uid;
+    bool may;
+  };
+  const Case cases[] = {
+      {4713, 0, 0, true},
+      {4713, kEach, kEach - 1, true},
+      {4713, kEach, kEach, false},  // its own share is full
+      {4714, kShared - 1, 0, true},
+      {4714, kShared, 0, false},          // only the reserved slots are left
+      {0, kShared, 0, true},              // which root may take
+      {owner, kAll - 1, kAll - 1, true},  // as the daemon's user may
+      {0, kAll, 0, false},                // but not more than all
+      {owner, kAll, 5, false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(MayTakeSlot(c.uid, owner, c.open, c.of_uid), c.may)
+        << c.uid << " " << c.open << " " << c.of_uid;
+  }
+  static_assert(kShared >= kEach && ControlServer::kReservedConnections >= 2);
+}
+
+TEST(ControlIdleTimeoutTest, SecondsFromTheEnvironmentElseTheDefault) {
+  EXPECT_EQ(ControlIdleTimeout(nullptr), kDefaultControlIdleTimeout);
+  EXPECT_EQ(ControlIdleTimeout(""), kDefaultControlIdleTimeout);
+  EXPECT_EQ(ControlIdleTimeout("2.5"), std::chrono::milliseconds(2500));
+  EXPECT_EQ(ControlIdleTimeout("0"), std::chrono::milliseconds(0));
+  for (const char* bad : {"-1", "1e9", "ten", "5s", "nan"}) {
+    EXPECT_EQ(ControlIdleTimeout(bad), kDefaultControlIdleTimeout) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -2,6 +2,7 @@
 #include "fs/common/names.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 
 #include "fs/common/control_protocol.h"
+#include "fs/common/format.h"
 #include "fs/common/mountinfo.h"
 
 namespace accelfs {
@@ -94,12 +96,40 @@ Result<std::vector<MountPaths>> GroupByMount(const std::vector<AccelfsMount>& mo
   return groups;
 }
 
+namespace {
+
+// Why the socket at `path` is not the daemon's of `mount`, by what lstat says of it and of its
+// directory; empty when nothing is wrong or it does not exist (connect then says so).
+std::string UntrustedSocket(const std::string& path, const AccelfsMount& mount) {
+  const std::string dir = path.substr(0, path.rfind('/'));
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) == 0 &&
+      (!S_ISDIR(st.st_mode) || !TrustedControlOwner(st.st_uid, mount) || (st.st_mode & 022))) {
+    return "its directory " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+           ((st.st_mode & 022) ? " and others may write it" : "") +
+           (S_ISDIR(st.st_mode) ? "" : " and is not a directory");
+  }
+  if (lstat(path.c_str(), &st) == 0 &&
+      (!S_ISSOCK(st.st_mode) || !TrustedControlOwner(st.st_uid, mount))) {
+    return "it belongs to uid " + std::to_string(st.st_uid) +
+           (S_ISSOCK(st.st_mode) ? "" : " and is not a socket");
+  }
+  return "";
+}
+
+}  // namespace
+
 Result<ControlClient> ControlClient::Connect(const AccelfsMount& mount) {
   const std::vector<std::string> candidates = ControlSocketCandidates(
       mount.mountpoint, mount.uid, geteuid(), std::getenv("XDG_RUNTIME_DIR"));
   int first_error = ENOENT;
   std::string first_path = candidates.empty() ? "" : candidates.front();
+  std::string untrusted;  // the first socket refused, and why
   for (const auto& path : candidates) {
+    if (const std::string why = UntrustedSocket(path, mount); !why.empty()) {
+      if (untrusted.empty()) untrusted = path + ": " + why;
+      continue;
+    }
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       const int err = errno;
@@ -109,6 +139,17 @@ Result<ControlClient> ControlClient::Connect(const AccelfsMount& mount) {
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      // The file checked above may have been swapped since: the peer is what counts.
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+          !TrustedControlOwner(cred.uid, mount)) {
+        close(fd);
+        if (untrusted.empty()) {
+          untrusted = path + ": it is served by uid " + std::to_string(cred.uid);
+        }
+        continue;
+      }
       // A daemon that stops answering must not hang the tool.
       timeval timeout{30, 0};
       setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
@@ -121,6 +162,11 @@ Result<ControlClient> ControlClient::Connect(const AccelfsMount& mount) {
       first_error = err;
       first_path = path;
     }
+  }
+  if (!untrusted.empty()) {
+    return Error(EPERM, "refusing the control socket " + untrusted + ", not root or the owner of " +
+                            mount.mountpoint + " (uid " + std::to_string(mount.uid) +
+                            "): another user may have put it there");
   }
   const std::string where = "the accelfs daemon of " + mount.mountpoint;
   if (first_error == EACCES || first_error == EPERM) {
@@ -163,16 +209,20 @@ Status ControlClient::Send(const nlohmann::json& message) {
 Result<nlohmann::json> ControlClient::Receive() {
   char chunk[8192];
   for (;;) {
-    const size_t newline = buffer_.find('\n');
+    const size_t newline = buffer_.find('\n', scanned_);
     if (newline != std::string::npos) {
+      if (newline > kMaxReplyBytes) break;
       nlohmann::json j = nlohmann::json::parse(buffer_.substr(0, newline), nullptr,
                                                /*allow_exceptions=*/false);
       buffer_.erase(0, newline + 1);
+      scanned_ = 0;
       if (j.is_discarded() || !j.is_object()) {
         return Error(EPROTO, "the daemon sent a malformed reply");
       }
       return j;
     }
+    scanned_ = buffer_.size();
+    if (buffer_.size() > kMaxReplyBytes) break;
     const ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -184,6 +234,11 @@ Result<nlohmann::json> ControlClient::Receive() {
     }
     buffer_.append(chunk, static_cast<size_t>(n));
   }
+  // The rest of the line is not read: the connection is of no further use.
+  buffer_.clear();
+  buffer_.shrink_to_fit();
+  return Error(EMSGSIZE, "the daemon sent a reply longer than " + FormatBytes(kMaxReplyBytes) +
+                             ": refusing it");
 }
 
 Result<nlohmann::json> ControlClient::Call(const nlohmann::json& request) {

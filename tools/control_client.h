@@ -52,13 +52,29 @@ struct MountPaths {
 Result<std::vector<MountPaths>> GroupByMount(const std::vector<AccelfsMount>& mounts,
                                              const std::vector<std::string>& paths);
 
+// The longest reply line a client reads; a longer one is an error (EMSGSIZE), not an unbounded
+// buffer. The biggest reply is "files" of a whole tree, about 150 bytes a file: 64 MiB holds
+// some 400,000 files, beyond any model store seen.
+inline constexpr size_t kMaxReplyBytes = 64u << 20;
+
+// Whether a control socket may be trusted for `mount`: only root or the mount's owner (the
+// kernel's user_id= of the mount) may serve it; anyone else could have bound a socket at a path
+// the tools try (/tmp/accelfs-UID) before the daemon did. `owner`: of the socket (its file, its
+// directory, or the peer's SO_PEERCRED).
+inline bool TrustedControlOwner(uid_t owner, const AccelfsMount& mount) {
+  return owner == 0 || owner == mount.uid;
+}
+
 class ControlClient {
  public:
   // Connects to the daemon of `mount`. On failure, the errno of the connect (or socket) that
-  // failed, with one line (daemon not running, permission denied on the socket).
+  // failed, with one line (daemon not running, permission denied on the socket). A socket found
+  // where the daemon's would be but owned or served by someone else (TrustedControlOwner: its
+  // directory, its file by lstat, its peer by SO_PEERCRED) is never talked to: EPERM with one
+  // line naming it, when no trusted socket answers.
   static Result<ControlClient> Connect(const AccelfsMount& mount);
   ControlClient(ControlClient&& other) noexcept
-      : fd_(other.fd_), buffer_(std::move(other.buffer_)) {
+      : fd_(other.fd_), buffer_(std::move(other.buffer_)), scanned_(other.scanned_) {
     other.fd_ = -1;
   }
   ControlClient& operator=(ControlClient&&) = delete;
@@ -67,7 +83,8 @@ class ControlClient {
   // One message; send's errno with one line when the daemon closed the connection.
   Status Send(const nlohmann::json& message);
   // The next message. Errors, with one line: EPROTO when the daemon sent garbage, ETIMEDOUT when
-  // it did not answer in time, ECONNRESET (or recv's errno) when it closed.
+  // it did not answer in time, ECONNRESET (or recv's errno) when it closed, EMSGSIZE when the line
+  // is longer than kMaxReplyBytes.
   Result<nlohmann::json> Receive();
   // Send, then Receive; a refusal ({"ok": false}, ReplyStatus) becomes EREMOTEIO with its error.
   // The reply is read with its type's FromJson (fs/common/control_protocol.h).
@@ -80,6 +97,7 @@ class ControlClient {
   explicit ControlClient(int fd) : fd_(fd) {}
   int fd_ = -1;
   std::string buffer_;
+  size_t scanned_ = 0;  // bytes of buffer_ known to hold no newline
 };
 
 }  // namespace accelfs

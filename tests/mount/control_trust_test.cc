@@ -374,6 +374,36 @@ TEST_F(ControlTrustTest, IdleConnectionsCannotLockRootOutAndAreClosed) {
   EXPECT_TRUE(again.value("ok", false)) << again.dump();
 }
 
+// Item 5: a client that keeps its slot by sending a byte of a request now and then, never a whole
+// line, is as idle as one that sends nothing: closed after the idle timeout (3 s here).
+TEST_F(ControlTrustTest, ATrickledRequestIsIdleAllTheSame) {
+  setenv("ACCELFS_CONTROL_IDLE_TIMEOUT", "3", 1);
+  struct Unset {
+    ~Unset() { unsetenv("ACCELFS_CONTROL_IDLE_TIMEOUT"); }
+  } unset;
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--control-group", "nogroup"}));
+  unsetenv("ACCELFS_CONTROL_IDLE_TIMEOUT");
+  const std::string path = SocketPath();
+  const std::string ended = RunAs(kOther, kNogroup, [&](int out) {
+    const int fd = ConnectTo(path);
+    if (fd < 0) return WriteAll(out, "connect failed");
+    std::string text;
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+      if (send(fd, "{", 1, MSG_NOSIGNAL) != 1) break;
+      pollfd pfd{fd, POLLIN, 0};
+      if (poll(&pfd, 1, 500) <= 0) continue;
+      char buf[512];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return WriteAll(out, "closed: " + text);
+      text.append(buf, static_cast<size_t>(n));
+    }
+    WriteAll(out, "still open after 60 s: " + text);
+  });
+  EXPECT_TRUE(ended.starts_with("closed: ")) << ended;
+  EXPECT_NE(ended.find("no request for 3 s"), std::string::npos) << ended;
+}
+
 // Item 5: a request line of 1,000,000 '[' gets one error reply, the connection goes on, and the
 // daemon's peak memory grows by less than 32 MiB (parsed, such a line took hundreds).
 TEST_F(ControlTrustTest, ADeepRequestLineIsRefusedBeforeItIsParsed) {

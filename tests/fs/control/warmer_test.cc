@@ -162,17 +162,20 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
 class WarmerCacheTest : public WarmerTest {
  protected:
   // `resident`: WarmerOptions::resident.
+  // `open_root`: the warmer's RootOpener (called for each request and each file's turn); by
+  // default a copy of the root's descriptor.
   void MakeWarmer(uint64_t budget_blocks,
-                  std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr) {
-    cache_ = std::make_unique<BlockCache>(store_, reader_,
+                  std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr,
+                  Warmer::RootOpener open_root = nullptr, BackendReader* reader = nullptr) {
+    cache_ = std::make_unique<BlockCache>(store_, reader != nullptr ? *reader : reader_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
     WarmerOptions options;
     options.block_size = kBlock;
     options.max_in_flight = 4;
     options.no_room_timeout = std::chrono::seconds(2);
     options.resident = std::move(resident);
-    warmer_ = std::make_unique<Warmer>([this] { return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0); },
-                                       *cache_, std::move(options));
+    if (!open_root) open_root = [this] { return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0); };
+    warmer_ = std::make_unique<Warmer>(std::move(open_root), *cache_, std::move(options));
   }
   uint64_t Resident(const std::string& relative) {
     auto r = warmer_->Residency({relative});
@@ -308,6 +311,42 @@ TEST_F(WarmerCacheTest, TheSamePathsAttachToTheRunningJob) {
   ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
   EXPECT_EQ((*first)->Progress().state, "done");
   EXPECT_EQ(Resident("m"), 40 * kBlock);
+}
+
+// A FIFO renamed over a file between the request and the file's turn, as another user who may
+// write SOURCE can do (issue 49): the job fails naming the file, at once, and the next job runs.
+// Before, the turn's open of the FIFO held the warmer's thread until some writer came, and every
+// later job (a launch's readiness gate) waited behind it.
+TEST_F(WarmerCacheTest, AFifoRenamedOverAFileBeforeItsTurnFailsTheJobWithoutBlocking) {
+  Write("m/a", 3 * kBlock, 1);
+  Write("m/b", 2 * kBlock, 2);
+  const std::string fifo = root_ + "/m/fifo";
+  std::atomic<int> opens{0};
+  MakeWarmer(64, nullptr, [&] {
+    // 1: the request; 2: m/a's turn; 3: m/b's turn, which finds the FIFO.
+    if (++opens == 3) {
+      EXPECT_EQ(mkfifo(fifo.c_str(), 0666), 0);
+      EXPECT_EQ(rename(fifo.c_str(), (root_ + "/m/b").c_str()), 0);
+    }
+    return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0);
+  });
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  if (!(*job)->WaitFinished(std::chrono::seconds(10))) {
+    ADD_FAILURE() << "the warmer's thread is blocked in the FIFO's open";
+    const int writer = open((root_ + "/m/b").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(10)));
+    if (writer >= 0) close(writer);
+  }
+  const WarmProgress p = (*job)->Progress();
+  EXPECT_EQ(p.state, "failed");
+  EXPECT_NE(p.error.find("'m/b'"), std::string::npos) << p.error;
+  auto next = warmer_->Warm({"m/a"}, &attached);
+  ASSERT_TRUE(next.ok()) << next.error().Message();
+  ASSERT_TRUE((*next)->WaitFinished(std::chrono::seconds(10)));
+  EXPECT_EQ((*next)->Progress().state, "done") << (*next)->Progress().error;
+  EXPECT_EQ(Resident("m/a"), 3 * kBlock);
 }
 
 TEST_F(WarmerCacheTest, StopFailsQueuedAndRunningJobs) {

@@ -138,6 +138,7 @@ class BlockCache {
   CacheStats Stats() const;
   BlockStore& store() const { return store_; }
   uint32_t block_size() const { return options_.block_size; }
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
 
  private:
   struct Entry;

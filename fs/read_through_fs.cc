@@ -502,8 +502,13 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     int state = Handle::kNotWatched;
     if (pusher_ != nullptr &&
         handle->watch.compare_exchange_strong(state, Handle::kWatched, std::memory_order_relaxed) &&
+        // Not every block of a file larger than the cache (a sparse one claiming terabytes):
+        // only those fetched from now on.
         !pusher_->WatchFrom(identity, handle->ino, offset / block_size,
-                            BlockCount(identity.size, block_size), handle->push_epoch)) {
+                            PlansBlocks(identity.size, cache_.budget_bytes())
+                                ? BlockCount(identity.size, block_size)
+                                : 0,
+                            handle->push_epoch)) {
       handle->watch.store(Handle::kRefused, std::memory_order_relaxed);
     }
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <iterator>
+#include <unordered_set>
 
 #include "cache/guard.h"
 
@@ -179,6 +180,19 @@ uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
     if (it != map_.end()) count(*it->second);
   }
   return bytes;
+}
+
+std::vector<FileKey> BlockCache::CachedFiles() const {
+  std::unordered_set<FileKey, FileKeyHash> files;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, e] : map_) {
+      if ((e->state == State::kReady || e->state == State::kStored) && !e->zombie) {
+        files.insert(key.file);
+      }
+    }
+  }
+  return {files.begin(), files.end()};
 }
 
 bool BlockCache::HoldsOrFetches(const FileKey& file) const {

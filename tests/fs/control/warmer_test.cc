@@ -11,6 +11,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "cache/backend/pread_reader.h"
 #include "cache/ram_block_store.h"
+#include "tests/support/fake_backend.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -347,6 +349,56 @@ TEST_F(WarmerCacheTest, AFifoRenamedOverAFileBeforeItsTurnFailsTheJobWithoutBloc
   ASSERT_TRUE((*next)->WaitFinished(std::chrono::seconds(10)));
   EXPECT_EQ((*next)->Progress().state, "done") << (*next)->Progress().error;
   EXPECT_EQ(Resident("m/a"), 3 * kBlock);
+}
+
+// Evict and residency read nothing of the store's files, only their attributes (issue 49): an
+// operator empties the cache of a store that fails or hangs its reads. Before, each sampled the
+// file's first and last page through the backend: EIO from a failing store, and here, a store
+// whose every read waits, no answer at all.
+TEST_F(WarmerCacheTest, EvictAndResidencyNeverReadTheStore) {
+  Write("m/a", 5 * kBlock + 123, 1);
+  Write("m/b", 3 * kBlock, 2);
+  testing::FakeBackend store;
+  MakeWarmer(64, nullptr, nullptr, &store);
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
+  ASSERT_EQ((*job)->Progress().state, "done") << (*job)->Progress().error;
+  store.Hold();  // every read from now on waits
+  const uint64_t asked = store.submitted();
+  // Each call on a thread of its own, so that one that reads the store fails the test.
+  const auto within = [&store](auto call) {
+    auto answer = std::async(std::launch::async, call);
+    if (answer.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << "waits for the store";
+      store.ReleaseAll();
+    }
+    return answer.get();
+  };
+  const auto resident = [&](const std::string& path) {
+    return within([&] {
+      auto r = warmer_->Residency({path});
+      EXPECT_TRUE(r.ok()) << r.error().Message();
+      return r.ok() && r->size() == 1 ? std::make_pair((*r)[0].resident, (*r)[0].size)
+                                      : std::make_pair(uint64_t{0}, uint64_t{0});
+    });
+  };
+  const uint64_t a_size = 5 * kBlock + 123;
+  EXPECT_EQ(resident("m/a"), std::make_pair(a_size, a_size));
+  uint64_t files = 0;
+  Result<uint64_t> dropped = within([&] { return warmer_->Evict({"m/a"}, &files); });
+  ASSERT_TRUE(dropped.ok()) << dropped.error().Message();
+  EXPECT_EQ(*dropped, a_size);
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(resident("m/a"), std::make_pair(uint64_t{0}, a_size));
+  const uint64_t b_size = 3 * kBlock;
+  EXPECT_EQ(resident("m/b"), std::make_pair(b_size, b_size));
+  EXPECT_EQ(store.submitted(), asked) << "the store was asked for data";
+  store.ReleaseAll();
+  warmer_.reset();
+  store.Stop();
+  cache_.reset();  // before the store it reads from goes
 }
 
 TEST_F(WarmerCacheTest, StopFailsQueuedAndRunningJobs) {

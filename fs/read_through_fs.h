@@ -143,7 +143,7 @@ class KernelAttributes {
   virtual void Invalidate(uint64_t ino) = 0;
 };
 
-// Whoever the daemon acts for itself (tests, the shard opener): root, who passes every check.
+// The daemon acting for itself (and tests): root, whom no check refuses.
 inline const Caller kDaemonCaller{};
 
 class ReadThroughFs {

@@ -24,6 +24,12 @@ inline uint64_t BlockCount(uint64_t file_size, uint32_t block_size) {
   return (file_size + block_size - 1) / block_size;
 }
 
+// Whether anything is kept per block of a file of `size` bytes (a plan of its blocks, a queue of
+// them) in a cache of `budget_bytes`: only where it fits in the cache. Its st_size is the
+// file's word alone (a sparse file may claim terabytes it never stored): a larger file is read
+// through, as any file too big for the cache, and nothing is allocated per block of it.
+inline bool PlansBlocks(uint64_t size, uint64_t budget_bytes) { return size <= budget_bytes; }
+
 // Bytes of file data in block `index` (0 past EOF).
 inline uint32_t BlockBytes(uint64_t index, uint64_t file_size, uint32_t block_size) {
   const uint64_t start = index * block_size;

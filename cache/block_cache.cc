@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <iterator>
+#include <unordered_set>
 
 #include "cache/guard.h"
 
@@ -161,17 +163,41 @@ std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
 uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
   std::lock_guard lock(mu_);
   uint64_t bytes = 0;
-  for (uint64_t b = 0; b < BlockCount(file.size, options_.block_size); ++b) {
-    auto it = map_.find(BlockKey{file, b});
-    if (it != map_.end() && it->second->state == State::kReady && !it->second->zombie) {
-      bytes += it->second->expected;
+  const auto count = [&bytes](const Entry& e) {
+    if (e.state == State::kReady && !e.zombie) bytes += e.expected;
+  };
+  const uint64_t blocks = BlockCount(file.size, options_.block_size);
+  if (blocks > map_.size()) {
+    // More blocks than the cache holds (a sparse file claiming terabytes): the walk is bounded by
+    // what is cached, not by the file's size, while the lock is held.
+    for (const auto& [key, e] : map_) {
+      if (key.file == file) count(*e);
     }
+    return bytes;
+  }
+  for (uint64_t b = 0; b < blocks; ++b) {
+    auto it = map_.find(BlockKey{file, b});
+    if (it != map_.end()) count(*it->second);
   }
   return bytes;
 }
 
+std::vector<FileKey> BlockCache::CachedFiles() const {
+  std::unordered_set<FileKey, FileKeyHash> files;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, e] : map_) {
+      if ((e->state == State::kReady || e->state == State::kStored) && !e->zombie) {
+        files.insert(key.file);
+      }
+    }
+  }
+  return {files.begin(), files.end()};
+}
+
 bool BlockCache::HoldsOrFetches(const FileKey& file) const {
   std::lock_guard lock(mu_);
+  if (BlockCount(file.size, options_.block_size) > map_.size()) return false;  // as above
   for (uint64_t b = 0; b < BlockCount(file.size, options_.block_size); ++b) {
     auto it = map_.find(BlockKey{file, b});
     if (it == map_.end() || it->second->zombie) return false;
@@ -184,6 +210,7 @@ bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
   std::vector<Entry*> pinned;
   {
     std::lock_guard lock(mu_);
+    if (blocks > map_.size()) return false;  // cannot all be held: no walk of a sparse file's size
     for (uint64_t i = 0; i < blocks; ++i) {
       auto it = map_.find(BlockKey{file, i});
       if (it == map_.end() || it->second->state != State::kReady) return false;
@@ -209,12 +236,9 @@ void BlockCache::DropFile(const FileKey& file) {
   Freed freed;
   {
     std::lock_guard lock(mu_);
-    const uint64_t blocks = BlockCount(file.size, options_.block_size);
-    for (uint64_t i = 0; i < blocks; ++i) {
-      auto it = map_.find(BlockKey{file, i});
-      if (it == map_.end()) continue;
+    const auto drop = [&](decltype(map_)::iterator it) {
       Entry* e = it->second.get();
-      if (e->state != State::kReady && e->state != State::kStored) continue;
+      if (e->state != State::kReady && e->state != State::kStored) return std::next(it);
       lru_.erase(e->lru_pos);
       if (e->pins == 0) {
         freed.emplace_back(e->key, e->buffer);
@@ -223,7 +247,19 @@ void BlockCache::DropFile(const FileKey& file) {
         e->zombie = true;
         zombies_.push_back(std::move(it->second));
       }
-      map_.erase(it);
+      return map_.erase(it);
+    };
+    const uint64_t blocks = BlockCount(file.size, options_.block_size);
+    if (blocks > map_.size()) {
+      // As in ResidentBytes: bounded by what is cached, not by the file's size.
+      for (auto it = map_.begin(); it != map_.end();) {
+        it = it->first.file == file ? drop(it) : std::next(it);
+      }
+    } else {
+      for (uint64_t i = 0; i < blocks; ++i) {
+        auto it = map_.find(BlockKey{file, i});
+        if (it != map_.end()) drop(it);
+      }
     }
   }
   ReleaseAll(freed);

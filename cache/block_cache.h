@@ -89,6 +89,9 @@ class BlockCache {
 
   // Bytes of `file` ready in the cache (per-file residency). Walks the file's blocks: for stats.
   uint64_t ResidentBytes(const FileKey& file) const;
+  // Every file with a block ready or stored in the cache, each once. Walks the whole cache: for
+  // the operator's tools, which find a file's keys by its attributes without reading the store.
+  std::vector<FileKey> CachedFiles() const;
   // Whether every block of `file` is ready, stored, or queued or in flight already (a fetch that
   // will make it ready): nothing of it needs asking for.
   bool HoldsOrFetches(const FileKey& file) const;
@@ -138,6 +141,7 @@ class BlockCache {
   CacheStats Stats() const;
   BlockStore& store() const { return store_; }
   uint32_t block_size() const { return options_.block_size; }
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
 
  private:
   struct Entry;

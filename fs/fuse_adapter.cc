@@ -21,7 +21,7 @@
 
 namespace accelfs {
 
-struct FuseSession::Impl final : BackingRegistry, KernelCache {
+struct FuseSession::Impl final : BackingRegistry, KernelCache, KernelAttributes {
   Impl(ReadThroughFs& fs, SessionOptions options) : fs(fs), options(std::move(options)) {}
 
   bool Enabled() const override { return passthrough.load(std::memory_order_relaxed); }
@@ -56,6 +56,10 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache {
     if (rc < 0) return Error(-rc);
     return Status::Ok();
   }
+
+  // With a negative offset the kernel only drops the inode's attributes and takes no page or
+  // inode locks: safe inside any request, OPEN and LOOKUP included.
+  void Invalidate(uint64_t ino) override { fuse_lowlevel_notify_inval_inode(session, ino, -1, 0); }
 
   ReadThroughFs& fs;
   SessionOptions options;
@@ -185,6 +189,26 @@ void ReplyErr(fuse_req_t req, Error error) {
   fuse_reply_err(req, err);
 }
 
+// Who sent `req`, for the checks the core makes against SOURCE's attributes as they are now. Its
+// groups are read from /proc only when a check needs them, while `req` is being handled.
+Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  Caller caller;
+  caller.uid = ctx->uid;
+  caller.gid = ctx->gid;
+  caller.load_groups = [req] {
+    std::vector<gid_t> groups(32);
+    for (;;) {
+      const int n = fuse_req_getgroups(req, static_cast<int>(groups.size()), groups.data());
+      if (n < 0) return std::vector<gid_t>();  // the caller is gone: none, and no group rights
+      const bool fit = static_cast<size_t>(n) <= groups.size();
+      groups.resize(static_cast<size_t>(n));
+      if (fit) return groups;
+    }
+  };
+  return caller;
+}
+
 fuse_entry_param ToEntry(const FuseSession::Impl& ctx, const EntryOut& out) {
   fuse_entry_param e{};
   e.ino = out.ino;
@@ -219,7 +243,7 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
 
 void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   auto& ctx = Ctx(req);
-  Result<EntryOut> out = ctx.fs.Lookup(parent, name);
+  Result<EntryOut> out = ctx.fs.Lookup(parent, name, CallerOf(req));
   if (!out.ok()) return ReplyErr(req, out.error());
   const fuse_entry_param e = ToEntry(ctx, *out);
   fuse_reply_entry(req, &e);
@@ -278,7 +302,8 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
   // Answered now or, for a file filled before it is opened, from the thread that completed its
   // last block: libfuse's file info lives on this stack frame, so the answer works on a copy.
-  ctx.fs.Open(ino, fi->flags, [req, ino, &ctx, info = *fi](Result<OpenOut> out) mutable {
+  const Caller caller = CallerOf(req);
+  ctx.fs.Open(ino, fi->flags, caller, [req, ino, &ctx, info = *fi](Result<OpenOut> out) mutable {
     if (!out.ok()) return ReplyErr(req, out.error());
     info.fh = out->fh;
     info.keep_cache = out->keep_cache && out->backing_id == 0;
@@ -338,7 +363,7 @@ void OnRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void OnOpenDir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto& ctx = Ctx(req);
-  Result<uint64_t> dh = ctx.fs.OpenDir(ino);
+  Result<uint64_t> dh = ctx.fs.OpenDir(ino, CallerOf(req));
   if (!dh.ok()) return ReplyErr(req, dh.error());
   fi->fh = *dh;
   if (fuse_reply_open(req, fi) == -ENOENT) ctx.fs.ReleaseDir(*dh);
@@ -535,6 +560,7 @@ Status FuseSession::Mount() {
     return Error(EIO);
   }
   impl_->fs.EnablePassthrough(impl_.get());
+  impl_->fs.EnableAttributeRefresh(impl_.get());
   return Status::Ok();
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "cache/file_key.h"
+#include "fs/common/caller_access.h"
 
 namespace accelfs {
 
@@ -56,6 +57,11 @@ struct Inode {
   // check at open that the name still leads to it).
   std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)
   std::string name;               // GUARDED_BY(mu)
+  // The attributes permission checks read, as last given to the kernel (LOOKUP, GETATTR,
+  // READDIRPLUS): what its default_permissions checks against until attr_timeout. Meaningless
+  // until told_known.
+  AccessAttrs told;         // GUARDED_BY(mu)
+  bool told_known = false;  // GUARDED_BY(mu)
 };
 
 class InodeTable {

@@ -1,6 +1,7 @@
 // Directory handles of ReadThroughFs: a snapshot of the entries at opendir, listed from it.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,12 +13,19 @@
 
 namespace accelfs {
 
-Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino) {
+Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino, const Caller& caller) {
   const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto inode = Find(ino);
   if (!inode.ok()) return inode.error();
   const int fd = openat((*inode)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return StoreError(**inode, Error(errno));
+  struct stat st {};
+  if (fstat(fd, &st) == 0) {
+    if (Status s = CheckFresh(ino, **inode, st, caller, R_OK); !s.ok()) {
+      close(fd);
+      return s.error();
+    }
+  }
   DIR* dir = fdopendir(fd);
   if (dir == nullptr) {
     const int err = errno;
@@ -54,7 +62,7 @@ Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const Dir
       if (!emit(e, nullptr)) break;
       continue;
     }
-    Result<EntryOut> entry = Lookup(handle->ino, e.name);
+    Result<EntryOut> entry = LookupEntry(handle->ino, e.name);
     // An entry that vanished since opendir is still listed, without attributes.
     const EntryOut* out = entry.ok() ? &entry.value() : nullptr;
     if (!emit(e, out)) {

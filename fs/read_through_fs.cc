@@ -147,7 +147,39 @@ void ReadThroughFs::FollowSource() {
   inodes_.ReplaceRoot(dir->fd, dir->st);
 }
 
-Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
+Status ReadThroughFs::CheckFresh(uint64_t id, Inode& node, const struct stat& fresh,
+                                 const Caller& caller, int mask) {
+  const AccessAttrs now = AccessAttrsOf(fresh);
+  {
+    std::lock_guard lock(node.mu);
+    if (!node.told_known || node.told == now) return Status::Ok();  // the kernel checked these
+  }
+  if (kernel_attrs_ != nullptr) kernel_attrs_->Invalidate(id);
+  if (!MayAccess(now, caller, mask)) return Error(EACCES);
+  return Status::Ok();
+}
+
+void ReadThroughFs::NoteTold(Inode& node, const struct stat& st) {
+  std::lock_guard lock(node.mu);
+  node.told = AccessAttrsOf(st);
+  node.told_known = true;
+}
+
+Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name,
+                                       const Caller& caller) {
+  {
+    const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
+    auto dir = Find(parent);
+    if (!dir.ok()) return dir.error();
+    struct stat st {};
+    if (fstat((*dir)->fd, &st) == 0) {  // else the lookup itself says what is wrong
+      if (Status s = CheckFresh(parent, **dir, st, caller, X_OK); !s.ok()) return s.error();
+    }
+  }
+  return LookupEntry(parent, name);
+}
+
+Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view name) {
   const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   auto dir = Find(parent);
   if (!dir.ok()) return dir.error();
@@ -163,6 +195,7 @@ Result<EntryOut> ReadThroughFs::Lookup(uint64_t parent, std::string_view name) {
   }
   auto [ino, node] = inodes_.Lookup(fd, out.attr, (*dir)->generation);
   out.ino = ino;
+  NoteTold(*node, out.attr);
   if (S_ISREG(out.attr.st_mode)) {
     // The name last looked up: the one Open checks (a file of several names, a rename).
     std::lock_guard lock(node->mu);
@@ -184,12 +217,14 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
   if (auto [dir, name] = PlaceOf(**inode); dir) {
     if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         st.st_dev == (*inode)->dev && st.st_ino == (*inode)->ino) {
+      NoteTold(**inode, st);
       return st;
     }
   }
   if (fstatat((*inode)->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
     return StoreError(**inode, Error(errno));
   }
+  NoteTold(**inode, st);
   return st;
 }
 
@@ -272,7 +307,7 @@ Result<std::string> ReadThroughFs::ListXattr(uint64_t ino) {
   return names;
 }
 
-void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
+void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone done) {
   const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0) {
     return done(Error(EROFS));
@@ -300,6 +335,17 @@ void ReadThroughFs::Open(uint64_t ino, int flags, OpenDone done) {
   if (!file.ok()) return done(StoreError(**inode, file.error()));
   if (st.st_nlink == 0 || st.st_dev != (*inode)->dev || st.st_ino != (*inode)->ino) {
     return done(Error(ESTALE));
+  }
+  if (Status s = CheckFresh(ino, **inode, st, caller, R_OK); !s.ok()) return done(s.error());
+  if (auto [dir, name] = PlaceOf(**inode); dir) {
+    // Its directory too: a chmod 700 of a model's directory takes it from the others at once.
+    struct stat dir_st {};
+    const uint64_t dir_id = inodes_.FindBacking(dir->dev, dir->ino).first;
+    if (dir_id != 0 && fstat(dir->fd, &dir_st) == 0) {
+      if (Status s = CheckFresh(dir_id, *dir, dir_st, caller, X_OK); !s.ok()) {
+        return done(s.error());
+      }
+    }
   }
   auto handle = std::make_unique<Handle>();
   handle->file = std::move(file.value());
@@ -509,8 +555,13 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     int state = Handle::kNotWatched;
     if (pusher_ != nullptr &&
         handle->watch.compare_exchange_strong(state, Handle::kWatched, std::memory_order_relaxed) &&
+        // Not every block of a file larger than the cache (a sparse one claiming terabytes):
+        // only those fetched from now on.
         !pusher_->WatchFrom(identity, handle->ino, offset / block_size,
-                            BlockCount(identity.size, block_size), handle->push_epoch)) {
+                            PlansBlocks(identity.size, cache_.budget_bytes())
+                                ? BlockCount(identity.size, block_size)
+                                : 0,
+                            handle->push_epoch)) {
       handle->watch.store(Handle::kRefused, std::memory_order_relaxed);
     }
   }

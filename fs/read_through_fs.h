@@ -21,6 +21,7 @@
 #include "cache/block_cache.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
+#include "fs/common/caller_access.h"
 #include "fs/calls_in_progress.h"
 #include "fs/inode_table.h"
 #include "fs/page_pusher.h"
@@ -135,6 +136,17 @@ class BackingRegistry {
   virtual void Close(int backing_id) = 0;
 };
 
+// Drops the attributes the kernel holds of an inode, so that its next permission check asks for
+// them again (GETATTR). Implemented by the FUSE adapter; safe inside any request.
+class KernelAttributes {
+ public:
+  virtual ~KernelAttributes() = default;
+  virtual void Invalidate(uint64_t ino) = 0;
+};
+
+// The daemon acting for itself (and tests): root, whom no check refuses.
+inline const Caller kDaemonCaller = Caller::Root();
+
 class ReadThroughFs {
  public:
   // Takes ownership of root_fd (an O_PATH descriptor of SOURCE). REQUIRES: cache and prefetcher
@@ -151,7 +163,15 @@ class ReadThroughFs {
   // mounted again under the daemon), or -1 with errno set.
   int OpenRoot();
 
-  Result<EntryOut> Lookup(uint64_t parent, std::string_view name);
+  // Permissions taken away in SOURCE (a chmod or chown) are seen before the kernel's attributes
+  // expire: where `caller`'s request meets a directory or file whose mode, uid or gid differ from
+  // what the kernel was last told (Inode::told), the kernel's attributes of it are dropped
+  // (EnableAttributeRefresh) and the caller is checked against the attributes SOURCE has now
+  // (EACCES): Lookup checks the directory searched, OpenDir the directory, Open the file and its
+  // directory. Where nothing changed the kernel's own check stands. Permissions granted are seen
+  // once the kernel's attributes expire (the kernel refuses before asking).
+  Result<EntryOut> Lookup(uint64_t parent, std::string_view name,
+                          const Caller& caller = kDaemonCaller);
   void Forget(uint64_t ino, uint64_t nlookup);
   Result<struct stat> GetAttr(uint64_t ino);
   Result<std::string> ReadLink(uint64_t ino);
@@ -164,6 +184,9 @@ class ReadThroughFs {
   // `registry` is enabled and no cached-mode handle of the inode is open. REQUIRES: registry
   // outlives this; called before the first Open.
   void EnablePassthrough(BackingRegistry* registry) { registry_ = registry; }
+  // From now on, changed permission attributes are dropped from the kernel (see Lookup).
+  // REQUIRES: kernel outlives this; called before the first request.
+  void EnableAttributeRefresh(KernelAttributes* kernel) { kernel_attrs_ = kernel; }
   // Opens in cached mode of files whose pages the kernel holds none of are then direct (see
   // kPageCacheReadMax). REQUIRES: the kernel maps direct handles (FUSE_DIRECT_IO_ALLOW_MMAP).
   void EnableDirectReads() { direct_reads_.store(true, std::memory_order_relaxed); }
@@ -187,12 +210,16 @@ class ReadThroughFs {
   // Answers through `done`: at once, or (fill on open, see FsOptions) once the file is cached,
   // on the thread that completed its last block. Never blocks on the backend.
   using OpenDone = std::function<void(Result<OpenOut>)>;
-  void Open(uint64_t ino, int flags, OpenDone done);
+  void Open(uint64_t ino, int flags, const Caller& caller, OpenDone done);
+  // As the daemon itself (root, whom no check refuses).
+  void Open(uint64_t ino, int flags, OpenDone done) {
+    Open(ino, flags, kDaemonCaller, std::move(done));
+  }
   // Answers through `done`; never blocks on the backend.
   void Read(uint64_t fh, uint64_t offset, size_t size, ReadDone done);
   void Release(uint64_t fh);
 
-  Result<uint64_t> OpenDir(uint64_t ino);
+  Result<uint64_t> OpenDir(uint64_t ino, const Caller& caller = kDaemonCaller);
   // Emits entries from `offset` on until one does not fit. With `plus`, each emitted entry other
   // than "." and ".." counts one lookup.
   Status ReadDir(uint64_t dh, uint64_t offset, bool plus, const DirEmit& emit);
@@ -215,6 +242,14 @@ class ReadThroughFs {
   struct Fill;
 
   Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
+  // LOOKUP without a permission check (READDIRPLUS: OpenDir checked the directory).
+  Result<EntryOut> LookupEntry(uint64_t parent, std::string_view name);
+  // Remembers the attributes given to the kernel for `node` (Inode::told).
+  static void NoteTold(Inode& node, const struct stat& st);
+  // Where `fresh` (SOURCE's attributes of inode `id`, `node`, now) differ from what the kernel
+  // was told: drops the kernel's, and EACCES unless `caller` may access them for `mask`.
+  Status CheckFresh(uint64_t id, Inode& node, const struct stat& fresh, const Caller& caller,
+                    int mask);
   // The answer to `error`, an error of SOURCE's filesystem on `node`. A store whose client has died
   // answers ENOTCONN (and some EIO, ENODEV or ESTALE) for good; once it is mounted again at
   // SOURCE (the old mount lazily unmounted) the root follows the path (FollowSource), and an
@@ -256,6 +291,7 @@ class ReadThroughFs {
   Prefetcher* const prefetcher_;
   std::unique_ptr<ShardOpener> shard_opener_;  // with a prefetcher
   BackingRegistry* registry_ = nullptr;
+  KernelAttributes* kernel_attrs_ = nullptr;
   std::atomic<bool> direct_reads_{false};
   PagePusher* pusher_ = nullptr;
   std::atomic<size_t> open_files_{0};

@@ -100,6 +100,12 @@ std::vector<uint32_t> Prefetcher::OrderOf(const FileKey& file) const {
 bool Prefetcher::LearnOrder(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
                             bool speculative) {
   if (!options_.tensor_order) return true;
+  // A file larger than the cache (a sparse one, say, with a valid header) streams front to back:
+  // its header is not even read for a plan of its blocks.
+  if (!PlansBlocks(file.size, cache_.budget_bytes())) {
+    if (options_.debug_log) options_.debug_log("larger than the cache: streaming front to back");
+    return true;
+  }
   const uint32_t expected = BlockBytes(0, file.size, options_.block_size);
   const auto apply = [this, file, backing, expected] {
     cache_.Get(BlockKey{file, 0}, expected, backing, [this, file](Result<BlockCache::Ref> block) {
@@ -139,7 +145,7 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
     return;
   }
   std::vector<uint32_t> order =
-      SafetensorsBlockOrder(layout.value(), file.size, options_.block_size);
+      SafetensorsBlockOrder(layout.value(), file.size, options_.block_size, cache_.budget_bytes());
   bool identity = true;
   for (size_t i = 0; i < order.size() && identity; ++i) identity = order[i] == i;
   if (identity || order.empty()) return;

@@ -194,8 +194,9 @@ Result<SafetensorsLayout> ParseSafetensorsHeader(std::span<const std::byte> head
 }
 
 std::vector<uint32_t> SafetensorsBlockOrder(const SafetensorsLayout& layout, uint64_t file_size,
-                                            uint32_t block_size) {
+                                            uint32_t block_size, uint64_t budget_bytes) {
   std::vector<uint32_t> order;
+  if (!PlansBlocks(file_size, budget_bytes)) return order;
   // BlockCount would wrap for a size within a block of 2^64 (no st_size is, but a caller could).
   if (block_size == 0 || file_size > std::numeric_limits<uint64_t>::max() - block_size)
     return order;

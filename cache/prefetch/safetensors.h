@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "cache/block.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -61,9 +62,10 @@ Result<SafetensorsLayout> ParseSafetensorsHeader(std::span<const std::byte> head
 // [0, data_begin) first, then each tensor's blocks in tensor order, each block listed once (its
 // first touch counts), then every block not yet listed, ascending. Always a permutation of
 // 0 .. BlockCount(file_size, block_size) - 1. Extents past file_size are clipped.
-// Time and memory are linear in blocks plus tensors, however the tensors overlap.
+// Time and memory are linear in blocks plus tensors, however the tensors overlap; nothing is
+// allocated for a file the cache's `budget_bytes` cannot hold (PlansBlocks: the result is empty).
 // REQUIRES: block_size > 0 and BlockCount(file_size, block_size) < 2^32 (else the result is empty).
 std::vector<uint32_t> SafetensorsBlockOrder(const SafetensorsLayout& layout, uint64_t file_size,
-                                            uint32_t block_size);
+                                            uint32_t block_size, uint64_t budget_bytes);
 
 }  // namespace accelfs

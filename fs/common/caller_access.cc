@@ -3,28 +3,48 @@
 #include <algorithm>
 
 namespace accelfs {
+namespace {
+
+// Whether a class's rwx `bits` (0..7) grant every one of `mask`'s.
+bool ClassAllows(mode_t bits, int mask) {
+  return (static_cast<int>(bits) & mask & (R_OK | W_OK | X_OK)) == (mask & (R_OK | W_OK | X_OK));
+}
+
+bool RootAllows(const AccessAttrs& attrs, int mask) {
+  if ((mask & X_OK) == 0 || S_ISDIR(attrs.mode)) return true;
+  return (attrs.mode & (S_IXUSR | S_IXGRP | S_IXOTH)) != 0;
+}
+
+}  // namespace
 
 std::string Caller::RightsKey() const {
-  std::vector<gid_t> sorted = groups;
+  std::vector<gid_t> sorted = load_groups ? load_groups() : groups;
   std::sort(sorted.begin(), sorted.end());
   std::string key = std::to_string(uid) + ":" + std::to_string(gid);
   for (gid_t g : sorted) key += "," + std::to_string(g);
   return key;
 }
 
-bool MayAccess(const struct stat& st, const Caller& caller, int want) {
-  if (caller.unrestricted()) return true;
-  // The class is chosen first and only its bits count: an owner without the owner's bits is
-  // refused even where the group's or the others' bits would allow (as the kernel does).
-  int shift = 0;  // the others' bits
-  if (st.st_uid == caller.uid) {
-    shift = 6;
-  } else if (st.st_gid == caller.gid || std::find(caller.groups.begin(), caller.groups.end(),
-                                                  st.st_gid) != caller.groups.end()) {
-    shift = 3;
+bool ModeAllows(const AccessAttrs& attrs, uid_t uid, gid_t gid, std::span<const gid_t> groups,
+                int mask) {
+  if (uid == 0) return RootAllows(attrs, mask);
+  if (uid == attrs.uid) return ClassAllows((attrs.mode >> 6) & 7, mask);
+  if (gid == attrs.gid || std::find(groups.begin(), groups.end(), attrs.gid) != groups.end()) {
+    return ClassAllows((attrs.mode >> 3) & 7, mask);
   }
-  const int granted = static_cast<int>((st.st_mode >> shift) & 7);
-  return (granted & want) == want;
+  return ClassAllows(attrs.mode & 7, mask);
+}
+
+bool MayAccess(const AccessAttrs& attrs, const Caller& caller, int mask) {
+  if (!caller.load_groups) return ModeAllows(attrs, caller.uid, caller.gid, caller.groups, mask);
+  // The groups matter only to a caller who neither is root nor owns the file nor has its group
+  // as the primary one, and only where the group's bits say otherwise than the others'.
+  const bool groups_decide =
+      caller.uid != 0 && caller.uid != attrs.uid && caller.gid != attrs.gid &&
+      ClassAllows((attrs.mode >> 3) & 7, mask) != ClassAllows(attrs.mode & 7, mask);
+  if (!groups_decide) return ModeAllows(attrs, caller.uid, caller.gid, {}, mask);
+  const std::vector<gid_t> groups = caller.load_groups();
+  return ModeAllows(attrs, caller.uid, caller.gid, groups, mask);
 }
 
 }  // namespace accelfs

@@ -67,6 +67,29 @@ Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
   return std::move(file->backing);
 }
 
+// The keys of `cached` (BlockCache::CachedFiles) that the file of attributes `st` may be cached
+// under: its size, mtime and ctime. Its content samples are not compared: they would be a read of
+// the store, which evict and residency never make (an operator empties the cache of a failing
+// store). Two versions of a file that agree on all three (a store without ctimes of its own) both
+// match.
+std::vector<FileKey> CachedAs(const std::vector<FileKey>& cached, const struct stat& st) {
+  const FileKey attrs = FileKeyFromStat(st, /*fingerprint=*/0);
+  std::vector<FileKey> out;
+  for (const FileKey& key : cached) {
+    if (key.size == attrs.size && key.mtime_ns == attrs.mtime_ns &&
+        key.ctime_ns == attrs.ctime_ns) {
+      out.push_back(key);
+    }
+  }
+  return out;
+}
+
+// The attributes of a file found below SOURCE as the store holds them now (metadata only).
+struct stat StatNow(const FoundFile& file) {
+  struct stat st {};
+  return FreshStat(file.fd, &st) == 0 ? st : file.st;
+}
+
 // SOURCE's directory for one request or one file's turn (Warmer::RootOpener), closed at its end.
 class Root {
  public:
@@ -196,14 +219,13 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths, caller);
   if (!found.ok()) return found.error();
   uint64_t dropped = 0;
+  const std::vector<FileKey> cached = cache_.CachedFiles();
   for (const FoundFile& f : *found) {
-    Result<IdentifiedFile> identified =
-        OpenIdentified(root.fd(), cache_, f.path, options_.buffered_reads);
-    if (!identified.ok()) return identified.error();
-    const FileKey key = identified->key;
-    const uint64_t before = cache_.ResidentBytes(key);
-    cache_.DropFile(key);  // keeps a file mapped by a reader
-    dropped += before - std::min(before, cache_.ResidentBytes(key));
+    for (const FileKey& key : CachedAs(cached, StatNow(f))) {
+      const uint64_t before = cache_.ResidentBytes(key);
+      cache_.DropFile(key);  // keeps a file mapped by a reader
+      dropped += before - std::min(before, cache_.ResidentBytes(key));
+    }
   }
   *files = found->size();
   return dropped;
@@ -216,12 +238,14 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
   Result<std::vector<FoundFile>> found = CollectFiles(root.fd(), paths, caller);
   if (!found.ok()) return found.error();
   std::vector<FileResidency> out;
+  const std::vector<FileKey> cached = cache_.CachedFiles();
   for (const FoundFile& f : *found) {
-    Result<IdentifiedFile> identified =
-        OpenIdentified(root.fd(), cache_, f.path, options_.buffered_reads);
-    if (!identified.ok()) return identified.error();
-    const FileKey key = identified->key;
-    out.push_back({f.path, key.size, cache_.ResidentBytes(key)});
+    const struct stat st = StatNow(f);
+    uint64_t resident = 0;  // of the versions that match, the one most cached
+    for (const FileKey& key : CachedAs(cached, st)) {
+      resident = std::max(resident, cache_.ResidentBytes(key));
+    }
+    out.push_back({f.path, static_cast<uint64_t>(st.st_size), resident});
   }
   return out;
 }

@@ -112,6 +112,9 @@ class Warmer {
                                         const Caller& caller = Caller::Root());
   // Drops the files' blocks from the cache. Returns the bytes that were resident; `files` gets
   // how many files there were. Errors as CollectFiles.
+  // Evict and Residency read no file data of the store, only its metadata: a file's blocks are
+  // those of every cached key with its size, mtime and ctime, so a store that fails or hangs its
+  // reads can still be emptied from the cache.
   Result<uint64_t> Evict(const std::vector<std::string>& paths, uint64_t* files,
                          const Caller& caller = Caller::Root());
   // Errors as CollectFiles.

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -469,6 +470,12 @@ void Daemon::ReportStarted(const std::string& readahead) const {
         "files than that gets EMFILE; raise it (LimitNOFILE= in a unit, ulimit -Hn, docker "
         "--ulimit nofile=)",
         open_file_limit_);
+  }
+  if (std::find(config_.fuse_options.begin(), config_.fuse_options.end(), "allow_other") !=
+      config_.fuse_options.end()) {
+    spdlog::info(
+        "allow_other: other users' access is checked against SOURCE's mode bits (a chmod or chown "
+        "seen at their next open); POSIX ACLs of SOURCE are not enforced through the mount");
   }
   if (session_->passthrough()) {
     spdlog::info(

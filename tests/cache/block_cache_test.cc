@@ -512,6 +512,24 @@ TEST_F(BlockCacheTest, PinningAFileWholeCountsAsReadingIt) {
   ExpectWithinBudget();
 }
 
+// A file whose size claims far more blocks than the cache holds (a sparse one: issue 49): its
+// residency, eviction and pinning walk what is cached, not every block its size names, while the
+// cache's lock is held. Before, each walked 2^44 blocks here, for ever.
+TEST_F(BlockCacheTest, AFileClaimingMoreBlocksThanTheCacheHoldsIsNotWalkedBlockByBlock) {
+  MakeCache(8);
+  TestFile& file = AddFile("sparse", 2 * kBlock, 18);
+  file.key.size = uint64_t{1} << 60;  // its first two blocks are real
+  GetChecked(file, 0);
+  GetChecked(file, 1);
+  EXPECT_EQ(cache_->ResidentBytes(file.key), 2 * kBlock);
+  EXPECT_FALSE(cache_->HoldsOrFetches(file.key));
+  std::vector<BlockCache::Ref> refs;
+  EXPECT_FALSE(cache_->PinFile(file.key, &refs));
+  cache_->DropFile(file.key);
+  EXPECT_EQ(cache_->ResidentBytes(file.key), 0u);
+  EXPECT_EQ(cache_->Stats().used_bytes, 0u);
+}
+
 TEST_F(BlockCacheTest, PrefetchNeverTakesRoomADemandReadWaitsFor) {
   MakeCache(4);
   const TestFile& f = AddFile("a", 10 * kBlock, 16);

@@ -1,7 +1,8 @@
 // libFuzzer harness: a safetensors file's first bytes (cache/prefetch/safetensors.h). The input is
 // the head of a file; the file is taken to be exactly the input, 1 GiB longer, and as long as a
 // file can be, so the header's checks against the file size are reached from every side. Each
-// layout parsed goes into the block order, whose result must be a permutation of the blocks.
+// layout parsed goes into the block order, whose result must be a permutation of the blocks, or
+// nothing for a file larger than the cache budget.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,9 @@ constexpr uint32_t kBlockSize = 1u << 20;
 constexpr uint64_t kLonger = uint64_t{1} << 30;
 // The largest st_size: the block order must decline it (2^43 blocks) without allocating.
 constexpr uint64_t kLargestFile = std::numeric_limits<int64_t>::max();
+// The cache budget: the input itself is planned, a file 1 GiB longer is larger than the cache
+// (no plan, nothing allocated).
+constexpr uint64_t kBudget = kLonger / 2;
 
 void Check(bool condition) {
   if (!condition) std::abort();
@@ -40,7 +44,12 @@ void FuzzOneSize(std::span<const std::byte> head, uint64_t file_size) {
   }
   Check(layout->data_end == data_end);
 
-  const std::vector<uint32_t> order = SafetensorsBlockOrder(layout.value(), file_size, kBlockSize);
+  const std::vector<uint32_t> order =
+      SafetensorsBlockOrder(layout.value(), file_size, kBlockSize, kBudget);
+  if (!PlansBlocks(file_size, kBudget)) {
+    Check(order.empty());
+    return;
+  }
   const uint64_t blocks = BlockCount(file_size, kBlockSize);
   if (blocks >= std::numeric_limits<uint32_t>::max()) {
     Check(order.empty());

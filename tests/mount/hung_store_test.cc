@@ -489,6 +489,35 @@ TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
   EXPECT_EQ(other.exit_code, 0) << other.err;
 }
 
+// An operator empties the cache of a store that fails its reads (issue 49): evict and the
+// residency query read the store's metadata only. Before, each sampled the file's first and last
+// page from the store, so `accelfs-warm --evict` failed with EIO and the blocks stayed.
+TEST_F(HungStoreTest, EvictAndResidencyWorkWhileTheStoreFailsReads) {
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({}));
+  const std::string shard = M("model-00001-of-00002.safetensors");
+  const CommandResult warm = RunCommand({TestBinary(ACCELFS_WARM), shard}, 60s);
+  ASSERT_EQ(warm.exit_code, 0) << warm.out << warm.err;
+  const auto resident = [&] {
+    const CommandResult r = RunCommand({TestBinary(ACCELFS_STAT), "files", shard, "--json"}, 20s);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j.is_discarded() ? ~uint64_t{0} : j.value("resident", ~uint64_t{0});
+  };
+  EXPECT_EQ(resident(), kShard);
+  SetFaults("fail 00001-of 5\n");  // EIO for every read of it
+  const CommandResult evict = RunCommand({TestBinary(ACCELFS_WARM), "--evict", shard}, 20s);
+  EXPECT_FALSE(evict.timed_out);
+  EXPECT_EQ(evict.exit_code, 0) << evict.out << evict.err;
+  EXPECT_EQ(resident(), 0u);
+  // The store's failure is the reader's news, not the cache's: a read now fails.
+  EXPECT_NE(ReadAndCheck(shard, 1, kShard).err, 0);
+  SetFaults("");
+  const ReadOutcome again = ReadAndCheck(shard, 1, kShard);
+  EXPECT_EQ(again.err, 0) << std::strerror(again.err);
+  EXPECT_FALSE(again.wrong);
+}
+
 // The whole store stops answering (an NFS server gone; NET stopped with SIGSTOP), with one file
 // open and cached: every LOOKUP and OPEN that reaches the store now blocks the daemon thread that
 // serves it, 40 of them here, each for another name. Reads of the open file go on from the cache

@@ -317,6 +317,9 @@ TEST(ParseSafetensorsHeaderTest, DeepNestingElsewhereIsRefusedAtOnce) {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsBlockOrder
 
+// A cache budget no file exceeds: the order's own rules alone.
+constexpr uint64_t kNoBudgetLimit = std::numeric_limits<uint64_t>::max();
+
 struct OrderCase {
   const char* name;
   SafetensorsLayout layout;  // data_end is not used by the order
@@ -328,7 +331,7 @@ class SafetensorsBlockOrderTest : public ::testing::TestWithParam<OrderCase> {};
 
 TEST_P(SafetensorsBlockOrderTest, ListsBlocksAsALoaderTouchesThem) {
   const OrderCase& c = GetParam();
-  EXPECT_EQ(SafetensorsBlockOrder(c.layout, c.file_size, 16), c.want);
+  EXPECT_EQ(SafetensorsBlockOrder(c.layout, c.file_size, 16, kNoBudgetLimit), c.want);
 }
 
 // clang-format off
@@ -355,16 +358,57 @@ INSTANTIATE_TEST_SUITE_P(
 // clang-format on
 
 TEST(SafetensorsBlockOrderTest, ZeroBlockSizeGivesNothing) {
-  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, 16, 0).empty());
+  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, 16, 0, kNoBudgetLimit).empty());
 }
 
 // A size within a block of 2^64 made BlockCount wrap and the order write past its table (found
 // by reading around the fuzzer; no st_size is that large, but the function takes any size).
 TEST(SafetensorsBlockOrderTest, ASizeNear2To64GivesNothing) {
   const uint64_t max = std::numeric_limits<uint64_t>::max();
-  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, max, 1 << 20).empty());
-  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, max - 5, 1 << 20).empty());
+  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, max, 1 << 20, max).empty());
+  EXPECT_TRUE(SafetensorsBlockOrder({8, 16, {{8, 16}}}, max - 5, 1 << 20, max).empty());
 }
+
+// A file's size is checked against the cache budget before anything is allocated for its blocks:
+// a sparse file with a valid header claiming 8 TiB made the order (and the stream's ranks) take
+// 8 bytes per block, +1,042 MiB at 64 KiB blocks, in a daemon whose cache was 512 MiB.
+struct BudgetCase {
+  const char* name;
+  uint64_t file_size;
+  uint32_t block_size;
+  uint64_t budget;
+  bool planned;
+};
+
+class SafetensorsBudgetTest : public ::testing::TestWithParam<BudgetCase> {};
+
+TEST_P(SafetensorsBudgetTest, OnlyAFileThatFitsInTheCacheGetsAPlan) {
+  const BudgetCase& c = GetParam();
+  EXPECT_EQ(PlansBlocks(c.file_size, c.budget), c.planned);
+  const SafetensorsLayout layout{8, 16, {{8, 16}}};
+  const std::vector<uint32_t> order =
+      SafetensorsBlockOrder(layout, c.file_size, c.block_size, c.budget);
+  EXPECT_EQ(order.size(), c.planned ? BlockCount(c.file_size, c.block_size) : 0u);
+}
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kTiB = uint64_t{1} << 40;
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(
+    Table, SafetensorsBudgetTest,
+    ::testing::Values(
+        // file_size, block_size, budget | planned
+        BudgetCase{"SmallFile", 16 * kMiB, 64 << 10, 512 * kMiB, true},
+        BudgetCase{"ExactlyTheBudget", 512 * kMiB, 64 << 10, 512 * kMiB, true},
+        BudgetCase{"OneByteOver", 512 * kMiB + 1, 64 << 10, 512 * kMiB, false},
+        BudgetCase{"SparseEightTiB", 8 * kTiB, 64 << 10, 512 * kMiB, false},
+        BudgetCase{"SparseEightTiBInABigCache", 8 * kTiB, 4 << 20, 64ull << 30, false},
+        BudgetCase{"LargestStSize", uint64_t{std::numeric_limits<int64_t>::max()}, 64 << 10,
+                   512 * kMiB, false},
+        BudgetCase{"EmptyFile", 0, 64 << 10, 512 * kMiB, true},
+        BudgetCase{"NoBudget", 16, 16, 0, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+// clang-format on
 
 TEST(SafetensorsBlockOrderTest, FromAParsedHeader) {
   // The header padded to 8 + 120 = 128 bytes: blocks 0..7. Then "b" at [128, 160): blocks 8 and 9,
@@ -376,7 +420,7 @@ TEST(SafetensorsBlockOrderTest, FromAParsedHeader) {
   const Result<SafetensorsLayout> layout = ParseSafetensorsHeader(head, 128 + 48);
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(layout->data_begin, 128u);
-  EXPECT_EQ(SafetensorsBlockOrder(layout.value(), 128 + 48, 16),
+  EXPECT_EQ(SafetensorsBlockOrder(layout.value(), 128 + 48, 16, kNoBudgetLimit),
             (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 10, 8, 9}));
 }
 
@@ -417,7 +461,8 @@ void LayoutsMatchTheReference(uint64_t seed, uint64_t count = 500) {
       const uint64_t end = begin + below(file_size - begin + 20) / (1 + below(4));
       layout.tensors.push_back({begin, end});
     }
-    const std::vector<uint32_t> order = SafetensorsBlockOrder(layout, file_size, block_size);
+    const std::vector<uint32_t> order =
+        SafetensorsBlockOrder(layout, file_size, block_size, kNoBudgetLimit);
     ASSERT_EQ(order, ReferenceOrder(layout, file_size, block_size))
         << "layout seed " << layout_seed;
     std::vector<uint32_t> sorted = order;
@@ -445,7 +490,8 @@ TEST(SafetensorsBlockOrderTest, ManyOverlappingTensorsStayLinear) {
   constexpr uint64_t kBlocks = 100'000;
   SafetensorsLayout layout{16, 16 * kBlocks, {}};
   layout.tensors.assign(100'000, TensorExtent{16, 16 * kBlocks});
-  const std::vector<uint32_t> order = SafetensorsBlockOrder(layout, 16 * kBlocks, 16);
+  const std::vector<uint32_t> order =
+      SafetensorsBlockOrder(layout, 16 * kBlocks, 16, kNoBudgetLimit);
   ASSERT_EQ(order.size(), kBlocks);
   for (uint32_t b = 0; b < kBlocks; ++b) ASSERT_EQ(order[b], b);
 }

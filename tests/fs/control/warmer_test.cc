@@ -11,6 +11,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "cache/backend/pread_reader.h"
 #include "cache/ram_block_store.h"
+#include "tests/support/fake_backend.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {
@@ -162,17 +164,20 @@ TEST_F(WarmerTest, CollectErrorsNameThePath) {
 class WarmerCacheTest : public WarmerTest {
  protected:
   // `resident`: WarmerOptions::resident.
+  // `open_root`: the warmer's RootOpener (called for each request and each file's turn); by
+  // default a copy of the root's descriptor.
   void MakeWarmer(uint64_t budget_blocks,
-                  std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr) {
-    cache_ = std::make_unique<BlockCache>(store_, reader_,
+                  std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr,
+                  Warmer::RootOpener open_root = nullptr, BackendReader* reader = nullptr) {
+    cache_ = std::make_unique<BlockCache>(store_, reader != nullptr ? *reader : reader_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
     WarmerOptions options;
     options.block_size = kBlock;
     options.max_in_flight = 4;
     options.no_room_timeout = std::chrono::seconds(2);
     options.resident = std::move(resident);
-    warmer_ = std::make_unique<Warmer>([this] { return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0); },
-                                       *cache_, std::move(options));
+    if (!open_root) open_root = [this] { return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0); };
+    warmer_ = std::make_unique<Warmer>(std::move(open_root), *cache_, std::move(options));
   }
   uint64_t Resident(const std::string& relative) {
     auto r = warmer_->Residency({relative});
@@ -308,6 +313,92 @@ TEST_F(WarmerCacheTest, TheSamePathsAttachToTheRunningJob) {
   ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
   EXPECT_EQ((*first)->Progress().state, "done");
   EXPECT_EQ(Resident("m"), 40 * kBlock);
+}
+
+// A FIFO renamed over a file between the request and the file's turn, as another user who may
+// write SOURCE can do (issue 49): the job fails naming the file, at once, and the next job runs.
+// Before, the turn's open of the FIFO held the warmer's thread until some writer came, and every
+// later job (a launch's readiness gate) waited behind it.
+TEST_F(WarmerCacheTest, AFifoRenamedOverAFileBeforeItsTurnFailsTheJobWithoutBlocking) {
+  Write("m/a", 3 * kBlock, 1);
+  Write("m/b", 2 * kBlock, 2);
+  const std::string fifo = root_ + "/m/fifo";
+  std::atomic<int> opens{0};
+  MakeWarmer(64, nullptr, [&] {
+    // 1: the request; 2: m/a's turn; 3: m/b's turn, which finds the FIFO.
+    if (++opens == 3) {
+      EXPECT_EQ(mkfifo(fifo.c_str(), 0666), 0);
+      EXPECT_EQ(rename(fifo.c_str(), (root_ + "/m/b").c_str()), 0);
+    }
+    return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0);
+  });
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  if (!(*job)->WaitFinished(std::chrono::seconds(10))) {
+    ADD_FAILURE() << "the warmer's thread is blocked in the FIFO's open";
+    const int writer = open((root_ + "/m/b").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(10)));
+    if (writer >= 0) close(writer);
+  }
+  const WarmProgress p = (*job)->Progress();
+  EXPECT_EQ(p.state, "failed");
+  EXPECT_NE(p.error.find("'m/b'"), std::string::npos) << p.error;
+  auto next = warmer_->Warm({"m/a"}, &attached);
+  ASSERT_TRUE(next.ok()) << next.error().Message();
+  ASSERT_TRUE((*next)->WaitFinished(std::chrono::seconds(10)));
+  EXPECT_EQ((*next)->Progress().state, "done") << (*next)->Progress().error;
+  EXPECT_EQ(Resident("m/a"), 3 * kBlock);
+}
+
+// Evict and residency read nothing of the store's files, only their attributes (issue 49): an
+// operator empties the cache of a store that fails or hangs its reads. Before, each sampled the
+// file's first and last page through the backend: EIO from a failing store, and here, a store
+// whose every read waits, no answer at all.
+TEST_F(WarmerCacheTest, EvictAndResidencyNeverReadTheStore) {
+  Write("m/a", 5 * kBlock + 123, 1);
+  Write("m/b", 3 * kBlock, 2);
+  testing::FakeBackend store;
+  MakeWarmer(64, nullptr, nullptr, &store);
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
+  ASSERT_EQ((*job)->Progress().state, "done") << (*job)->Progress().error;
+  store.Hold();  // every read from now on waits
+  const uint64_t asked = store.submitted();
+  // Each call on a thread of its own, so that one that reads the store fails the test.
+  const auto within = [&store](auto call) {
+    auto answer = std::async(std::launch::async, call);
+    if (answer.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << "waits for the store";
+      store.ReleaseAll();
+    }
+    return answer.get();
+  };
+  const auto resident = [&](const std::string& path) {
+    return within([&] {
+      auto r = warmer_->Residency({path});
+      EXPECT_TRUE(r.ok()) << r.error().Message();
+      return r.ok() && r->size() == 1 ? std::make_pair((*r)[0].resident, (*r)[0].size)
+                                      : std::make_pair(uint64_t{0}, uint64_t{0});
+    });
+  };
+  const uint64_t a_size = 5 * kBlock + 123;
+  EXPECT_EQ(resident("m/a"), std::make_pair(a_size, a_size));
+  uint64_t files = 0;
+  Result<uint64_t> dropped = within([&] { return warmer_->Evict({"m/a"}, &files); });
+  ASSERT_TRUE(dropped.ok()) << dropped.error().Message();
+  EXPECT_EQ(*dropped, a_size);
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(resident("m/a"), std::make_pair(uint64_t{0}, a_size));
+  const uint64_t b_size = 3 * kBlock;
+  EXPECT_EQ(resident("m/b"), std::make_pair(b_size, b_size));
+  EXPECT_EQ(store.submitted(), asked) << "the store was asked for data";
+  store.ReleaseAll();
+  warmer_.reset();
+  store.Stop();
+  cache_.reset();  // before the store it reads from goes
 }
 
 TEST_F(WarmerCacheTest, StopFailsQueuedAndRunningJobs) {

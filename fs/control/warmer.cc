@@ -46,7 +46,7 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
   out.backing = std::move(backing.value());
-  Result<FileKey> key = cache.Identify(out.backing, out.st);
+  Result<FileKey> key = cache.Identify(out.backing, out.st, PlaceOfPath(path));
   if (!key.ok()) {
     return Error(key.error().code(), DescribePath(path) + ": " + key.error().Message());
   }

@@ -2,6 +2,7 @@
 #include "cache/guard.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,27 @@ constexpr std::chrono::milliseconds kRoomPoll{100};
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
+// The place in SOURCE (cache/file_key.h) of `fd`, opened at `path` beneath `root_fd`: the path the
+// kernel resolved, symbolic links inside SOURCE followed, as a read through the mount resolves them
+// (a Hugging Face snapshot's link to its blob is the blob's place); `path` itself where the two
+// cannot be told (the kernel names either outside the root).
+Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
+  const auto link = [](int of) {
+    char target[PATH_MAX];
+    const ssize_t n =
+        readlink(("/proc/self/fd/" + std::to_string(of)).c_str(), target, sizeof(target));
+    return n > 0 && n < static_cast<ssize_t>(sizeof(target)) ? std::string(target, n)
+                                                             : std::string();
+  };
+  const std::string root = link(root_fd);
+  const std::string file = link(fd);
+  const std::string prefix = root == "/" ? root : root + "/";
+  if (root.empty() || file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) {
+    return PlaceOfPath(path);
+  }
+  return PlaceOfPath(std::string_view(file).substr(prefix.size()));
+}
+
 // Opens the file found at `path` for the backend and identifies it (a read of its first and last
 // page through the cache's backend, cache/file_key.h).
 // `buffered_reads`: as WarmerOptions::buffered_reads.
@@ -39,6 +61,7 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
   IdentifiedFile out;
+  const Place place = PlaceBeneath(root_fd, *fd, path);
   Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
       AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st, buffered_reads);
   close(*fd);
@@ -46,7 +69,7 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
   out.backing = std::move(backing.value());
-  Result<FileKey> key = cache.Identify(out.backing, out.st, PlaceOfPath(path));
+  Result<FileKey> key = cache.Identify(out.backing, out.st, place);
   if (!key.ok()) {
     return Error(key.error().code(), DescribePath(path) + ": " + key.error().Message());
   }

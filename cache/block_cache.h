@@ -95,12 +95,13 @@ class BlockCache {
   // Whether every block of `file` is ready, stored, or queued or in flight already (a fetch that
   // will make it ready): nothing of it needs asking for.
   bool HoldsOrFetches(const FileKey& file) const;
-  // The content identity of `file` (IdentifyFile, cache/file_key.h), its sample read through this
-  // cache's backend reader. Blocks the caller: never on a reader's thread. ECANCELED once
-  // InterruptIdentify was called.
+  // The content identity of `file`, found at `place` in SOURCE (IdentifyFile, cache/file_key.h),
+  // its sample read through this cache's backend reader. Blocks the caller: never on a reader's
+  // thread. ECANCELED once InterruptIdentify was called.
   // The file remembers it (BackingFile::SetIdentity).
-  Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st) {
-    Result<FileKey> key = IdentifyFile(reader_, file, st, [this] {
+  Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st,
+                           const Place& place) {
+    Result<FileKey> key = IdentifyFile(reader_, file, st, place, [this] {
       return identify_interrupted_.load(std::memory_order_relaxed);
     });
     if (key.ok()) file->SetIdentity(key.value());

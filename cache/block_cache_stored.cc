@@ -1,5 +1,5 @@
 // The blocks a cache directory holds (a store with slow commits, FileBlockStore): adopted at start,
-// checked against their checksums before they are first served, fetched again when they fail, and
+// checked against their MACs before they are first served, fetched again when they fail, and
 // committed by worker threads off the backend's. Part of BlockCache (cache/block_cache.h).
 #include <spdlog/spdlog.h>
 

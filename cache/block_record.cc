@@ -15,12 +15,13 @@
 #include <new>
 
 #include "cache/block.h"
+#include "cache/cache_dir_trust.h"
 #include "cache/file_block_store.h"
 
 namespace accelfs {
 
-using block_record::kChecksummed;
 using block_record::kDataSuffix;
+using block_record::kMacBytes;
 using block_record::kMagic;
 using block_record::kMapSuffix;
 using block_record::RecordBytes;
@@ -42,7 +43,11 @@ Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0 || header.block_size != block_size) {
     return Error(EINVAL);
   }
-  return FileKey{header.size, header.mtime_ns, header.ctime_ns, header.fingerprint};
+  return FileKey{header.size,
+                 header.mtime_ns,
+                 header.ctime_ns,
+                 header.fingerprint,
+                 {header.place[0], header.place[1]}};
 }
 
 Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size) {
@@ -50,21 +55,16 @@ Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t
   if (!key.ok()) return key.error();
   // Not BlockCount: a hostile size near 2^64 would wrap it.
   const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
-  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 5 wrap.
+  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 17 wrap.
   const uint64_t body = record.size() - sizeof(RecordHeader);
-  if (body % (1 + sizeof(uint32_t)) != 0 || body / (1 + sizeof(uint32_t)) != blocks) {
-    return Error(EINVAL);
-  }
-  RecordHeader header{};
-  std::memcpy(&header, record.data(), sizeof(header));
-  const bool checksummed = (header.flags & kChecksummed) != 0;
+  if (body % (1 + kMacBytes) != 0 || body / (1 + kMacBytes) != blocks) return Error(EINVAL);
   try {
-    BlockRecord parsed{key.value(), checksummed, {}};
+    BlockRecord parsed{key.value(), {}};
     const std::span<const std::byte> marks = record.subspan(sizeof(RecordHeader));
     for (uint64_t i = 0; i < blocks; ++i) {
       if (marks[i] != std::byte{1}) continue;
       parsed.present.push_back(
-          {{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size), checksummed});
+          {{parsed.key, i}, BlockBytes(i, parsed.key.size, block_size), /*check=*/true});
     }
     return parsed;
   } catch (const std::bad_alloc&) {
@@ -74,10 +74,10 @@ Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t
 
 std::string StoredName(const FileKey& key) {
   char name[80];
-  std::snprintf(name, sizeof(name), "%016" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64,
+  std::snprintf(name, sizeof(name), "%016" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-",
                 key.fingerprint, key.size, static_cast<uint64_t>(key.mtime_ns),
                 static_cast<uint64_t>(key.ctime_ns));
-  return name;
+  return name + PlaceHex(key.place);
 }
 
 // Reading a cache directory's records back at start (FileBlockStore::OpenDir).
@@ -94,14 +94,22 @@ void FileBlockStore::LoadStored() {
   closedir(dir);
   std::sort(names.begin(), names.end());  // a stable order: files by identity
 
+  // Only regular files of this daemon's user with one link are read (cache/cache_dir_trust.h): a
+  // link to a file elsewhere, a FIFO or a device is removed, never read or written through.
+  const uid_t euid = geteuid();
+  const auto ours = [euid](int fd) {
+    struct stat st {};
+    return fd >= 0 && fstat(fd, &st) == 0 && !EntryProblem(st, euid);
+  };
+  constexpr int kFlags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
   std::vector<std::string> kept;  // stems in use, sorted as `names` is
   for (const std::string& name : names) {
     if (!EndsWith(name, kMapSuffix)) continue;
     const std::string stem = name.substr(0, name.size() - std::strlen(kMapSuffix));
-    const int map_fd = openat(root_fd_, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    const int map_fd = openat(root_fd_, name.c_str(), kFlags);
     std::byte head[kBlockRecordHeaderBytes];
     const Result<FileKey> parsed_key =
-        map_fd >= 0 && pread(map_fd, head, sizeof(head), 0) == sizeof(head)
+        ours(map_fd) && pread(map_fd, head, sizeof(head), 0) == sizeof(head)
             ? ParseBlockRecordHeader(head, block_size_)
             : Error(EINVAL);
     if (!parsed_key.ok()) {
@@ -110,12 +118,12 @@ void FileBlockStore::LoadStored() {
       continue;
     }
     const FileKey key = parsed_key.value();
-    const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    const int fd = openat(root_fd_, (stem + kDataSuffix).c_str(), kFlags);
     struct stat st {};
     struct stat map_st {};
     const uint64_t record_bytes = RecordBytes(BlockCount(key.size, block_size_));
     // The sizes are checked before the record is read, so a hostile header costs no memory.
-    bool ok = StoredName(key) == stem && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+    bool ok = StoredName(key) == stem && ours(fd) && fstat(fd, &st) == 0 &&
               static_cast<uint64_t>(st.st_size) == key.size && fstat(map_fd, &map_st) == 0 &&
               static_cast<uint64_t>(map_st.st_size) == record_bytes;
     std::vector<std::byte> bytes(ok ? record_bytes : 0);
@@ -133,6 +141,9 @@ void FileBlockStore::LoadStored() {
       RemoveFiles(stem);
       continue;
     }
+    // O_NONBLOCK was for the open only (of whatever might have been there): the kernel reads this
+    // file for passthrough readers, as the store opened it.
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     stored_.insert(stored_.end(), record->present.begin(), record->present.end());
     File& stored = files_[key];
     stored.fd = fd;

@@ -11,21 +11,23 @@
 #include <string>
 #include <vector>
 
+#include "cache/block_mac.h"
 #include "cache/block_store.h"
 #include "cache/file_key.h"
 #include "cache/result.h"
 
 namespace accelfs {
 
-// The cache-directory file name stem for `key` (hex fingerprint-size-mtime-ctime).
+// The cache-directory file name stem for `key` (hex fingerprint-size-mtime-ctime-place).
 std::string StoredName(const FileKey& key);
 
 // A record (NAME.map) read back. Records are outside input to the daemon that reads them: whatever
 // a file in the cache directory holds, parsing it is an Error or a record, never a crash.
 struct BlockRecord {
   FileKey key;
-  bool checksummed = false;          // its checksums were recorded: its blocks' `check` is set
-  std::vector<StoredBlock> present;  // ascending by index, each with its bytes in the file
+  // Ascending by index, each with its bytes in the file, each to be checked against its MAC
+  // before it is served (`check` set): a record is only what its file says.
+  std::vector<StoredBlock> present;
 };
 
 // A record's header: the magic, the block size and the identity, 64 bytes.
@@ -38,11 +40,11 @@ inline constexpr size_t kBlockRecordHeaderBytes = 64;
 Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size);
 
 // A whole record: the header as ParseBlockRecordHeader takes it, then exactly one byte per block
-// of the file the header names, then exactly four (a checksum) per block. A block is present when
-// its byte is 1; any other value counts as absent (only 0 and 1 are ever written). Error(EINVAL) as
-// ParseBlockRecordHeader, or when the record's length is not the header's plus five bytes per
-// block; Error(ENOMEM) when memory runs out. Does not check that the record's file name is
-// StoredName(key): the caller knows the name.
+// of the file the header names, then exactly block_record::kMacBytes (a MAC) per block. A block is
+// present when its byte is 1; any other value counts as absent (only 0 and 1 are ever written).
+// Error(EINVAL) as ParseBlockRecordHeader, or when the record's length is not the header's plus 1 +
+// kMacBytes bytes per block; Error(ENOMEM) when memory runs out. Does not check that the record's
+// file name is StoredName(key): the caller knows the name.
 Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t block_size);
 
 namespace block_record {
@@ -53,33 +55,33 @@ inline constexpr char kMapSuffix[] = ".map";
 
 // Version 2 added the checksums; a version 1 record is not ours any more (its blocks are fetched
 // again once).
-// '3': records keyed by content identity (size, mtime, ctime, fingerprint), not (dev, ino). An
-// older record does not parse and is removed: its file is fetched once more.
-inline constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '3'};
-// RecordHeader::flags: the record's checksums were computed (a disk directory's), so its blocks
-// are checked before they are served. Without it they are all 0 (a RAM-backed directory's).
-inline constexpr uint32_t kChecksummed = 1;
+// '3': records keyed by content identity (size, mtime, ctime, fingerprint), not (dev, ino).
+// '4': the key holds the file's place in SOURCE, and each block a MAC keyed by the directory's
+// secret (cache/block_mac.h) in every directory, not a CRC-32C on disks only. An older record does
+// not parse and is removed: its file is fetched once more.
+inline constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '4'};
+inline constexpr uint64_t kMacBytes = BlockMac::kTagBytes;
 
 // The record's header; then block i's presence byte at sizeof(RecordHeader) + i, and after the
-// last of those, block i's CRC-32C (little-endian, 4 bytes) at CrcOffset(blocks, i).
+// last of those, block i's MAC (kMacBytes) at MacOffset(blocks, i).
 struct RecordHeader {
   char magic[8];
   uint32_t block_size;
-  uint32_t flags;
+  uint32_t flags;  // 0: none defined
   uint64_t size;
   int64_t mtime_ns;
   int64_t ctime_ns;
   uint64_t fingerprint;
-  uint64_t padding[2];
+  uint64_t place[2];
 };
 static_assert(sizeof(RecordHeader) == kBlockRecordHeaderBytes);
 
 inline off_t MarkOffset(uint64_t index) { return static_cast<off_t>(sizeof(RecordHeader) + index); }
-inline off_t CrcOffset(uint64_t blocks, uint64_t index) {
-  return static_cast<off_t>(sizeof(RecordHeader) + blocks + index * sizeof(uint32_t));
+inline off_t MacOffset(uint64_t blocks, uint64_t index) {
+  return static_cast<off_t>(sizeof(RecordHeader) + blocks + index * kMacBytes);
 }
 inline uint64_t RecordBytes(uint64_t blocks) {
-  return sizeof(RecordHeader) + blocks * (1 + sizeof(uint32_t));
+  return sizeof(RecordHeader) + blocks * (1 + kMacBytes);
 }
 
 }  // namespace block_record

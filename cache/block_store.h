@@ -24,7 +24,8 @@ struct StoredBlock {
   BlockKey key;
   uint32_t bytes = 0;
   // Its bytes are to be checked (BlockStore::Verify) before anyone is served them: the store
-  // keeps them on a disk, where a torn write, a bad sector or another program can change them.
+  // kept them in files, where a torn write, a bad sector or anyone who wrote there can change
+  // them. Set for every block a cache dir holds.
   bool check = false;
 };
 
@@ -60,8 +61,8 @@ class BlockStore {
   virtual void Discard(const BlockKey&) {}
 
   // Whether the `bytes` of stored block `key` (allocated, from TakeStored with `check`) still are
-  // what was committed: the store reads them back and compares them with the checksum it
-  // recorded. Error(EILSEQ) when they differ, the read's errno when they cannot be read. Blocks
+  // what was committed: the store reads them back and compares them with the MAC it recorded.
+  // Error(EILSEQ) when they differ, the read's errno when they cannot be read. Blocks
   // the cache fetches and commits itself need no check. Does I/O: not under the cache's lock.
   virtual Status Verify(const BlockKey&, uint32_t) { return Status::Ok(); }
 
@@ -81,8 +82,9 @@ class BlockStore {
   // store file's own pages, and releasing a block would turn them into zeros under the reader.
   virtual bool HeldElsewhere(const FileKey&) const { return false; }
 
-  // Whether Commit waits for a disk (it syncs the block's data before recording it): the cache
-  // then commits on threads of its own, not on the backend's completion thread.
+  // Whether Commit takes long (it computes a MAC of the block, or syncs its data to a disk before
+  // recording it): the cache then commits on threads of its own, not on the backend's completion
+  // thread.
   virtual bool SlowCommits() const { return false; }
 
   // Blocks the store could not keep where it keeps them (a cache dir full or failing) and gave

@@ -20,18 +20,17 @@
 
 #include "cache/block.h"
 #include "cache/block_record.h"
-#include "cache/crc32c.h"
+#include "cache/cache_dir_trust.h"
 #include "cache/ram_block_store.h"
 
 #include <spdlog/spdlog.h>
 
 namespace accelfs {
 
-using block_record::CrcOffset;
-using block_record::kChecksummed;
 using block_record::kDataSuffix;
 using block_record::kMagic;
 using block_record::kMapSuffix;
+using block_record::MacOffset;
 using block_record::MarkOffset;
 using block_record::RecordBytes;
 using block_record::RecordHeader;
@@ -47,13 +46,14 @@ bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
 }  // namespace
 
 FileBlockStore::FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size,
-                               bool persistent, bool sync)
+                               bool persistent, bool sync, std::optional<BlockMac> mac)
     : dir_(std::move(dir)),
       root_fd_(root_fd),
       lock_fd_(lock_fd),
       block_size_(block_size),
       persistent_(persistent),
-      sync_(sync) {}
+      sync_(sync),
+      mac_(std::move(mac)) {}
 
 Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_size,
                                                                uint64_t size_limit) {
@@ -71,8 +71,9 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::Create(uint32_t block_si
   const int err = errno;
   close(fs_fd);
   if (mnt_fd < 0) return Error(err);
-  return std::unique_ptr<FileBlockStore>(
-      new FileBlockStore("", mnt_fd, -1, block_size, /*persistent=*/false, /*sync=*/false));
+  return std::unique_ptr<FileBlockStore>(new FileBlockStore("", mnt_fd, -1, block_size,
+                                                            /*persistent=*/false, /*sync=*/false,
+                                                            /*mac=*/std::nullopt));
 }
 
 Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::string& dir,
@@ -83,14 +84,26 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::strin
     return Error(err != 0 ? err : EIO, "cache dir '" + dir + "': " + what +
                                            (err != 0 ? ": " + Error(err).Message() : ""));
   };
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fail("cannot create it", errno);
-  const int root_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root_fd < 0) return fail("cannot open it", errno);
-  const int lock_fd = openat(root_fd, kLockName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // Owned by this daemon's user, and nobody else may write in it or replace it
+  // (cache/cache_dir_trust.h).
+  const uid_t euid = geteuid();
+  Result<int> opened = OpenCacheDir(dir, euid);
+  if (!opened.ok()) return opened.error();
+  const int root_fd = opened.value();
+  const int lock_fd =
+      openat(root_fd, kLockName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (lock_fd < 0) {
     const int err = errno;
     close(root_fd);
     return fail("cannot create its lock file", err);
+  }
+  struct stat lock_st {};
+  std::optional<std::string> lock_problem =
+      fstat(lock_fd, &lock_st) == 0 ? EntryProblem(lock_st, euid) : "not readable";
+  if (lock_problem) {
+    close(lock_fd);
+    close(root_fd);
+    return Error(EPERM, "cache dir '" + dir + "': its lock file is " + *lock_problem);
   }
   if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -112,8 +125,14 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::OpenDir(const std::strin
   struct statfs fs {};
   const bool ram =
       fstatfs(root_fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-  std::unique_ptr<FileBlockStore> store(
-      new FileBlockStore(dir, root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram));
+  Result<BlockMac::Key> key = LoadCacheKey(root_fd, dir, euid, /*sync=*/!ram);
+  if (!key.ok()) {
+    close(lock_fd);
+    close(root_fd);
+    return key.error();
+  }
+  std::unique_ptr<FileBlockStore> store(new FileBlockStore(
+      dir, root_fd, lock_fd, block_size, /*persistent=*/true, /*sync=*/!ram, BlockMac(*key)));
   if (!store->NoteOwner()) return fail("cannot write its lock file", errno);
   store->LoadStored();
   return store;
@@ -164,15 +183,19 @@ Status FileBlockStore::OpenFile(const FileKey& key, File* file) {
   RecordHeader header{};
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
   header.block_size = block_size_;
-  header.flags = sync_ ? kChecksummed : 0;
   header.size = key.size;
   header.mtime_ns = key.mtime_ns;
   header.ctime_ns = key.ctime_ns;
   header.fingerprint = key.fingerprint;
+  header.place[0] = key.place[0];
+  header.place[1] = key.place[1];
+  // Files of our own, new: whatever had these names (a file no record claimed, left by a daemon
+  // killed halfway) goes first, so that nothing another link or name leads to is written.
+  RemoveFiles(stem);
   file->map_fd = openat(root_fd_, (stem + kMapSuffix).c_str(),
-                        O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+                        O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   file->fd = openat(root_fd_, (stem + kDataSuffix).c_str(),
-                    O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+                    O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (file->map_fd < 0 || file->fd < 0 ||
       ftruncate(file->map_fd, static_cast<off_t>(RecordBytes(blocks))) != 0 ||
       !WriteAll(file->map_fd, &header, sizeof(header), 0) ||
@@ -346,38 +369,41 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
     file.map_fd = it->second.map_fd;
   }
   // The descriptors stay open: the block is allocated, so its file is not closed under us.
-  if (sync_) {
-    // The checksum before the mark: a record whose mark reached the disk without its checksum
-    // (a power cut between the two pages' writeback) fails the check and is fetched again.
-    const uint32_t crc = Crc32c(std::span<const std::byte>(buffer.data, valid));
-    const uint64_t blocks = BlockCount(key.file.size, block_size_);
-    // Not on disk: not recorded, and not served either. After a failed writeback the kernel may
-    // drop the pages, and reading them again from a failing disk would give the reader an error:
-    // the block is fetched again, into memory (retry_in_memory_).
-    int err = 0;
-    errno = 0;
-    if (!WriteAll(file.map_fd, &crc, sizeof(crc), CrcOffset(blocks, key.index))) {
-      err = errno != 0 ? errno : EIO;
-      if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a full dir only skips this block
-    } else if (fdatasync(file.fd) != 0) {
-      // The block's room was taken (Reserve): whatever the sync says, even ENOSPC (a thin or
-      // loop device out of room under the filesystem), the disk failed to keep what it had
-      // promised. Memory from now on.
-      err = errno != 0 ? errno : EIO;
-      NoteFailure(err);
-    }
-    if (err != 0) {
-      std::lock_guard lock(mu_);
-      retry_in_memory_.insert_or_assign(key, err);
-      return Error(err);
-    }
+  // The MAC before the mark: a record whose mark reached the disk without its MAC (a power cut
+  // between the two pages' writeback) fails the check and is fetched again.
+  const Result<BlockMac::Tag> tag =
+      mac_->Of(key.file, key.index, std::span<const std::byte>(buffer.data, valid));
+  const uint64_t blocks = BlockCount(key.file.size, block_size_);
+  // Not kept (not on disk, or no MAC): not recorded, and not served either. After a failed
+  // writeback the kernel may drop the pages, and reading them again from a failing disk would give
+  // the reader an error: the block is fetched again, into memory (retry_in_memory_).
+  int err = 0;
+  errno = 0;
+  if (!tag.ok()) {
+    err = tag.error().code();
+  } else if (!WriteAll(file.map_fd, tag->data(), tag->size(), MacOffset(blocks, key.index))) {
+    err = errno != 0 ? errno : EIO;
+    if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a full dir only skips this block
+  } else if (sync_ && fdatasync(file.fd) != 0) {
+    // The block's room was taken (Reserve): whatever the sync says, even ENOSPC (a thin or
+    // loop device out of room under the filesystem), the disk failed to keep what it had
+    // promised. Memory from now on.
+    err = errno != 0 ? errno : EIO;
+    NoteFailure(err);
+  }
+  if (err != 0) {
+    std::lock_guard lock(mu_);
+    retry_in_memory_.insert_or_assign(key, err);
+    return Error(err);
   }
   Mark(file, key.index, true);
   return Status::Ok();
 }
 
 Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
-  if (!sync_) return Status::Ok();  // nothing recorded to check against
+  // Every stored block, in RAM-backed directories too: what a record says is only as good as its
+  // MAC, which no one without the directory's key can make.
+  if (!mac_) return Status::Ok();  // a private store: nothing outlived a daemon
   int fd = -1;
   int map_fd = -1;
   {
@@ -397,9 +423,10 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
     return failure(err, "cannot be read back: " + Error(err).Message());
   };
   const uint64_t blocks = BlockCount(key.file.size, block_size_);
-  uint32_t recorded = 0;
-  if (const ssize_t n = pread(map_fd, &recorded, sizeof(recorded), CrcOffset(blocks, key.index));
-      n != static_cast<ssize_t>(sizeof(recorded))) {
+  BlockMac::Tag recorded{};
+  if (const ssize_t n =
+          pread(map_fd, recorded.data(), recorded.size(), MacOffset(blocks, key.index));
+      n != static_cast<ssize_t>(recorded.size())) {
     return unreadable(n);
   }
   // Read with pread, not through the mapping: a disk that fails answers EIO here, where a page
@@ -416,8 +443,11 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
     if (n <= 0) return unreadable(n);
     got += static_cast<size_t>(n);
   }
-  if (Crc32c(std::span<const std::byte>(scratch.data(), bytes)) != recorded) {
-    return failure(EILSEQ, "does not match its checksum");
+  const Result<BlockMac::Tag> tag =
+      mac_->Of(key.file, key.index, std::span<const std::byte>(scratch.data(), bytes));
+  if (!tag.ok()) return failure(tag.error().code(), "cannot be checked: " + tag.error().Message());
+  if (!BlockMac::Same(tag.value(), recorded)) {
+    return failure(EILSEQ, "does not match its MAC (not what this daemon's kind wrote there)");
   }
   return Status::Ok();
 }

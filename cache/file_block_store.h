@@ -11,30 +11,38 @@
 //   directory as a persistent tier. Blocks outlive the daemon: a restart over the same directory
 //   finds them (TakeStored) and serves them without refetching.
 //
-// Cache directory layout, for each backing identity (dev, ino, size, mtime), with the four numbers
-// in hex as NAME:
+// Cache directory layout, for each backing identity (cache/file_key.h) with its fields in hex as
+// NAME (StoredName):
 //   NAME.data  the backing file's size, sparse; block i at byte i * block_size
-//   NAME.map   a 64-byte header (magic, block size, flags, identity), one byte per block (1 =
-//              present), then one CRC-32C per block (4 bytes) where the directory is not RAM-backed
+//   NAME.map   a 64-byte header (magic, block size, identity), one byte per block (1 = present),
+//              then one MAC per block (16 bytes, cache/block_mac.h)
 //   lock       flock()ed by the daemon using the directory; holds its pid
-// A block's byte becomes 1 only after its data is in NAME.data (Commit: after the read succeeded
-// and, where the directory is not RAM-backed, after fdatasync), and goes to 0 before its range is
-// punched out (Release). A daemon killed at any point therefore leaves no block marked present with
-// wrong bytes: at worst a block's data without its mark, which the next daemon fetches again.
-// On a disk the next daemon also checks each block it takes against its checksum before serving
-// it (Verify), so that what the disk itself lost or changed (a torn write, a bad sector, another
-// program writing the file) is fetched again too, never served.
+//   key        the directory's secret (32 random bytes, mode 0600), which the MACs are keyed by
+// The directory is used only when the daemon's user owns it and no one else can write in it or
+// replace it (cache/cache_dir_trust.h), and every file in it is opened O_NOFOLLOW and must be a
+// regular file of ours with one link.
+// A block's byte becomes 1 only after its data is in NAME.data and its MAC in NAME.map (Commit:
+// after the read succeeded and, where the directory is not RAM-backed, after fdatasync), and goes
+// to 0 before its range is punched out (Release). A daemon killed at any point therefore leaves no
+// block marked present with wrong bytes: at worst a block's data without its mark, which the next
+// daemon fetches again. The next daemon also checks every block it takes against its MAC before
+// serving it or passing its file through (Verify; PinFile wants every block checked), in RAM
+// directories too, so that what the disk lost or changed (a torn write, a bad sector) and what
+// anyone without the key wrote (a planted record, a block moved to another file or index) is
+// fetched again, never served.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "cache/block_mac.h"
 #include "cache/block_record.h"
 #include "cache/block_store.h"
 
@@ -46,10 +54,13 @@ class FileBlockStore final : public BlockStore {
   // RamBlockStore. size_limit caps the tmpfs as a safety net under the cache's own budget.
   static Result<std::unique_ptr<FileBlockStore>> Create(uint32_t block_size, uint64_t size_limit);
 
-  // The cache directory `dir` (created, mode 0700, when missing). Locks it for this store's life:
+  // The cache directory `dir` (created, mode 0700, when missing), when the daemon's user owns it
+  // and it passes the rule of cache/cache_dir_trust.h: else EPERM and one line naming it, what was
+  // found and what is required. Locks it for this store's life:
   // a second store on the same directory, in this process or another, fails with EBUSY and a line
   // naming the holder's pid. Reads what earlier daemons left: blocks of another block size,
-  // records that do not parse and data files of the wrong size are removed. On failure, the
+  // records that do not parse, data files of the wrong size and entries that are not regular
+  // files of the daemon's user with one link are removed. Loads (or makes) its key. On failure, the
   // syscall's errno and one line naming the directory.
   static Result<std::unique_ptr<FileBlockStore>> OpenDir(const std::string& dir,
                                                          uint32_t block_size);
@@ -63,7 +74,8 @@ class FileBlockStore final : public BlockStore {
   void Discard(const BlockKey& key) override;
   Status Verify(const BlockKey& key, uint32_t bytes) override;
   uint64_t Fallbacks() const override { return fallbacks_.load(std::memory_order_relaxed); }
-  bool SlowCommits() const override { return sync_; }
+  // A cache dir's Commit computes the block's MAC (a few ms per 4 MiB), and on a disk syncs it.
+  bool SlowCommits() const override { return persistent_; }
   size_t CapacityFor(size_t bytes) const override { return ChargeFor(bytes); }
   int FileDescriptor(const FileKey& file) const override;
   bool KeepsFiles() const override { return true; }
@@ -78,7 +90,7 @@ class FileBlockStore final : public BlockStore {
 
  private:
   FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size, bool persistent,
-                 bool sync);
+                 bool sync, std::optional<BlockMac> mac);
 
   struct File {
     int fd = -1;                // the data
@@ -132,9 +144,10 @@ class FileBlockStore final : public BlockStore {
   const int root_fd_;      // the tmpfs root or the cache directory
   const int lock_fd_;      // -1 in a private store
   const uint32_t block_size_;
-  const bool persistent_;  // blocks are recorded and outlive the store
-  const bool sync_;        // fdatasync the data before recording it (not RAM-backed)
-  mutable std::mutex mu_;  // a leaf lock
+  const bool persistent_;              // blocks are recorded and outlive the store
+  const bool sync_;                    // fdatasync the data before recording it (not RAM-backed)
+  const std::optional<BlockMac> mac_;  // keyed with the cache dir's secret; set where persistent_
+  mutable std::mutex mu_;              // a leaf lock
   std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
   std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
   // Blocks whose Commit failed, fetched again, and its errno: their next Allocate gives memory.

@@ -1,5 +1,8 @@
 #include "cache/file_key.h"
 
+#include <openssl/evp.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -21,6 +24,37 @@ std::vector<FingerprintSpan> FingerprintSpans(uint64_t size, bool tail_only) {
   return {{0, first}, {last, size - last}};
 }
 
+Place PlaceOfPath(std::string_view relative) {
+  std::string normal;
+  normal.reserve(relative.size());
+  while (!relative.empty()) {
+    const size_t slash = relative.find('/');
+    const std::string_view part = relative.substr(0, slash);
+    relative = slash == std::string_view::npos ? std::string_view() : relative.substr(slash + 1);
+    if (part.empty() || part == ".") continue;
+    if (!normal.empty()) normal += '/';
+    normal += part;
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  Place place{};
+  // SHA-256 cannot fail on a digest this small short of a broken libcrypto: abort, never a place
+  // of zeros that many paths would share.
+  if (EVP_Digest(normal.data(), normal.size(), digest, &length, EVP_sha256(), nullptr) != 1 ||
+      length < sizeof(place)) {
+    std::abort();
+  }
+  std::memcpy(place.data(), digest, sizeof(place));
+  return place;
+}
+
+std::string PlaceHex(const Place& place) {
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(place[0]),
+                static_cast<unsigned long long>(place[1]));
+  return hex;
+}
+
 uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bits
   const auto mix = [&h](uint8_t byte) {
@@ -33,10 +67,11 @@ uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
 }
 
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
-                             const struct stat& st, const std::function<bool()>& cancelled) {
+                             const struct stat& st, const Place& place,
+                             const std::function<bool()>& cancelled) {
   const std::vector<FingerprintSpan> spans =
       FingerprintSpans(static_cast<uint64_t>(st.st_size), file->tail_samples());
-  if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0));
+  if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0), place);
   // One aligned page per span (O_DIRECT), filled in parallel. The state is the requests' own: a
   // read stalled past the backend timeout answers here at once, yet may still write into its page
   // later (BoundedReader), so the pages live until its `done`.
@@ -94,7 +129,7 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
     samples.insert(samples.end(), at, at + std::min<size_t>(n.value(), spans[i].length));
   }
   if (!failed.ok()) return failed.error();
-  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()));
+  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()), place);
 }
 
 }  // namespace accelfs

@@ -1,19 +1,31 @@
-// The identity of a backing file's contents. Cached data is keyed by it, in RAM and in a cache
-// dir's records (DESIGN.md §6.10): a file that changes size, mtime or ctime, or whose first or
-// last page changes, gets a new key, so its old blocks are never served. Nothing of where the file
-// is found enters it: not st_dev (a FUSE, NFS or ZFS mount gets a new one each time it is
-// mounted), not st_ino (sshfs, s3fs and rclone number a file anew once the kernel forgets it), not
-// the path (a renamed directory, a hard link): the same bytes keep their cache across all of
-// those, a restart and a reboot.
+// The identity of a backing file's contents at one place in SOURCE. Cached data is keyed by it, in
+// RAM and in a cache dir's records (DESIGN.md §6.10): a file that changes size, mtime or ctime, or
+// whose first or last page changes, gets a new key, so its old blocks are never served.
+//
+// The key also holds the file's place: a hash of its path relative to SOURCE's root
+// (PlaceOfPath). Size, times and sampled pages alone do not tell two files apart where a store
+// reports ctime as mtime (sshfs, s3fs, rclone): anyone who may write anywhere in SOURCE can make a
+// file with a victim's size, mtime, first and last page and a different middle, and the blocks that
+// file's read fills would be served for the victim. With the place in the key, two files share
+// blocks only when they are at the same path, and only someone who may replace the victim at its
+// path can do that. The cost: a file renamed or moved in SOURCE, or reached by another hard link,
+// is another key, fetched again once under its new path (its old blocks go with eviction). What
+// else changes with a mount keeps no part in it: not st_dev (a FUSE, NFS or ZFS mount gets a new
+// one each time it is mounted), not st_ino (sshfs, s3fs and rclone number a file anew once the
+// kernel forgets it): the same bytes at the same path keep their cache across those, a restart
+// and a reboot.
 #pragma once
 
 #include <sys/stat.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/result.h"
@@ -22,6 +34,11 @@ namespace accelfs {
 
 class BackendReader;
 class BackingFile;
+
+// The first 16 bytes of SHA-256 of a path relative to SOURCE's root (PlaceOfPath). A hash no one
+// can make collide on purpose: FNV or any unkeyed 64-bit hash can be, and two places that
+// collide would share blocks.
+using Place = std::array<uint64_t, 2>;
 
 struct FileKey {
   uint64_t size = 0;
@@ -33,8 +50,18 @@ struct FileKey {
   // times agree where a store keeps no ctime of its own (sftp and S3 carry mtime only, to the
   // second), such as the same names in two directories swapped by renames.
   uint64_t fingerprint = 0;
+  // Where in SOURCE the file was found (see the top of this file).
+  Place place{};
   bool operator==(const FileKey&) const = default;
 };
+
+// The place of the file at `relative`, a path relative to SOURCE's root: "." and empty components
+// are left out, so "a//./b" and "a/b" are one place; ".." is kept as it is (a path through it may
+// lead elsewhere: never the same place as the path it seems to name). Stable across builds and
+// machines: a cache dir's records and a fleet's chunk names keep it.
+Place PlaceOfPath(std::string_view relative);
+// `place` as 32 hex digits, for file and chunk names.
+std::string PlaceHex(const Place& place);
 
 // The bytes of a file's identity that are read from the file itself: at most its first and last
 // page, each 4 KiB-aligned (O_DIRECT), the last one not before the end of the first. With
@@ -52,22 +79,23 @@ std::vector<FingerprintSpan> FingerprintSpans(uint64_t size, bool tail_only = fa
 // build and on every machine, since a cache dir's records keep it across daemons.
 uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size);
 
-inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint) {
+inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint, const Place& place) {
   return {static_cast<uint64_t>(st.st_size),
           static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
-          static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
-          fingerprint};
+          static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec, fingerprint,
+          place};
 }
 
-// The identity of `file`, whose attributes are `st`: its sampled pages are read through `reader`
-// (so a hung store answers ETIMEDOUT after the backend timeout instead of holding the caller for
-// ever, and the sample counts against the file's share of the backend), in parallel. Blocks the
-// calling thread until they arrive; never call it on a reader's thread. A short read (the file
-// shrank since `st`) still gives a key: the next open sees the new size. `cancelled`, when given,
-// is asked every kIdentifyPoll while the samples are out: once it says so the answer is ECANCELED
-// (the reads go on, and end into the state they own).
+// The identity of `file`, whose attributes are `st`, found at `place` in SOURCE: its sampled pages
+// are read through `reader` (so a hung store answers ETIMEDOUT after the backend timeout instead of
+// holding the caller for ever, and the sample counts against the file's share of the backend), in
+// parallel. Blocks the calling thread until they arrive; never call it on a reader's thread. A
+// short read (the file shrank since `st`) still gives a key: the next open sees the new size.
+// `cancelled`, when given, is asked every kIdentifyPoll while the samples are out: once it says so
+// the answer is ECANCELED (the reads go on, and end into the state they own).
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
-                             const struct stat& st, const std::function<bool()>& cancelled = {});
+                             const struct stat& st, const Place& place,
+                             const std::function<bool()>& cancelled = {});
 inline constexpr std::chrono::milliseconds kIdentifyPoll{50};
 
 struct BlockKey {
@@ -83,6 +111,8 @@ inline size_t HashMix(size_t seed, uint64_t v) {
 struct FileKeyHash {
   size_t operator()(const FileKey& k) const {
     size_t h = HashMix(0, k.fingerprint);
+    h = HashMix(h, k.place[0]);
+    h = HashMix(h, k.place[1]);
     h = HashMix(h, k.size);
     h = HashMix(h, static_cast<uint64_t>(k.mtime_ns));
     return HashMix(h, static_cast<uint64_t>(k.ctime_ns));

@@ -43,7 +43,8 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
   if (options_.fill == FsOptions::Fill::kShards) {
     // Only where the next shard's fetch overlaps the loader's read of this one.
     auto [dir, name] = PlaceOf(*handle.inode);
-    return dir && handle.safetensors && !shard_opener_->Next(dir->fd, name).empty();
+    return dir && handle.safetensors &&
+           !shard_opener_->Next(dir->fd, SourcePath(dir), name).empty();
   }
   return true;
 }

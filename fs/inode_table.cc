@@ -2,9 +2,59 @@
 
 #include <unistd.h>
 
+#include <string>
+#include <vector>
+
 namespace accelfs {
 
 Inode::~Inode() { close(fd); }
+
+bool IsAncestorOrSelf(const std::shared_ptr<Inode>& maybe, std::shared_ptr<Inode> of) {
+  // Bounded as SourcePath is.
+  for (size_t depth = 0; of && depth < 4096; ++depth) {
+    if (of == maybe) return true;
+    std::shared_ptr<Inode> parent;
+    {
+      std::lock_guard lock(of->mu);
+      parent = of->parent;
+    }
+    of = std::move(parent);
+  }
+  return false;
+}
+
+std::string SourcePath(const std::shared_ptr<Inode>& inode) {
+  std::vector<std::string> names;
+  std::shared_ptr<Inode> node = inode;
+  // Bounded: a parent chain is as deep as SOURCE's tree, and a lookup never makes an inode its own
+  // ancestor (a directory cannot hold itself), but nothing is left to that.
+  constexpr size_t kMaxDepth = 4096;
+  for (size_t depth = 0; node && depth < kMaxDepth; ++depth) {
+    std::shared_ptr<Inode> parent;
+    std::string name;
+    {
+      std::lock_guard lock(node->mu);
+      parent = node->parent;
+      name = node->name;
+    }
+    if (!parent) {
+      // Only the root has neither parent nor name.
+      if (!name.empty()) break;
+      std::string path;
+      for (auto it = names.rbegin(); it != names.rend(); ++it) {
+        if (!path.empty()) path += '/';
+        path += *it;
+      }
+      return path;
+    }
+    names.push_back(std::move(name));
+    node = std::move(parent);
+  }
+  // A NUL: no name in a path can hold one.
+  return std::string("\0unplaced:", 10) + std::to_string(inode->dev) + ":" +
+         std::to_string(inode->ino) + ":" +
+         std::to_string(reinterpret_cast<uintptr_t>(inode.get()));
+}
 
 InodeTable::InodeTable(int root_fd, const struct stat& root_st) {
   by_id_[kRootId] = Slot{std::make_shared<Inode>(root_fd, root_st, generation_), 1};

@@ -64,6 +64,17 @@ struct Inode {
   bool told_known = false;  // GUARDED_BY(mu)
 };
 
+// The path relative to SOURCE's root by which `inode` was last looked up: its names up the parents
+// the kernel found it under, one lock at a time (each inode's mu; none held by the caller). The
+// root is "". An inode whose parents do not lead to the root (none in practice: every file comes
+// from a lookup in a directory) gets a name no path can have, unique to it, so that its place in
+// the cache (cache/file_key.h) is shared with no other file: it starts with a NUL.
+std::string SourcePath(const std::shared_ptr<Inode>& inode);
+
+// Whether `maybe` is `of` or one of its parents (each inode's mu taken in turn; none held by the
+// caller).
+bool IsAncestorOrSelf(const std::shared_ptr<Inode>& maybe, std::shared_ptr<Inode> of);
+
 class InodeTable {
  public:
   static constexpr uint64_t kRootId = 1;  // FUSE_ROOT_ID

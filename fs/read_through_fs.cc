@@ -196,8 +196,10 @@ Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view na
   auto [ino, node] = inodes_.Lookup(fd, out.attr, (*dir)->generation);
   out.ino = ino;
   NoteTold(*node, out.attr);
-  if (S_ISREG(out.attr.st_mode)) {
-    // The name last looked up: the one Open checks (a file of several names, a rename).
+  // The name last looked up: the one Open checks (a file of several names, a rename); and, of a
+  // directory, what a file's place in SOURCE is made of (SourcePath). Never one that would make a
+  // directory its own ancestor (a bind mount of a directory inside itself).
+  if (S_ISREG(out.attr.st_mode) || (S_ISDIR(out.attr.st_mode) && !IsAncestorOrSelf(node, *dir))) {
     std::lock_guard lock(node->mu);
     node->parent = *dir;
     node->name = child;
@@ -351,7 +353,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   handle->file = std::move(file.value());
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
-  Result<FileKey> identity = cache_.Identify(handle->file, st);
+  Result<FileKey> identity = cache_.Identify(handle->file, st, PlaceOfPath(SourcePath(*inode)));
   if (!identity.ok()) return done(StoreError(**inode, identity.error()));
   handle->identity = identity.value();
   handle->inode = *inode;

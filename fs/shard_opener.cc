@@ -49,7 +49,7 @@ void ShardOpener::Remember(const std::string& name, const FileKey& key) {
 }
 
 std::optional<FileKey> ShardOpener::Seen(const std::string& name, const struct stat& st) {
-  const FileKey attributes = FileKeyFromStat(st, 0);
+  const FileKey attributes = FileKeyFromStat(st, 0, Place{});
   std::lock_guard lock(mu_);
   auto it = seen_.find({name, attributes.size, attributes.mtime_ns, attributes.ctime_ns});
   if (it == seen_.end()) return std::nullopt;
@@ -83,7 +83,8 @@ void ShardOpener::Run() {
       queue_.pop_front();
     }
     const std::shared_ptr<Inode>& dir = start.dir;
-    const std::string name = order_.Next(dir->fd, start.after);
+    const std::string dir_path = SourcePath(dir);
+    const std::string name = order_.Next(dir->fd, dir_path, start.after);
     if (name.empty()) continue;
     if (start.ahead > kMaxShardsAhead) {
       spdlog::debug("next shard {} not prefetched yet: {} shards stream ahead already", name,
@@ -127,7 +128,8 @@ void ShardOpener::Run() {
       spdlog::debug("next shard {} not prefetched yet: beyond the look-ahead budget", name);
       continue;
     }
-    const Result<FileKey> identity = prefetcher_.cache().Identify(backing.value(), st);
+    const Result<FileKey> identity =
+        prefetcher_.cache().Identify(backing.value(), st, PlaceOfPath(dir_path + "/" + name));
     if (!identity.ok()) {
       spdlog::debug("next shard {} not prefetched: {}", name, identity.error().Message());
       continue;

@@ -60,7 +60,9 @@ class ShardOpener {
 
   // The shard after `name` in `dir_fd` (ShardOrder::Next), from any thread, with the opener's
   // remembered indexes.
-  std::string Next(int dir_fd, const std::string& name) { return order_.Next(dir_fd, name); }
+  std::string Next(int dir_fd, const std::string& dir_path, const std::string& name) {
+    return order_.Next(dir_fd, dir_path, name);
+  }
 
  private:
   struct Start {

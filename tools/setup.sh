@@ -10,7 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # What the mount needs. Ninja: it compiles one library's sources while the library before it is
 # still being made, which keeps both cores of a small machine busy (make waits library by library).
 packages=(cmake ninja-build g++ pkg-config fuse3 libfuse3-dev liburing-dev libspdlog-dev libcli11-dev
-          nlohmann-json3-dev util-linux prometheus-cpp-dev libsystemd-dev libtorrent-rasterbar-dev)
+          nlohmann-json3-dev util-linux prometheus-cpp-dev libsystemd-dev libtorrent-rasterbar-dev
+          libssl-dev)
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)

@@ -13,12 +13,14 @@
 namespace accelfs {
 
 std::string SwarmDir::FileId(const FileKey& key, uint32_t piece_bytes, uint32_t chunk_pieces) {
+  // The place is part of the name (cache/file_key.h): a chunk of one file is never taken for
+  // another's that matches it in size, times and sampled pages.
   char id[160];
-  std::snprintf(id, sizeof(id), "%016llx-%llx-%llx-%llx-%ux%u",
-                static_cast<unsigned long long>(key.fingerprint),
-                static_cast<unsigned long long>(key.size),
-                static_cast<unsigned long long>(key.mtime_ns),
-                static_cast<unsigned long long>(key.ctime_ns), piece_bytes, chunk_pieces);
+  std::snprintf(
+      id, sizeof(id), "%016llx-%llx-%llx-%llx-%s-%ux%u",
+      static_cast<unsigned long long>(key.fingerprint), static_cast<unsigned long long>(key.size),
+      static_cast<unsigned long long>(key.mtime_ns), static_cast<unsigned long long>(key.ctime_ns),
+      PlaceHex(key.place).c_str(), piece_bytes, chunk_pieces);
   return id;
 }
 

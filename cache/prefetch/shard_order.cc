@@ -28,8 +28,8 @@ int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1'000'000'0
 // block cannot be had.
 std::optional<std::string> ReadThroughCache(BlockCache& cache,
                                             const std::shared_ptr<BackingFile>& backing,
-                                            const struct stat& st) {
-  const Result<FileKey> identity = cache.Identify(backing, st);
+                                            const struct stat& st, const Place& place) {
+  const Result<FileKey> identity = cache.Identify(backing, st, place);
   if (!identity.ok()) return std::nullopt;
   const FileKey key = identity.value();
   const uint32_t block = cache.block_size();
@@ -46,8 +46,9 @@ std::optional<std::string> ReadThroughCache(BlockCache& cache,
 }
 
 // The index file's contents, or nothing when it is absent, unreadable, not a regular file or too
-// big. `st` gets the opened file's status.
-std::optional<std::string> ReadIndex(int dir_fd, struct stat* st, BlockCache* cache) {
+// big. `st` gets the opened file's status. `dir_path`: the directory's path relative to SOURCE.
+std::optional<std::string> ReadIndex(int dir_fd, const std::string& dir_path, struct stat* st,
+                                     BlockCache* cache) {
   if (cache != nullptr) {
     // O_NONBLOCK: an index that is a FIFO must not block the open.
     Result<std::shared_ptr<BackingFile>> backing =
@@ -56,7 +57,7 @@ std::optional<std::string> ReadIndex(int dir_fd, struct stat* st, BlockCache* ca
         static_cast<uint64_t>(st->st_size) > kMaxShardIndexBytes) {
       return std::nullopt;
     }
-    return ReadThroughCache(*cache, backing.value(), *st);
+    return ReadThroughCache(*cache, backing.value(), *st, PlaceOfPath(dir_path + "/" + kIndexName));
   }
   const int fd = openat(dir_fd, kIndexName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return std::nullopt;
@@ -78,7 +79,8 @@ std::optional<std::string> ReadIndex(int dir_fd, struct stat* st, BlockCache* ca
 
 }  // namespace
 
-const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
+const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, const std::string& dir_path,
+                                             Index* unkept) {
   struct stat dir {};
   if (fstat(dir_fd, &dir) != 0) return nullptr;
   const auto it = indexes_.find({dir.st_dev, dir.st_ino});
@@ -96,7 +98,7 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
   if (!present) return nullptr;
 
   // New, or changed since it was read.
-  std::optional<std::string> text = ReadIndex(dir_fd, &st, cache_);
+  std::optional<std::string> text = ReadIndex(dir_fd, dir_path, &st, cache_);
   if (!text) return nullptr;
   Index index;
   index.identity = identity(st);
@@ -121,7 +123,7 @@ const ShardOrder::Index* ShardOrder::IndexOf(int dir_fd, Index* unkept) {
   return &indexes_.insert_or_assign({dir.st_dev, dir.st_ino}, std::move(index)).first->second;
 }
 
-std::string ShardOrder::Next(int dir_fd, const std::string& name) {
+std::string ShardOrder::Next(int dir_fd, const std::string& dir_path, const std::string& name) {
   // A numbered shard's name says which comes next, or that none does: the order loaders take
   // (sorted names, which the index's order is too). The index is not read from the store for it:
   // a store read of another file in the middle of a load (sshfs gives it a new connection when
@@ -132,7 +134,7 @@ std::string ShardOrder::Next(int dir_fd, const std::string& name) {
   }
   std::lock_guard lock(mu_);
   Index unkept;
-  if (const Index* index = IndexOf(dir_fd, &unkept); index != nullptr && index->shards) {
+  if (const Index* index = IndexOf(dir_fd, dir_path, &unkept); index != nullptr && index->shards) {
     const std::span<const std::string> following = ShardsAfter(*index->shards, name);
     if (!following.empty()) return following.front();
   }

@@ -36,7 +36,9 @@ class ShardOrder {
   // The shard after `name` in the directory `dir_fd` (an O_PATH descriptor): from a
   // -0000k-of-0000N name (IsNumberedShard) without reading the index, else from the directory's
   // index when it lists `name`. Empty when there is none, or the index is unreadable or hostile.
-  std::string Next(int dir_fd, const std::string& name);
+  // `dir_path`: the directory's path relative to SOURCE's root, the index's place in the cache
+  // (cache/file_key.h).
+  std::string Next(int dir_fd, const std::string& dir_path, const std::string& name);
 
  private:
   struct Identity {  // what makes a rewritten index look new
@@ -56,7 +58,8 @@ class ShardOrder {
   // The directory's index as it is now: remembered, or read and remembered, or read into
   // `*unkept` when too big to remember; null when it has none (or none that is a regular file).
   // The pointer is good while mu_ is held and *unkept lives.
-  const Index* IndexOf(int dir_fd, Index* unkept);  // REQUIRES: mu_ held
+  const Index* IndexOf(int dir_fd, const std::string& dir_path,
+                       Index* unkept);  // REQUIRES: mu_ held
 
   BlockCache* const cache_;
   std::mutex mu_;  // held while an index is read: asks are few, one per shard opened

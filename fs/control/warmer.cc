@@ -2,6 +2,7 @@
 #include "cache/guard.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,27 @@ constexpr std::chrono::milliseconds kRoomPoll{100};
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 
+// The place in SOURCE (cache/file_key.h) of `fd`, opened at `path` beneath `root_fd`: the path the
+// kernel resolved, symbolic links inside SOURCE followed, as a read through the mount resolves them
+// (a Hugging Face snapshot's link to its blob is the blob's place); `path` itself where the two
+// cannot be told (the kernel names either outside the root).
+Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
+  const auto link = [](int of) {
+    char target[PATH_MAX];
+    const ssize_t n =
+        readlink(("/proc/self/fd/" + std::to_string(of)).c_str(), target, sizeof(target));
+    return n > 0 && n < static_cast<ssize_t>(sizeof(target)) ? std::string(target, n)
+                                                             : std::string();
+  };
+  const std::string root = link(root_fd);
+  const std::string file = link(fd);
+  const std::string prefix = root == "/" ? root : root + "/";
+  if (root.empty() || file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) {
+    return PlaceOfPath(path);
+  }
+  return PlaceOfPath(std::string_view(file).substr(prefix.size()));
+}
+
 // Opens the file found at `path` for the backend and identifies it (a read of its first and last
 // page through the cache's backend, cache/file_key.h).
 // `buffered_reads`: as WarmerOptions::buffered_reads.
@@ -39,6 +61,7 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
   IdentifiedFile out;
+  const Place place = PlaceBeneath(root_fd, *fd, path);
   Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
       AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st, buffered_reads);
   close(*fd);
@@ -46,7 +69,7 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
   out.backing = std::move(backing.value());
-  Result<FileKey> key = cache.Identify(out.backing, out.st);
+  Result<FileKey> key = cache.Identify(out.backing, out.st, place);
   if (!key.ok()) {
     return Error(key.error().code(), DescribePath(path) + ": " + key.error().Message());
   }
@@ -68,15 +91,16 @@ Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
 }
 
 // The keys of `cached` (BlockCache::CachedFiles) that the file of attributes `st` may be cached
-// under: its size, mtime and ctime. Its content samples are not compared: they would be a read of
-// the store, which evict and residency never make (an operator empties the cache of a failing
-// store). Two versions of a file that agree on all three (a store without ctimes of its own) both
-// match.
-std::vector<FileKey> CachedAs(const std::vector<FileKey>& cached, const struct stat& st) {
-  const FileKey attrs = FileKeyFromStat(st, /*fingerprint=*/0);
+// under: its place, size, mtime and ctime. Its content samples are not compared: they would be a
+// read of the store, which evict and residency never make (an operator empties the cache of a
+// failing store). Two versions of a file that agree on all four (a store without ctimes of its
+// own) both match.
+std::vector<FileKey> CachedAs(const std::vector<FileKey>& cached, const struct stat& st,
+                              const Place& place) {
+  const FileKey attrs = FileKeyFromStat(st, /*fingerprint=*/0, place);
   std::vector<FileKey> out;
   for (const FileKey& key : cached) {
-    if (key.size == attrs.size && key.mtime_ns == attrs.mtime_ns &&
+    if (key.place == attrs.place && key.size == attrs.size && key.mtime_ns == attrs.mtime_ns &&
         key.ctime_ns == attrs.ctime_ns) {
       out.push_back(key);
     }
@@ -221,7 +245,7 @@ Result<uint64_t> Warmer::Evict(const std::vector<std::string>& paths, uint64_t* 
   uint64_t dropped = 0;
   const std::vector<FileKey> cached = cache_.CachedFiles();
   for (const FoundFile& f : *found) {
-    for (const FileKey& key : CachedAs(cached, StatNow(f))) {
+    for (const FileKey& key : CachedAs(cached, StatNow(f), PlaceBeneath(root.fd(), f.fd, f.path))) {
       const uint64_t before = cache_.ResidentBytes(key);
       cache_.DropFile(key);  // keeps a file mapped by a reader
       dropped += before - std::min(before, cache_.ResidentBytes(key));
@@ -242,7 +266,7 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
   for (const FoundFile& f : *found) {
     const struct stat st = StatNow(f);
     uint64_t resident = 0;  // of the versions that match, the one most cached
-    for (const FileKey& key : CachedAs(cached, st)) {
+    for (const FileKey& key : CachedAs(cached, st, PlaceBeneath(root.fd(), f.fd, f.path))) {
       resident = std::max(resident, cache_.ResidentBytes(key));
     }
     out.push_back({f.path, static_cast<uint64_t>(st.st_size), resident});

@@ -26,6 +26,9 @@
 // drop_caches) the file comes back under a new number, as with sshfs, s3fs and every store on
 // libfuse's high-level API without `use_ino`.
 //
+// With --ctime-is-mtime, every file's ctime is shown as its mtime, as sshfs (sftp), s3fs and rclone
+// show it: those stores keep no ctime of their own, so a user who sets a file's mtime sets both.
+//
 // Prints one line at exit: READs served, bytes, mean READ size, the most READs in flight and the
 // OPENs of files answered.
 // With --stats-file, the same line is also kept current in PATH while it serves (rewritten, by a
@@ -110,6 +113,7 @@ struct Options {
   bool copy_replies = false;               // never splice
   bool allow_other = false;                // users other than the mounting one may read it
   bool fresh_inodes = false;               // st_ino numbered by NET, anew after a FORGET
+  bool ctime_is_mtime = false;             // st_ctim shown as st_mtim (sftp, S3)
   std::string stats_file;                  // empty: none
   std::string fault_file;                  // empty: no fault injection
 };
@@ -493,6 +497,7 @@ void OnLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     e.ino = reinterpret_cast<uintptr_t>(inode.get());
     if (net.options.fresh_inodes) e.attr.st_ino = inode->number;
   }
+  if (net.options.ctime_is_mtime) e.attr.st_ctim = e.attr.st_mtim;
   e.attr_timeout = kAttrTimeout;
   e.entry_timeout = kAttrTimeout;
   fuse_reply_entry(req, &e);
@@ -521,6 +526,7 @@ void OnGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_err(req, err);
   } else {
     if (net.options.fresh_inodes) st.st_ino = ino == FUSE_ROOT_ID ? 1 : net.Get(ino).number;
+    if (net.options.ctime_is_mtime) st.st_ctim = st.st_mtim;
     fuse_reply_attr(req, &st, kAttrTimeout);
   }
 }
@@ -907,6 +913,8 @@ int main(int argc, char** argv) {
                "let every user read the mount (a daemon that is not root, over it)");
   app.add_flag("--fresh-inodes", o.fresh_inodes,
                "number inodes anew once the kernel forgets them (as sshfs and s3fs do)");
+  app.add_flag("--ctime-is-mtime", o.ctime_is_mtime,
+               "show every file's ctime as its mtime (as sshfs, s3fs and rclone do)");
   app.add_flag("--copy-replies", o.copy_replies,
                "read each READ into a buffer and copy it into the reply, never splice");
   app.add_option("--stats-file", o.stats_file,

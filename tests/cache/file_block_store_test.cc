@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cache/block_cache.h"
+#include "cache/cache_dir_trust.h"
 #include "tests/support/awaited.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
@@ -260,12 +261,11 @@ class DirStoreTest : public ::testing::TestWithParam<const char*> {
     }
     return buffer.value();
   }
-  // Whether the store checks what it kept: a disk directory, not a RAM-backed one.
-  bool checked() const { return std::string(GetParam()) != "/dev/shm"; }
   std::unique_ptr<CacheDir> dir_;
 };
 
-const FileKey kFile{2 * kBlock + 777, 1'700'000'000'123'456'789, 0x801, 42};
+const FileKey kFile{2 * kBlock + 777, 1'700'000'000'123'456'789, 0x801, 42,
+                    PlaceOfPath("org/model/shard")};
 
 TEST_P(DirStoreTest, CommittedBlocksOutliveTheStoreWithTheirBytes) {
   {
@@ -343,7 +343,7 @@ TEST_P(DirStoreTest, ReleasedAndDiscardedBlocksAreForgottenAndTheirFilesRemoved)
     store->Release({kFile, 0}, b0.value());
     EXPECT_EQ(store->file_count(), 0u);
   }
-  EXPECT_EQ(dir_->Names(), std::vector<std::string>{"lock"});
+  EXPECT_EQ(dir_->Names(), (std::vector<std::string>{kCacheKeyName, "lock"}));
   auto store = Open();
   ASSERT_TRUE(store);
   EXPECT_TRUE(store->TakeStored().empty());
@@ -396,7 +396,7 @@ TEST_P(DirStoreTest, BlocksOfAnotherBlockSizeOrBrokenRecordsAreRemoved) {
     ASSERT_TRUE(store);
     EXPECT_TRUE(store->TakeStored().empty()) << "4 MiB blocks are not 8 MiB blocks";
   }
-  EXPECT_EQ(dir_->Names(), std::vector<std::string>{"lock"});
+  EXPECT_EQ(dir_->Names(), (std::vector<std::string>{kCacheKeyName, "lock"}));
 }
 
 TEST_P(DirStoreTest, ASecondStoreOnTheDirectoryIsRefusedWithTheHoldersPid) {
@@ -485,18 +485,19 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
     const BlockCache::Adopted adopted = cache.AdoptStored();
     EXPECT_EQ(adopted.blocks, 4u);
     EXPECT_EQ(adopted.bytes, size);
-    // On a disk each block is checked against its checksum when first asked for (not before:
-    // a big cache would keep the mount waiting); in RAM none is, and every block is ready.
-    EXPECT_EQ(adopted.to_check, checked() ? 4u : 0u);
-    EXPECT_EQ(cache.ResidentBytes(key), checked() ? 0 : size);
+    // Each block is checked against its MAC when first asked for (not before: a big cache
+    // would keep the mount waiting), in RAM too; none is ready, nor can be passed through, before.
+    EXPECT_EQ(adopted.to_check, 4u);
+    EXPECT_EQ(cache.ResidentBytes(key), 0u);
+    std::vector<BlockCache::Ref> pinned;
+    EXPECT_FALSE(cache.PinFile(key, &pinned)) << "passed through before its blocks were checked";
     for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(get(cache, i), "");
     EXPECT_EQ(backend.submitted(), 0u) << "no backend read after the restart";
     EXPECT_EQ(cache.ResidentBytes(key), size);
-    EXPECT_EQ(cache.Stats().hits, checked() ? 0u : 4u);
-    EXPECT_EQ(cache.Stats().verified_bytes, checked() ? size : 0u);
+    EXPECT_EQ(cache.Stats().hits, 0u);
+    EXPECT_EQ(cache.Stats().verified_bytes, size);
     EXPECT_EQ(cache.Stats().verify_failed_blocks, 0u);
-    std::vector<BlockCache::Ref> pinned;
-    EXPECT_TRUE(cache.PinFile(key, &pinned)) << "a stored file can be passed through";
+    EXPECT_TRUE(cache.PinFile(key, &pinned)) << "a stored file, checked, can be passed through";
     backend.Stop();
   }
   // A smaller budget takes what fits and forgets the rest.
@@ -513,12 +514,11 @@ TEST_P(DirStoreTest, ARestartedCacheServesStoredBlocksWithoutTheBackend) {
   backend.Stop();
 }
 
-// What a disk lost or another program changed in a kept block is found when the block is first
-// asked for after a restart, and fetched again: never served. A disk directory only: a RAM-backed
-// one keeps no checksums (nothing between the daemons can tear its pages).
-TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) {
-  CacheDir dir("/var/tmp");
-  ASSERT_FALSE(dir.path().empty());
+// What a disk lost or anyone changed in a kept block is found when the block is first asked for
+// after a restart, and fetched again: never served. In RAM-backed directories too: a writer on
+// purpose is no torn page, and the MAC is what no one without the key can fix up.
+TEST_P(DirStoreTest, AChangedByteInAKeptBlockIsFetchedAgainNotServed) {
+  CacheDir& dir = *dir_;
   const SourceFile source("accelfs-verify-src", 3 * kBlock + 999, 23);
   const FileKey key = source.key;
   const uint64_t size = source.size;
@@ -562,7 +562,7 @@ TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) 
     EXPECT_EQ(stats.verify_failed_blocks, 2u);
     EXPECT_EQ(stats.verified_bytes, 2 * uint64_t{kBlock});
   }
-  // Fetched again, they are recorded again, with their checksums.
+  // Fetched again, they are recorded again, with their MACs.
   {
     testing::FakeBackend backend;
     EXPECT_EQ(load(backend, &stats), "");
@@ -572,20 +572,20 @@ TEST(FileBlockStoreTest, AChangedByteInAKeptBlockOnDiskIsFetchedAgainNotServed) 
   }
 }
 
-// A record as the store lays it out: the header for `key` and `block_size` (with `flags`), then
-// `marks`, then a checksum per mark (zeros).
+// A record as the store lays it out: the header for `key` and `block_size`, then `marks`, then a
+// MAC per mark (zeros: what someone without the key would have to guess).
 std::vector<std::byte> Record(const FileKey& key, uint32_t block_size,
-                              const std::vector<uint8_t>& marks, uint32_t flags = 0) {
+                              const std::vector<uint8_t>& marks) {
   std::vector<std::byte> record(kBlockRecordHeaderBytes);
-  std::memcpy(record.data(), "accelfs3", 8);
+  std::memcpy(record.data(), "accelfs4", 8);
   std::memcpy(record.data() + 8, &block_size, 4);
-  std::memcpy(record.data() + 12, &flags, 4);
   std::memcpy(record.data() + 16, &key.size, 8);
   std::memcpy(record.data() + 24, &key.mtime_ns, 8);
   std::memcpy(record.data() + 32, &key.ctime_ns, 8);
   std::memcpy(record.data() + 40, &key.fingerprint, 8);
+  std::memcpy(record.data() + 48, key.place.data(), 16);
   for (const uint8_t mark : marks) record.push_back(std::byte{mark});
-  record.resize(record.size() + 4 * marks.size());
+  record.resize(record.size() + block_record::kMacBytes * marks.size());
   return record;
 }
 
@@ -599,14 +599,8 @@ TEST(ParseBlockRecordTest, AValidRecordListsItsPresentBlocksWithTheirBytes) {
   EXPECT_EQ(record->present[0].bytes, kBlock);
   EXPECT_EQ(record->present[1].key, (BlockKey{kFile, 2}));
   EXPECT_EQ(record->present[1].bytes, 777u) << "the last block is short";
-  EXPECT_FALSE(record->checksummed);
-  EXPECT_FALSE(record->present[0].check) << "a record without checksums has nothing to check";
-  const Result<BlockRecord> checksummed =
-      ParseBlockRecord(Record(kFile, kBlock, {1, 0, 0}, /*flags=*/1), kBlock);
-  ASSERT_TRUE(checksummed.ok());
-  EXPECT_TRUE(checksummed->checksummed);
-  ASSERT_EQ(checksummed->present.size(), 1u);
-  EXPECT_TRUE(checksummed->present[0].check);
+  EXPECT_TRUE(record->present[0].check && record->present[1].check)
+      << "every stored block is checked before it is served";
   const Result<FileKey> header = ParseBlockRecordHeader(Record(kFile, kBlock, {}), kBlock);
   ASSERT_TRUE(header.ok()) << "the header alone names the identity";
   EXPECT_EQ(header.value(), kFile);
@@ -615,7 +609,7 @@ TEST(ParseBlockRecordTest, AValidRecordListsItsPresentBlocksWithTheirBytes) {
 TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
   const std::vector<std::byte> valid = Record(kFile, kBlock, {0, 0, 1});
   std::vector<std::byte> magic = valid;
-  magic[7] = std::byte{'1'};  // version 1, before the checksums
+  magic[7] = std::byte{'3'};  // version 3: CRC-32C on disks only, no place
   std::vector<std::byte> longer = valid;
   longer.push_back(std::byte{1});
   // BlockCount would wrap; no memory either way.
@@ -630,8 +624,8 @@ TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
       {"not our magic", magic, kBlock},
       {"another block size", valid, 2 * kBlock},
       {"a block size of 0", valid, 0},
-      {"a checksum byte short", std::span(valid).first(valid.size() - 1), kBlock},
-      {"no checksums", std::span(valid).first(valid.size() - 3 * 4), kBlock},
+      {"a MAC byte short", std::span(valid).first(valid.size() - 1), kBlock},
+      {"no MACs", std::span(valid).first(valid.size() - 3 * block_record::kMacBytes), kBlock},
       {"a byte too many", longer, kBlock},
       {"a size no record matches", huge, kBlock},
   };
@@ -656,6 +650,237 @@ TEST_P(DirStoreTest, TheRecordOnDiskParses) {
   EXPECT_EQ(record->key, kFile);
   ASSERT_EQ(record->present.size(), 1u);
   EXPECT_EQ(record->present[0].key, (BlockKey{kFile, 1}));
+}
+
+// --- Who may have written the cache dir (cache/cache_dir_trust.h) -------------------------------
+
+constexpr uid_t kOther = 4711;  // a user who is not the daemon's
+
+struct stat StatWith(mode_t mode, uid_t uid, nlink_t links = 1) {
+  struct stat st {};
+  st.st_mode = mode;
+  st.st_uid = uid;
+  st.st_nlink = links;
+  return st;
+}
+
+TEST(CacheDirRuleTest, OnlyTheDaemonsUserMayOwnOrWriteTheDirAndWhatHoldsIt) {
+  const struct {
+    const char* what;
+    struct stat st;
+    bool dir_ok;       // as the cache dir itself
+    bool ancestor_ok;  // as a directory above it
+  } kCases[] = {
+      {"ours, 0700", StatWith(S_IFDIR | 0700, 0), true, true},
+      {"ours, 0755", StatWith(S_IFDIR | 0755, 0), true, true},
+      {"ours, group-writable", StatWith(S_IFDIR | 0770, 0), false, false},
+      {"ours, 0777", StatWith(S_IFDIR | 0777, 0), false, false},
+      {"ours, 01777 (sticky, as /tmp)", StatWith(S_IFDIR | 01777, 0), false, true},
+      {"another user's, 0700", StatWith(S_IFDIR | 0700, kOther), false, false},
+      {"another user's, 01777", StatWith(S_IFDIR | 01777, kOther), false, false},
+      {"a file", StatWith(S_IFREG | 0600, 0), false, false},
+  };
+  for (const auto& c : kCases) {
+    EXPECT_EQ(!CacheDirProblem(c.st, 0), c.dir_ok) << c.what;
+    EXPECT_EQ(!AncestorProblem(c.st, 0), c.ancestor_ok) << c.what;
+  }
+  // A daemon of another user: its own directories, and root's above them.
+  EXPECT_FALSE(CacheDirProblem(StatWith(S_IFDIR | 0700, kOther), kOther));
+  EXPECT_TRUE(CacheDirProblem(StatWith(S_IFDIR | 0700, 0), kOther));
+  EXPECT_FALSE(AncestorProblem(StatWith(S_IFDIR | 0755, 0), kOther));
+  EXPECT_FALSE(AncestorProblem(StatWith(S_IFDIR | 0755, kOther), kOther));
+  EXPECT_TRUE(AncestorProblem(StatWith(S_IFDIR | 0755, kOther + 1), kOther));
+  EXPECT_EQ(CacheDirProblem(StatWith(S_IFDIR | 0777, kOther), 0).value_or(""),
+            "owned by uid 4711 with mode 0777: it must be a directory owned by uid 0 (the "
+            "daemon's) that neither its group nor others may write");
+}
+
+TEST(CacheDirRuleTest, AnEntryMustBeARegularFileOfOursWithOneLink) {
+  EXPECT_FALSE(EntryProblem(StatWith(S_IFREG | 0600, 0), 0));
+  EXPECT_TRUE(EntryProblem(StatWith(S_IFREG | 0600, kOther), 0)) << "another user's";
+  EXPECT_TRUE(EntryProblem(StatWith(S_IFREG | 0600, 0, 2), 0)) << "a second link";
+  EXPECT_TRUE(EntryProblem(StatWith(S_IFLNK | 0777, 0), 0)) << "a symbolic link";
+  EXPECT_TRUE(EntryProblem(StatWith(S_IFIFO | 0600, 0), 0)) << "a FIFO";
+  EXPECT_TRUE(EntryProblem(StatWith(S_IFDIR | 0700, 0), 0)) << "a directory";
+}
+
+// The directory's owner and mode, and those of the directory above it, on a real filesystem:
+// what another user made before the daemon started is refused with one line naming what was
+// found, and nothing is created in it.
+class CacheDirOwnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (chown to another user)";
+    ASSERT_FALSE(parent_.path().empty());
+  }
+  // OpenDir's error line, or "" when it opened.
+  std::string Refusal(const std::string& dir) {
+    auto store = FileBlockStore::OpenDir(dir, kBlock);
+    if (store.ok()) return "";
+    EXPECT_EQ(store.error().Message().find('\n'), std::string::npos) << "one line";
+    return store.error().code() == EPERM ? store.error().Message()
+                                         : "not EPERM: " + store.error().Message();
+  }
+  CacheDir parent_{"/var/tmp"};
+};
+
+TEST_F(CacheDirOwnerTest, ADirAnotherUserMadeIsRefused) {
+  const std::string dir = parent_.path() + "/cache";
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  ASSERT_EQ(chown(dir.c_str(), kOther, kOther), 0);
+  const std::string error = Refusal(dir);
+  EXPECT_NE(error.find("cache dir '" + dir + "': owned by uid 4711 with mode 0777"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "nothing made in it";
+  ASSERT_EQ(chown(dir.c_str(), 0, 0), 0);
+  EXPECT_NE(Refusal(dir).find("with mode 0777"), std::string::npos) << "ours, but 0777";
+  ASSERT_EQ(chmod(dir.c_str(), 0770), 0);
+  EXPECT_NE(Refusal(dir).find("with mode 0770"), std::string::npos) << "ours, group-writable";
+  ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+  EXPECT_EQ(Refusal(dir), "");
+}
+
+TEST_F(CacheDirOwnerTest, ADirInADirectoryOthersMayWriteIsRefusedUnlessItIsSticky) {
+  const std::string open_parent = parent_.path() + "/shared";
+  const std::string dir = open_parent + "/cache";
+  ASSERT_EQ(mkdir(open_parent.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_parent.c_str(), 0777), 0);  // another user could rename ours away
+  std::string error = Refusal(dir);
+  EXPECT_NE(error.find("'" + open_parent + "' above it is owned by uid 0 with mode 0777"),
+            std::string::npos)
+      << error;
+  ASSERT_EQ(chmod(open_parent.c_str(), 01777), 0);  // as /tmp: only the owner renames
+  EXPECT_EQ(Refusal(dir), "");
+  ASSERT_EQ(chmod(open_parent.c_str(), 0755), 0);
+  ASSERT_EQ(chown(open_parent.c_str(), kOther, kOther), 0);  // another user's directory
+  error = Refusal(dir);
+  EXPECT_NE(error.find("above it is owned by uid 4711"), std::string::npos) << error;
+  EXPECT_NE(Refusal(dir + "/deeper").find("above it is owned by uid 4711"), std::string::npos)
+      << "the check goes up to /, not just one level";
+}
+
+TEST_F(CacheDirOwnerTest, ASymbolicLinkAsTheCacheDirIsRefused) {
+  const std::string target = parent_.path() + "/target";
+  const std::string link = parent_.path() + "/cache";
+  ASSERT_EQ(mkdir(target.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  const std::string error = Refusal(link);
+  EXPECT_NE(error.find("cache dir '" + link + "': a symbolic link"), std::string::npos) << error;
+  EXPECT_TRUE(std::filesystem::is_empty(target));
+  // A link above it is followed, and what it leads to is checked.
+  EXPECT_EQ(Refusal(link + "/sub"), "");
+}
+
+TEST_F(CacheDirOwnerTest, TheKeyIsMadePrivateAndABadOneIsRefused) {
+  const std::string dir = parent_.path() + "/cache";
+  ASSERT_NE(FileBlockStore::OpenDir(dir, kBlock).ok(), false);
+  const std::string key = dir + "/" + kCacheKeyName;
+  struct stat st {};
+  ASSERT_EQ(lstat(key.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_size, 32);
+  std::string before(32, '\0');
+  std::ifstream(key, std::ios::binary).read(before.data(), 32);
+  ASSERT_TRUE(FileBlockStore::OpenDir(dir, kBlock).ok());
+  std::string after(32, '\0');
+  std::ifstream(key, std::ios::binary).read(after.data(), 32);
+  EXPECT_EQ(before, after) << "the key is kept";
+  ASSERT_EQ(chmod(key.c_str(), 0644), 0);
+  EXPECT_NE(Refusal(dir).find("its key file 'key' is a file owned by uid 0 with mode 0644"),
+            std::string::npos);
+  ASSERT_EQ(chmod(key.c_str(), 0600), 0);
+  ASSERT_EQ(chown(key.c_str(), kOther, kOther), 0);
+  EXPECT_NE(Refusal(dir).find("owned by uid 4711"), std::string::npos);
+  ASSERT_EQ(unlink(key.c_str()), 0);
+  std::ofstream(key) << "short";
+  ASSERT_EQ(chmod(key.c_str(), 0600), 0);
+  EXPECT_NE(Refusal(dir).find("5 bytes"), std::string::npos);
+  ASSERT_EQ(unlink(key.c_str()), 0);
+  ASSERT_EQ(symlink("/etc/hostname", key.c_str()), 0);
+  EXPECT_NE(Refusal(dir).find("is a symbolic link"), std::string::npos);
+}
+
+// A record planted in the directory, or a real one moved to another file's name, is found out by
+// its MACs: its blocks are fetched from the source, never served.
+TEST_P(DirStoreTest, PlantedAndMovedRecordsAreFetchedAgainNotServed) {
+  const SourceFile victim("accelfs-victim-src", 3 * kBlock + 100, 31);
+  const SourceFile other("accelfs-other-src", 3 * kBlock + 100, 32);
+  const auto load = [&](const SourceFile& source, uint64_t* fetched, uint64_t* failed) {
+    auto store = FileBlockStore::OpenDir(dir_->path(), kBlock);
+    if (!store.ok()) return "open: " + store.error().Message();
+    testing::FakeBackend backend;
+    BlockCache cache(*store.value(), backend, {16 * uint64_t{kBlock}, kBlock});
+    cache.AdoptStored();
+    std::string wrong;
+    for (uint64_t i = 0; i * kBlock < source.size; ++i) {
+      if (const std::string bad = source.CheckBlock(cache, i); !bad.empty()) wrong += bad + "; ";
+    }
+    *failed = cache.Stats().verify_failed_blocks;
+    backend.Stop();
+    *fetched = backend.submitted();
+    return wrong;
+  };
+  // A record and data that were never this daemon's: other's bytes under victim's name, with a
+  // MAC of zeros.
+  ASSERT_TRUE(FileBlockStore::OpenDir(dir_->path(), kBlock).ok());  // makes the key
+  const std::string stem = dir_->path() + "/" + StoredName(victim.key);
+  {
+    const std::vector<std::byte> record = Record(victim.key, kBlock, {1, 1, 1, 1});
+    std::ofstream(stem + ".map", std::ios::binary)
+        .write(reinterpret_cast<const char*>(record.data()), record.size());
+    const std::vector<uint8_t> bytes = testing::Bytes(other.seed, 0, victim.size);
+    std::ofstream(stem + ".data", std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  uint64_t fetched = 0;
+  uint64_t failed = 0;
+  EXPECT_EQ(load(victim, &fetched, &failed), "") << "a planted byte was served";
+  EXPECT_EQ(failed, 4u);
+  EXPECT_EQ(fetched, 4u);
+  // other's real record and data (their MACs right for other), renamed to victim's name with the
+  // header changed to victim's key: the MAC binds the key, so none passes.
+  ASSERT_EQ(unlink((stem + ".map").c_str()), 0);
+  ASSERT_EQ(unlink((stem + ".data").c_str()), 0);
+  EXPECT_EQ(load(other, &fetched, &failed), "");
+  const std::string other_stem = dir_->path() + "/" + StoredName(other.key);
+  ASSERT_EQ(rename((other_stem + ".map").c_str(), (stem + ".map").c_str()), 0);
+  ASSERT_EQ(rename((other_stem + ".data").c_str(), (stem + ".data").c_str()), 0);
+  {
+    const std::vector<std::byte> header = Record(victim.key, kBlock, {});
+    const int fd = open((stem + ".map").c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, header.data(), header.size(), 0), static_cast<ssize_t>(header.size()));
+    close(fd);
+  }
+  EXPECT_EQ(load(victim, &fetched, &failed), "") << "another file's blocks were served";
+  EXPECT_EQ(failed, 4u);
+  EXPECT_EQ(fetched, 4u);
+}
+
+// Entries that are not regular files of ours with one link are never read: removed at start.
+TEST_P(DirStoreTest, LinkedAndForeignEntriesAreRemovedNotAdopted) {
+  const FileKey second{kFile.size, kFile.mtime_ns, kFile.ctime_ns, 43, kFile.place};
+  {
+    auto store = Open();
+    ASSERT_TRUE(store);
+    store->Retain({kFile, 0}, Put(*store, kFile, 0));
+    store->Retain({second, 0}, Put(*store, second, 0));
+  }
+  const std::string data = dir_->path() + "/" + StoredName(kFile) + ".data";
+  const std::string map = dir_->path() + "/" + StoredName(second) + ".map";
+  const std::string outside = dir_->path() + "/outside.map.real";
+  ASSERT_EQ(link(data.c_str(), (dir_->path() + "/second-link").c_str()), 0);  // nlink 2
+  ASSERT_EQ(rename(map.c_str(), outside.c_str()), 0);
+  ASSERT_EQ(symlink(outside.c_str(), map.c_str()), 0);  // the record is a symbolic link
+  auto store = Open();
+  ASSERT_TRUE(store);
+  EXPECT_TRUE(store->TakeStored().empty());
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(map)));
+  EXPECT_FALSE(std::filesystem::exists(data));
 }
 
 INSTANTIATE_TEST_SUITE_P(RamAndDisk, DirStoreTest, ::testing::Values("/dev/shm", "/var/tmp"),

@@ -80,17 +80,21 @@ class FileKeyFileTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // The key of `path`, its place its path relative to dir_ (as SOURCE).
   Result<FileKey> Identify(BackendReader& reader, const std::string& path) {
     struct stat st {};
     Result<std::shared_ptr<BackingFile>> backing = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
     if (!backing.ok()) return backing.error();
-    return IdentifyFile(reader, backing.value(), st);
+    return IdentifyFile(reader, backing.value(), st, PlaceOfPath(Relative(path)));
+  }
+  std::string Relative(const std::string& path) const {
+    return std::filesystem::path(path).lexically_relative(dir_);
   }
 
   std::filesystem::path dir_;
 };
 
-TEST_F(FileKeyFileTest, TheDaemonsKeyIsThePlainPreadsKeyAndOnlyContentAndTimesChangeIt) {
+TEST_F(FileKeyFileTest, TheDaemonsKeyIsThePlainPreadsKeyAndContentTimesAndPlaceChangeIt) {
   PreadReader reader(2);
   for (const uint64_t size :
        {uint64_t{0}, uint64_t{1}, uint64_t{4096}, uint64_t{12345}, uint64_t{3} << 20}) {
@@ -98,15 +102,19 @@ TEST_F(FileKeyFileTest, TheDaemonsKeyIsThePlainPreadsKeyAndOnlyContentAndTimesCh
     testing::WriteTestFile(path, size, size + 1);
     const Result<FileKey> key = Identify(reader, path);
     ASSERT_TRUE(key.ok()) << key.error().Message();
-    EXPECT_EQ(key.value(), testing::KeyOfPath(path)) << size;
-    // A hard link and a move to another directory are the same bytes: the same key.
+    EXPECT_EQ(key.value(), testing::KeyOfPath(path, Relative(path))) << size;
+    // A hard link (or a move to another directory) is the same bytes at another place: another
+    // key, that differs in its place only. Blocks are shared only at one place (file_key.h).
     const std::string link = dir_ / ("link" + std::to_string(size));
     ASSERT_EQ(::link(path.c_str(), link.c_str()), 0);
     const Result<FileKey> linked = Identify(reader, link);
     ASSERT_TRUE(linked.ok());
     const Result<FileKey> again = Identify(reader, path);  // the link moved its ctime
     ASSERT_TRUE(again.ok());
-    EXPECT_EQ(linked.value(), again.value());
+    EXPECT_NE(linked.value(), again.value());
+    FileKey moved = again.value();
+    moved.place = linked->place;
+    EXPECT_EQ(linked.value(), moved);
   }
   reader.Stop();
 }
@@ -141,7 +149,7 @@ TEST_F(FileKeyFileTest, AChangedLastPageWithSizeAndTimesKeptIsAnotherFile) {
   struct stat opened {};
   auto file = OpenBacking(AT_FDCWD, path.c_str(), 0, &opened);
   ASSERT_TRUE(file.ok()) << file.error().Message();
-  const Result<FileKey> sampled = IdentifyFile(reader, file.value(), shown);
+  const Result<FileKey> sampled = IdentifyFile(reader, file.value(), shown, Place{});
   ASSERT_TRUE(sampled.ok());
   EXPECT_EQ(sampled->ctime_ns, old_key->ctime_ns);
   EXPECT_NE(sampled.value(), old_key.value());
@@ -157,6 +165,19 @@ TEST_F(FileKeyFileTest, ASampleTheStoreFailsFailsTheKey) {
   ASSERT_FALSE(key.ok());
   EXPECT_EQ(key.error().code(), EIO);
   backend.Stop();
+}
+
+TEST(PlaceTest, APathsPlaceIsSha256OfItsNormalFormAndTellsPathsApart) {
+  EXPECT_EQ(PlaceHex(PlaceOfPath("models/x.bin")), PlaceHex(PlaceOfPath("./models//x.bin/")));
+  EXPECT_EQ(PlaceOfPath(""), PlaceOfPath("."));
+  EXPECT_NE(PlaceOfPath("models/x.bin"), PlaceOfPath("models/y.bin"));
+  EXPECT_NE(PlaceOfPath("a/b"), PlaceOfPath("ab"));
+  EXPECT_NE(PlaceOfPath("x/../models/x.bin"), PlaceOfPath("models/x.bin")) << "'..' is kept";
+  const Place place = PlaceOfPath("a/b");
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(place.data());
+  // The first bytes of `printf a/b | sha256sum`.
+  const unsigned char kSha256Prefix[] = {0xc1, 0x4c, 0xdd, 0xc0};
+  EXPECT_EQ(std::memcmp(bytes, kSha256Prefix, sizeof(kSha256Prefix)), 0);
 }
 
 // Holds every read until the process is done: a hung store.

@@ -331,6 +331,12 @@ TEST_F(FillOnOpenTest, BlocksEvictedDuringTheFillAreFetchedAgain) {
   OpenAwaited open = StartOpen(Lookup("big"));
   backend_.Release(1);  // block 0 arrives; the last Get takes its room
   ASSERT_TRUE(backend_.WaitCompleted(completed + kSamples + 1));
+  // Block 0 is committed on a worker thread (a cache dir computes its MAC there), and only then
+  // ready and evictable: the last block's fetch, in its room, says it was taken.
+  for (int i = 0; i < 5000 && backend_.submitted() < submitted + kSamples + kBlocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(backend_.submitted(), submitted + kSamples + kBlocks);
   pinned.Reset();
   backend_.ReleaseAll();
   ASSERT_TRUE(open.Wait());

@@ -64,7 +64,7 @@ class PageLoadTest : public ::testing::Test {
   // What accelfs-warm does to the daemon's cache: every block of the file fetched, nothing opened.
   FileKey Warm() {
     const std::shared_ptr<BackingFile> backing = testing::OpenBackingFile(path_);
-    const FileKey key = testing::KeyOf(*backing);
+    const FileKey key = testing::KeyOf(*backing, "f");  // its place: "f" in SOURCE, dir_
     const uint64_t blocks = BlockCount(key.size, kBlock);
     const uint64_t completed = backend_.completed();
     for (uint64_t b = 0; b < blocks; ++b) {

@@ -90,7 +90,7 @@ class ReadFaultsTest : public ::testing::Test {
     return outcome;
   }
 
-  FileKey KeyOfOpenFile() { return testing::KeyOfPath(dir_ / "f"); }
+  FileKey KeyOfOpenFile() { return testing::KeyOfPath(dir_ / "f", "f"); }
 
   static std::string Errno(int err) { return "errno " + std::to_string(err); }
 

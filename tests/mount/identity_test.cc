@@ -250,6 +250,25 @@ TEST_F(IdentityTest, AFileReplacedKeepingItsSizeAndMtimeReadsNewContent) {
   ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("config.json"), 22, kSmall));  // still cached
 }
 
+// A Hugging Face cache: the snapshot's file is a symbolic link to its blob. The key holds the
+// file's place in SOURCE (cache/file_key.h): accelfs-warm of the link's path and a read through the
+// mount, which the kernel resolves to the blob, must agree on it, or the warm-up would be fetched
+// for nothing and the read fetch the model again.
+TEST_F(IdentityTest, AWarmThroughASymbolicLinkIsWhatTheMountsReadFinds) {
+  ASSERT_EQ(mkdir((store_ + "/blobs").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((store_ + "/snapshots").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((store_ + "/snapshots/rev").c_str(), 0755), 0);
+  WriteTestFile(store_ + "/blobs/0123abcd", kShard, 51);
+  ASSERT_EQ(symlink("../../blobs/0123abcd", (store_ + "/snapshots/rev/model.bin").c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(StartNet());
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  const CommandResult warm = RunCommand({TestBinary(ACCELFS_WARM), Mnt("snapshots/rev/model.bin")});
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  EXPECT_EQ(FetchedBytes(), kShard);
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("snapshots/rev/model.bin"), 51, kShard));
+  EXPECT_EQ(FetchedBytes(), kShard) << "the read fetched the warmed file again";
+}
+
 // Two directories hold files of the same names, sizes and mtimes; swapped by renames, each path
 // reads the bytes of the file now at it. A hard link reads as its file. Over a local source (NET
 // keeps names for 60 s, so a reader of NET itself would see the old directories), with names not

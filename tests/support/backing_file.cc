@@ -16,7 +16,7 @@ std::shared_ptr<BackingFile> OpenBackingFile(const std::string& path, bool direc
   return std::make_shared<BackingFile>(direct_fd, buffered);
 }
 
-FileKey KeyOfFd(int fd) {
+FileKey KeyOfFd(int fd, const std::string& relative) {
   struct stat st {};
   if (fstat(fd, &st) != 0) throw std::runtime_error("fstat failed");
   std::vector<std::byte> samples;
@@ -26,15 +26,17 @@ FileKey KeyOfFd(int fd) {
     if (n < 0) throw std::runtime_error("pread failed");
     samples.insert(samples.end(), page.begin(), page.begin() + n);
   }
-  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()));
+  return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()), PlaceOfPath(relative));
 }
 
-FileKey KeyOf(const BackingFile& file) { return KeyOfFd(file.any_fd()); }
+FileKey KeyOf(const BackingFile& file, const std::string& relative) {
+  return KeyOfFd(file.any_fd(), relative);
+}
 
-FileKey KeyOfPath(const std::string& path) {
+FileKey KeyOfPath(const std::string& path, const std::string& relative) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot open " + path);
-  FileKey key = KeyOfFd(fd);
+  FileKey key = KeyOfFd(fd, relative);
   close(fd);
   return key;
 }

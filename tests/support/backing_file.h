@@ -18,10 +18,10 @@ namespace accelfs::testing {
 // `direct` (-1 when the filesystem refuses O_DIRECT at open). Aborts the test binary on failure.
 std::shared_ptr<BackingFile> OpenBackingFile(const std::string& path, bool direct = false);
 
-// The FileKey of the file behind `file`'s buffered descriptor.
+// The FileKey of the file behind `file`'s buffered descriptor, found at `relative` in its SOURCE.
 // The file's identity as the daemon computes it (IdentifyFile), with plain preads.
-FileKey KeyOf(const BackingFile& file);
-FileKey KeyOfPath(const std::string& path);
+FileKey KeyOf(const BackingFile& file, const std::string& relative = "");
+FileKey KeyOfPath(const std::string& path, const std::string& relative = "");
 
 // Up to `size` bytes of `path` at `offset`, by pread: the reference a read path is checked against.
 std::vector<uint8_t> PreadBytes(const std::string& path, uint64_t offset, size_t size);

@@ -59,9 +59,9 @@ class ShardOrderTest : public ::testing::Test {
 TEST_F(ShardOrderTest, TheIndexIsReadOnceForEveryAsk) {
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"c.safetensors", "a.safetensors", "b.safetensors"}));
   for (int round = 0; round < 3; ++round) {
-    EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");
-    EXPECT_EQ(order_.Next(dir_fd_, "b.safetensors"), "c.safetensors");
-    EXPECT_EQ(order_.Next(dir_fd_, "c.safetensors"), "");
+    EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "b.safetensors");
+    EXPECT_EQ(order_.Next(dir_fd_, "", "b.safetensors"), "c.safetensors");
+    EXPECT_EQ(order_.Next(dir_fd_, "", "c.safetensors"), "");
   }
   EXPECT_EQ(Opens(), 1);
 }
@@ -75,8 +75,8 @@ TEST_F(ShardOrderTest, WithACacheTheIndexIsReadThroughItAndOnlyOnce) {
   BlockCache cache(store, backend, {64 * uint64_t{64 << 10}, 64 << 10});
   for (int life = 0; life < 2; ++life) {
     ShardOrder order(&cache);
-    EXPECT_EQ(order.Next(dir_fd_, "a.safetensors"), "b.safetensors");
-    EXPECT_EQ(order.Next(dir_fd_, "b.safetensors"), "c.safetensors");
+    EXPECT_EQ(order.Next(dir_fd_, "", "a.safetensors"), "b.safetensors");
+    EXPECT_EQ(order.Next(dir_fd_, "", "b.safetensors"), "c.safetensors");
   }
   // Each life reads the index's first page for its identity (cache/file_key.h); its one block is
   // fetched once.
@@ -86,9 +86,9 @@ TEST_F(ShardOrderTest, WithACacheTheIndexIsReadThroughItAndOnlyOnce) {
 
 TEST_F(ShardOrderTest, AChangedIndexIsReadAgain) {
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"a.safetensors", "b.safetensors", "c.safetensors"}));
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "b.safetensors");
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"a.safetensors", "c.safetensors"}));  // another size
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "c.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "c.safetensors");
   EXPECT_EQ(Opens(), 1);
   // A new file renamed over it, the same size: another inode.
   {
@@ -96,22 +96,25 @@ TEST_F(ShardOrderTest, AChangedIndexIsReadAgain) {
     out << "{\"metadata\":{},\"weight_map\":{\"w0\":\"a.safetensors\",\"w1\":\"d.safetensors\"}}";
   }
   ASSERT_EQ(std::rename((dir_ / "new.json").c_str(), (dir_ / kIndex).c_str()), 0);
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "d.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "d.safetensors");
 }
 
 TEST_F(ShardOrderTest, WithoutAnIndexTheNamesDecide) {
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00002-of-00002.safetensors"), "");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00001-of-00002.safetensors"),
+            "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00002-of-00002.safetensors"), "");
   // An index that does not list the shard, and then one removed: the names decide.
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"x.safetensors"}));
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00001-of-00002.safetensors"),
+            "m-00002-of-00002.safetensors");
   ASSERT_EQ(unlink((dir_ / kIndex).c_str()), 0);
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00001-of-00002.safetensors"),
+            "m-00002-of-00002.safetensors");
 }
 
 TEST_F(ShardOrderTest, AHostileIndexIsReadOnceAndNamesNothing) {
   ASSERT_NO_FATAL_FAILURE(WriteIndex({"../etc/passwd", "a.safetensors", "b.safetensors"}));
-  for (int round = 0; round < 3; ++round) EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "");
+  for (int round = 0; round < 3; ++round) EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "");
   EXPECT_EQ(Opens(), 1);
 }
 
@@ -120,17 +123,19 @@ TEST_F(ShardOrderTest, AHostileIndexIsReadOnceAndNamesNothing) {
 TEST_F(ShardOrderTest, ANumberedShardsNameDecidesWithoutTheIndex) {
   ASSERT_NO_FATAL_FAILURE(WriteIndex(
       {"m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors", "z.safetensors"}));
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00002-of-00002.safetensors"), "");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00001-of-00002.safetensors"),
+            "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00002-of-00002.safetensors"), "");
   EXPECT_EQ(Opens(), 0);
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "");  // not listed: nothing follows
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "");  // not listed: nothing follows
   EXPECT_EQ(Opens(), 1);
 }
 
 // A FIFO where the index should be is never opened: an open would wait for a writer.
 TEST_F(ShardOrderTest, AnIndexThatIsAFifoIsLeftAlone) {
   ASSERT_EQ(mkfifo((dir_ / kIndex).c_str(), 0644), 0) << std::strerror(errno);
-  EXPECT_EQ(order_.Next(dir_fd_, "m-00001-of-00002.safetensors"), "m-00002-of-00002.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "m-00001-of-00002.safetensors"),
+            "m-00002-of-00002.safetensors");
 }
 
 // An index whose names take more than the memory set aside for all indexes is not kept: it is
@@ -148,9 +153,9 @@ TEST_F(ShardOrderTest, AnIndexTooBigToKeepIsReadAtEachAsk) {
   files.emplace_back("b.safetensors");
   ASSERT_NO_FATAL_FAILURE(WriteIndex(files));
   // Counted after each ask (see OpenCounter::Take).
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "b.safetensors");
   EXPECT_EQ(Opens(), 1);
-  EXPECT_EQ(order_.Next(dir_fd_, "a.safetensors"), "b.safetensors");
+  EXPECT_EQ(order_.Next(dir_fd_, "", "a.safetensors"), "b.safetensors");
   EXPECT_EQ(Opens(), 1);
 }
 

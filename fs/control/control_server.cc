@@ -86,7 +86,7 @@ Result<Caller> PeerCaller(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return Errno("SO_PEERCRED");
-  Caller caller{cred.uid, cred.gid, {}};
+  Caller caller{cred.uid, cred.gid, {}, {}};
   std::vector<gid_t> groups(64);
   for (int attempt = 0; attempt < 4; ++attempt) {
     socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));

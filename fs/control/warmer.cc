@@ -53,18 +53,29 @@ Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
   return PlaceOfPath(std::string_view(file).substr(prefix.size()));
 }
 
-// Opens the file found at `path` for the backend and identifies it (a read of its first and last
-// page through the cache's backend, cache/file_key.h).
+// Opens `held`, the file a request found at `path` beneath `root_fd`, for the backend and
+// identifies it (a read of its first and last page through the cache's backend,
+// cache/file_key.h). ESTALE when the name leads elsewhere now (renamed, replaced, a link put in its
+// place): the job then warms nothing the request did not check.
 // `buffered_reads`: as WarmerOptions::buffered_reads.
 Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path,
-                                      bool buffered_reads) {
+                                      int held, bool buffered_reads) {
+  const auto changed = [&] {
+    return Error(ESTALE,
+                 DescribePath(path) + " changed since it was asked for; run accelfs-warm again");
+  };
   Result<int> fd = OpenBeneath(root_fd, path);
   if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
-  IdentifiedFile out;
-  const Place place = PlaceBeneath(root_fd, *fd, path);
-  Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
-      AT_FDCWD, ("/proc/self/fd/" + std::to_string(*fd)).c_str(), 0, &out.st, buffered_reads);
+  struct stat now {};
+  struct stat asked {};
+  const bool same = fstat(*fd, &now) == 0 && fstat(held, &asked) == 0 &&
+                    now.st_dev == asked.st_dev && now.st_ino == asked.st_ino;
   close(*fd);
+  if (!same) return changed();
+  IdentifiedFile out;
+  const Place place = PlaceBeneath(root_fd, held, path);
+  Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
+      AT_FDCWD, ("/proc/self/fd/" + std::to_string(held)).c_str(), 0, &out.st, buffered_reads);
   if (!backing.ok()) {
     return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
   }
@@ -79,9 +90,9 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
 
 // Opens the file found at `path` for the backend, checking that it is still what was measured.
 Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
-                                               const std::string& path, const FileKey& key,
-                                               bool buffered_reads) {
-  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path, buffered_reads);
+                                               const std::string& path, int held,
+                                               const FileKey& key, bool buffered_reads) {
+  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path, held, buffered_reads);
   if (!file.ok()) return file.error();
   if (file->key != key) {
     return Error(ESTALE,
@@ -134,6 +145,12 @@ class Root {
 };
 
 }  // namespace
+
+WarmJob::~WarmJob() {
+  for (const File& file : files_) {
+    if (file.fd >= 0) close(file.fd);
+  }
+}
 
 WarmProgress WarmJob::Progress() const {
   std::lock_guard lock(mu_);
@@ -215,6 +232,11 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
     job->progress_.bytes_total += size;
     WarmJob::File file;
     file.path = f.path;
+    file.fd = fcntl(f.fd, F_DUPFD_CLOEXEC, 0);
+    if (file.fd < 0) {
+      const int err = errno;
+      return Error(err, DescribePath(f.path) + ": " + Error(err).Message());
+    }
     file.key.size = size;
     job->files_.push_back(std::move(file));
   }
@@ -309,11 +331,11 @@ Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::
   const Root root(open_root_);
   if (root.fd() < 0) return root.error();
   if (file.identified) {
-    return OpenAgain(root.fd(), cache_, file.path, file.key, options_.buffered_reads);
+    return OpenAgain(root.fd(), cache_, file.path, file.fd, file.key, options_.buffered_reads);
   }
   // The first turn of the file: what it is now is what the job warms.
   Result<IdentifiedFile> identified =
-      OpenIdentified(root.fd(), cache_, file.path, options_.buffered_reads);
+      OpenIdentified(root.fd(), cache_, file.path, file.fd, options_.buffered_reads);
   if (!identified.ok()) return identified.error();
   file.key = identified->key;
   file.dev = static_cast<uint64_t>(identified->st.st_dev);

@@ -43,6 +43,10 @@ struct WarmProgress {
 
 class WarmJob {
  public:
+  WarmJob() = default;
+  ~WarmJob();
+  WarmJob(const WarmJob&) = delete;
+  WarmJob& operator=(const WarmJob&) = delete;
   WarmProgress Progress() const;
   // Waits up to `timeout` for the job to finish; true when it has.
   bool WaitFinished(std::chrono::milliseconds timeout) const;
@@ -53,6 +57,10 @@ class WarmJob {
   // Written by the job's thread only (IssueFile), which alone reads them after the job is queued.
   struct File {
     std::string path;
+    // The file the request found (an O_PATH descriptor, the job's own): each turn reopens it, not
+    // the name, and only while the name still leads to it. What the caller's rights were checked
+    // on is what is warmed: a link or a FIFO renamed over the name in between is never opened.
+    int fd = -1;
     FileKey key;  // only its size until identified
     bool identified = false;
     uint64_t dev = 0;  // where it was found: the inode the daemon may load into the page cache

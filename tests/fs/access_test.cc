@@ -79,13 +79,13 @@ TEST(AccessTest, GroupsAreAskedOnlyWhenTheyDecide) {
                         ++asked;
                         return std::vector<gid_t>{50};
                       }};
-  EXPECT_TRUE(MayAccess({kFile | 0644, 0, 50}, caller, R_OK));     // group and others agree
-  EXPECT_TRUE(MayAccess({kFile | 0600, 4712, 50}, caller, R_OK));  // the owner
+  EXPECT_TRUE(MayAccess(AccessAttrs{kFile | 0644, 0, 50}, caller, R_OK));  // group and others agree
+  EXPECT_TRUE(MayAccess(AccessAttrs{kFile | 0600, 4712, 50}, caller, R_OK));  // the owner
   EXPECT_EQ(asked, 0);
-  EXPECT_TRUE(MayAccess({kFile | 0640, 0, 50}, caller, R_OK));
+  EXPECT_TRUE(MayAccess(AccessAttrs{kFile | 0640, 0, 50}, caller, R_OK));
   EXPECT_EQ(asked, 1);
-  const Caller without_groups{4712, 4712, nullptr};
-  EXPECT_FALSE(MayAccess({kFile | 0640, 0, 50}, without_groups, R_OK));
+  const Caller without_groups{4712, 4712, {}, nullptr};
+  EXPECT_FALSE(MayAccess(AccessAttrs{kFile | 0640, 0, 50}, without_groups, R_OK));
 }
 
 }  // namespace

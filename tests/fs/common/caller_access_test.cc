@@ -26,7 +26,7 @@ struct stat Attributes(uid_t uid, gid_t gid, mode_t mode) {
 }
 
 TEST(MayAccessTest, OwnerGroupSupplementaryOtherAndRoot) {
-  const Caller user{1000, 100, {20, 30}};
+  const Caller user{1000, 100, {20, 30}, {}};
   struct Case {
     const char* what;
     struct stat st;
@@ -51,14 +51,14 @@ TEST(MayAccessTest, OwnerGroupSupplementaryOtherAndRoot) {
   for (const Case& c : cases) EXPECT_EQ(MayAccess(c.st, user, c.want), c.may) << c.what;
   // Root may, whatever the bits; a default Caller is nobody's: the others' bits only.
   EXPECT_TRUE(MayAccess(Attributes(1000, 100, S_IFREG | 0000), Caller::Root(), kWantRead));
-  EXPECT_TRUE(MayAccess(Attributes(1000, 100, S_IFDIR | 0000), Caller{0, 7, {}}, kWantSearch));
+  EXPECT_TRUE(MayAccess(Attributes(1000, 100, S_IFDIR | 0000), Caller{0, 7, {}, {}}, kWantSearch));
   EXPECT_FALSE(MayAccess(Attributes(0, 0, S_IFREG | 0640), Caller{}, kWantRead));
   EXPECT_TRUE(MayAccess(Attributes(0, 0, S_IFREG | 0604), Caller{}, kWantRead));
 }
 
 TEST(MayAccessTest, RightsKeyIgnoresTheGroupsOrder) {
-  EXPECT_EQ((Caller{5, 6, {3, 1}}).RightsKey(), (Caller{5, 6, {1, 3}}).RightsKey());
-  EXPECT_NE((Caller{5, 6, {1}}).RightsKey(), (Caller{5, 6, {}}).RightsKey());
+  EXPECT_EQ((Caller{5, 6, {3, 1}, {}}).RightsKey(), (Caller{5, 6, {1, 3}, {}}).RightsKey());
+  EXPECT_NE((Caller{5, 6, {1}, {}}).RightsKey(), (Caller{5, 6, {}, {}}).RightsKey());
 }
 
 // A tree below the root, as root makes it: the caller (uid 4713, gid 4713) owns nothing.
@@ -107,7 +107,7 @@ class CollectAsCallerTest : public ::testing::Test {
 
   testing::TempDir dir_{"accelfs-caller"};
   int root_fd_ = -1;
-  const Caller user_{4713, 4713, {}};
+  const Caller user_{4713, 4713, {}, {}};
 };
 
 TEST_F(CollectAsCallerTest, ACallerSeesWhatItMayReadAndRootEverything) {
@@ -139,7 +139,7 @@ TEST_F(CollectAsCallerTest, WhatTheCallerMayNotReadFailsAsAMissingPath) {
     EXPECT_TRUE(CollectFiles(root_fd_, {path}, Caller::Root()).ok()) << path;
   }
   // A group that may read and search opens it again.
-  const Caller in_root_group{4713, 4713, {0}};
+  const Caller in_root_group{4713, 4713, {0}, {}};
   EXPECT_EQ(Found({"secret"}, in_root_group),
             (std::vector<std::string>{"error: 'secret': no such file or directory"}));
   ASSERT_EQ(chmod((dir_ / "secret").c_str(), 0750), 0);

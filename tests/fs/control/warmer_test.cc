@@ -351,6 +351,36 @@ TEST_F(WarmerCacheTest, AFifoRenamedOverAFileBeforeItsTurnFailsTheJobWithoutBloc
   EXPECT_EQ(Resident("m/a"), 3 * kBlock);
 }
 
+// A caller's rights are checked on what its request found; a link renamed over a file before the
+// file's turn would lead the job (root) to a file the caller may not read (issue 49). The job
+// reopens the file it found, and only while the name still leads to it: the link's target is
+// never warmed.
+TEST_F(WarmerCacheTest, ALinkRenamedOverAFileBeforeItsTurnIsNotFollowed) {
+  Write("m/a", 3 * kBlock, 1);
+  Write("m/b", 2 * kBlock, 2);
+  Write("secret", 4 * kBlock, 3);
+  ASSERT_EQ(chmod((root_ + "/secret").c_str(), 0600), 0);
+  const std::string link = root_ + "/m/link";
+  std::atomic<int> opens{0};
+  MakeWarmer(64, nullptr, [&] {
+    // 1: the request; 2: m/a's turn; 3: m/b's turn, which finds the link.
+    if (++opens == 3) {
+      EXPECT_EQ(symlink("../secret", link.c_str()), 0);
+      EXPECT_EQ(rename(link.c_str(), (root_ + "/m/b").c_str()), 0);
+    }
+    return fcntl(root_fd_, F_DUPFD_CLOEXEC, 0);
+  });
+  const Caller user{4711, 4711, {}, {}};
+  bool attached = false;
+  auto job = warmer_->Warm({"m"}, &attached, user);
+  ASSERT_TRUE(job.ok()) << job.error().Message();
+  ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
+  const WarmProgress p = (*job)->Progress();
+  EXPECT_EQ(p.state, "failed");
+  EXPECT_NE(p.error.find("'m/b' changed since it was asked for"), std::string::npos) << p.error;
+  EXPECT_EQ(Resident("secret"), 0u);
+}
+
 // Evict and residency read nothing of the store's files, only their attributes (issue 49): an
 // operator empties the cache of a store that fails or hangs its reads. Before, each sampled the
 // file's first and last page through the backend: EIO from a failing store, and here, a store

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "cache/file_key.h"
@@ -42,10 +43,17 @@ class BlockMac {
   static Result<Nonce> FreshNonce();
 
   // The tag of block `index` of `file`, whose bytes are `bytes`, under `nonce`. Error(EIO) only
-  // when libcrypto cannot run (ENOMEM when it has no memory). Thread-safe: each thread has its own
-  // libcrypto context.
+  // when libcrypto cannot run. Thread-safe: each thread has its own libcrypto context.
   Result<Tag> Of(const FileKey& file, uint64_t index, const Nonce& nonce,
                  std::span<const std::byte> bytes) const;
+
+  // The same tag, of a block whose `length` bytes are read in pieces small enough to stay in a
+  // core's cache until they are hashed: `read(piece, at)` fills all of `piece` with the block's
+  // bytes from `at` on, or returns the Error that this then returns. One copy into the cache and
+  // one hash of it, where reading the whole block first and hashing it then reads it from memory
+  // twice.
+  Result<Tag> OfPieces(const FileKey& file, uint64_t index, const Nonce& nonce, size_t length,
+                       const std::function<Status(std::span<std::byte>, size_t)>& read) const;
 
   // Whether two tags are equal, in time that does not depend on where they differ.
   static bool Same(const Tag& a, const Tag& b);

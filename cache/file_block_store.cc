@@ -444,23 +444,29 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
   std::memcpy(recorded.data(), sealed.data() + nonce.size(), recorded.size());
   // Read with pread, not through the mapping: a disk that fails answers EIO here, where a page
   // fault would be a SIGBUS. The pages read stay in the page cache for the readers that follow.
-  // Asked for all at once first, so the block arrives in a few large requests. (In a tmpfs dir
-  // too: the MAC taken through the file's fresh mapping, no copy, measured slower, 0.49 s against
-  // 0.21 s to the first byte of 1 GiB after a restart: a page fault per 4 KiB costs more than the
-  // copy.)
+  // Asked for all at once first, so the block arrives in a few large requests; read and hashed a
+  // piece at a time (BlockMac::OfPieces), each piece hashed while it is in the core's cache. (In a
+  // tmpfs dir too: the MAC taken through the file's fresh mapping, no copy, measured slower, 0.49 s
+  // against 0.21 s to the first byte of 1 GiB after a restart: a page fault per 4 KiB costs more
+  // than the copy.)
   const off_t offset = static_cast<off_t>(key.index * block_size_);
   posix_fadvise(fd, offset, bytes, POSIX_FADV_WILLNEED);
-  thread_local std::vector<std::byte> scratch;
-  scratch.resize(bytes);
-  for (size_t got = 0; got < bytes;) {
-    const ssize_t n =
-        pread(fd, scratch.data() + got, bytes - got, offset + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return unreadable(n);
-    got += static_cast<size_t>(n);
-  }
-  const Result<BlockMac::Tag> tag =
-      mac_->Of(key.file, key.index, nonce, std::span<const std::byte>(scratch.data(), bytes));
+  bool read_failed = false;
+  const Result<BlockMac::Tag> tag = mac_->OfPieces(
+      key.file, key.index, nonce, bytes, [&](std::span<std::byte> piece, size_t at) -> Status {
+        for (size_t got = 0; got < piece.size();) {
+          const ssize_t n = pread(fd, piece.data() + got, piece.size() - got,
+                                  offset + static_cast<off_t>(at + got));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            read_failed = true;
+            return unreadable(n);
+          }
+          got += static_cast<size_t>(n);
+        }
+        return Status::Ok();
+      });
+  if (read_failed) return tag.error();
   if (!tag.ok()) return failure(tag.error().code(), "cannot be checked: " + tag.error().Message());
   if (!BlockMac::Same(tag.value(), recorded)) {
     return failure(EILSEQ, "does not match its MAC (not what this daemon's kind wrote there)");

@@ -75,6 +75,32 @@ TEST(BlockMacTest, EveryInputChangesTheTag) {
   EXPECT_TRUE(differs(mac.Of(file, 3, nonce, bytes).value())) << "fingerprint";
 }
 
+TEST(BlockMacTest, PiecesGiveTheWholeBlocksTag) {
+  const BlockMac mac(KeyOf(1));
+  const BlockMac::Nonce nonce = BlockMac::FreshNonce().value();
+  for (const size_t length : {size_t{0}, size_t{1}, size_t{256} << 10, (size_t{4} << 20) - 5}) {
+    const auto bytes = Bytes(length, 5);
+    size_t calls = 0;
+    const Result<BlockMac::Tag> pieces =
+        mac.OfPieces(kFile, 2, nonce, length, [&](std::span<std::byte> piece, size_t at) {
+          ++calls;
+          EXPECT_LE(at + piece.size(), length);
+          std::memcpy(piece.data(), bytes.data() + at, piece.size());
+          return Status::Ok();
+        });
+    ASSERT_TRUE(pieces.ok()) << length;
+    EXPECT_TRUE(BlockMac::Same(pieces.value(), mac.Of(kFile, 2, nonce, bytes).value())) << length;
+    EXPECT_EQ(calls, (length + (size_t{256} << 10) - 1) / (size_t{256} << 10)) << length;
+  }
+  // A piece that cannot be read: its error, no tag.
+  const Result<BlockMac::Tag> failed =
+      mac.OfPieces(kFile, 2, nonce, 1 << 20, [](std::span<std::byte>, size_t at) -> Status {
+        return at == 0 ? Status::Ok() : Status(Error(EIO, "gone"));
+      });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error().code(), EIO);
+}
+
 TEST(BlockMacTest, NoncesAreFresh) {
   std::set<BlockMac::Nonce> seen;
   for (int i = 0; i < 1000; ++i) {

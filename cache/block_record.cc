@@ -55,7 +55,7 @@ Result<BlockRecord> ParseBlockRecord(std::span<const std::byte> record, uint32_t
   if (!key.ok()) return key.error();
   // Not BlockCount: a hostile size near 2^64 would wrap it.
   const uint64_t blocks = key->size / block_size + (key->size % block_size != 0 ? 1 : 0);
-  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 17 wrap.
+  // Divided, not multiplied: with a block size of 1 a hostile size makes blocks * 29 wrap.
   const uint64_t body = record.size() - sizeof(RecordHeader);
   if (body % (1 + kMacBytes) != 0 || body / (1 + kMacBytes) != blocks) return Error(EINVAL);
   try {

@@ -40,8 +40,9 @@ inline constexpr size_t kBlockRecordHeaderBytes = 64;
 Result<FileKey> ParseBlockRecordHeader(std::span<const std::byte> record, uint32_t block_size);
 
 // A whole record: the header as ParseBlockRecordHeader takes it, then exactly one byte per block
-// of the file the header names, then exactly block_record::kMacBytes (a MAC) per block. A block is
-// present when its byte is 1; any other value counts as absent (only 0 and 1 are ever written).
+// of the file the header names, then exactly block_record::kMacBytes (a nonce and a MAC) per
+// block. A block is present when its byte is 1; any other value counts as absent (only 0 and 1
+// are ever written).
 // Error(EINVAL) as ParseBlockRecordHeader, or when the record's length is not the header's plus 1 +
 // kMacBytes bytes per block; Error(ENOMEM) when memory runs out. Does not check that the record's
 // file name is StoredName(key): the caller knows the name.
@@ -59,11 +60,13 @@ inline constexpr char kMapSuffix[] = ".map";
 // '4': the key holds the file's place in SOURCE, and each block a MAC keyed by the directory's
 // secret (cache/block_mac.h) in every directory, not a CRC-32C on disks only. An older record does
 // not parse and is removed: its file is fetched once more.
-inline constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '4'};
-inline constexpr uint64_t kMacBytes = BlockMac::kTagBytes;
+// '5': the MAC is AES-256-GMAC under a random nonce per commit, kept before its tag (HMAC-SHA256
+// before: its 16 bytes of tag alone).
+inline constexpr char kMagic[8] = {'a', 'c', 'c', 'e', 'l', 'f', 's', '5'};
+inline constexpr uint64_t kMacBytes = BlockMac::kNonceBytes + BlockMac::kTagBytes;
 
 // The record's header; then block i's presence byte at sizeof(RecordHeader) + i, and after the
-// last of those, block i's MAC (kMacBytes) at MacOffset(blocks, i).
+// last of those, block i's MAC (kMacBytes: its nonce, then its tag) at MacOffset(blocks, i).
 struct RecordHeader {
   char magic[8];
   uint32_t block_size;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -371,8 +372,17 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
   // The descriptors stay open: the block is allocated, so its file is not closed under us.
   // The MAC before the mark: a record whose mark reached the disk without its MAC (a power cut
   // between the two pages' writeback) fails the check and is fetched again.
-  const Result<BlockMac::Tag> tag =
-      mac_->Of(key.file, key.index, std::span<const std::byte>(buffer.data, valid));
+  // A nonce of its own for every commit (cache/block_mac.h), kept before the tag.
+  const Result<BlockMac::Nonce> nonce = BlockMac::FreshNonce();
+  const Result<BlockMac::Tag> tag = nonce.ok()
+                                        ? mac_->Of(key.file, key.index, nonce.value(),
+                                                   std::span<const std::byte>(buffer.data, valid))
+                                        : Result<BlockMac::Tag>(nonce.error());
+  std::array<std::byte, block_record::kMacBytes> sealed{};
+  if (tag.ok()) {
+    std::memcpy(sealed.data(), nonce->data(), nonce->size());
+    std::memcpy(sealed.data() + nonce->size(), tag->data(), tag->size());
+  }
   const uint64_t blocks = BlockCount(key.file.size, block_size_);
   // Not kept (not on disk, or no MAC): not recorded, and not served either. After a failed
   // writeback the kernel may drop the pages, and reading them again from a failing disk would give
@@ -381,7 +391,7 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
   errno = 0;
   if (!tag.ok()) {
     err = tag.error().code();
-  } else if (!WriteAll(file.map_fd, tag->data(), tag->size(), MacOffset(blocks, key.index))) {
+  } else if (!WriteAll(file.map_fd, sealed.data(), sealed.size(), MacOffset(blocks, key.index))) {
     err = errno != 0 ? errno : EIO;
     if (err != ENOSPC && err != EDQUOT) NoteFailure(err);  // a full dir only skips this block
   } else if (sync_ && fdatasync(file.fd) != 0) {
@@ -423,28 +433,40 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
     return failure(err, "cannot be read back: " + Error(err).Message());
   };
   const uint64_t blocks = BlockCount(key.file.size, block_size_);
-  BlockMac::Tag recorded{};
-  if (const ssize_t n =
-          pread(map_fd, recorded.data(), recorded.size(), MacOffset(blocks, key.index));
-      n != static_cast<ssize_t>(recorded.size())) {
+  std::array<std::byte, block_record::kMacBytes> sealed{};
+  if (const ssize_t n = pread(map_fd, sealed.data(), sealed.size(), MacOffset(blocks, key.index));
+      n != static_cast<ssize_t>(sealed.size())) {
     return unreadable(n);
   }
+  BlockMac::Nonce nonce;
+  BlockMac::Tag recorded;
+  std::memcpy(nonce.data(), sealed.data(), nonce.size());
+  std::memcpy(recorded.data(), sealed.data() + nonce.size(), recorded.size());
   // Read with pread, not through the mapping: a disk that fails answers EIO here, where a page
   // fault would be a SIGBUS. The pages read stay in the page cache for the readers that follow.
-  // Asked for all at once first, so the block arrives in a few large requests.
+  // Asked for all at once first, so the block arrives in a few large requests; read and hashed a
+  // piece at a time (BlockMac::OfPieces), each piece hashed while it is in the core's cache. (In a
+  // tmpfs dir too: the MAC taken through the file's fresh mapping, no copy, measured slower, 0.49 s
+  // against 0.21 s to the first byte of 1 GiB after a restart: a page fault per 4 KiB costs more
+  // than the copy.)
   const off_t offset = static_cast<off_t>(key.index * block_size_);
   posix_fadvise(fd, offset, bytes, POSIX_FADV_WILLNEED);
-  thread_local std::vector<std::byte> scratch;
-  scratch.resize(bytes);
-  for (size_t got = 0; got < bytes;) {
-    const ssize_t n =
-        pread(fd, scratch.data() + got, bytes - got, offset + static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return unreadable(n);
-    got += static_cast<size_t>(n);
-  }
-  const Result<BlockMac::Tag> tag =
-      mac_->Of(key.file, key.index, std::span<const std::byte>(scratch.data(), bytes));
+  bool read_failed = false;
+  const Result<BlockMac::Tag> tag = mac_->OfPieces(
+      key.file, key.index, nonce, bytes, [&](std::span<std::byte> piece, size_t at) -> Status {
+        for (size_t got = 0; got < piece.size();) {
+          const ssize_t n = pread(fd, piece.data() + got, piece.size() - got,
+                                  offset + static_cast<off_t>(at + got));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            read_failed = true;
+            return unreadable(n);
+          }
+          got += static_cast<size_t>(n);
+        }
+        return Status::Ok();
+      });
+  if (read_failed) return tag.error();
   if (!tag.ok()) return failure(tag.error().code(), "cannot be checked: " + tag.error().Message());
   if (!BlockMac::Same(tag.value(), recorded)) {
     return failure(EILSEQ, "does not match its MAC (not what this daemon's kind wrote there)");

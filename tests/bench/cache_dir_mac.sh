@@ -6,7 +6,9 @@
 #   first     the daemon stopped, a new one started over the same cache dir: seconds from the
 #             start of the command to the file's first byte read through the mount
 #   warm      then the rest of the file (each block's MAC checked before it is served)
-# Prints one line per run and the median of each case per binary, and the ratio new/old.
+# Prints one line per run, the median of each case per binary, the ratio of those medians, and the
+# median of the pairs' own ratios (new/old of the runs taken back to back: steadier than the
+# medians' ratio on a machine that others load).
 #
 #   tests/bench/cache_dir_mac.sh OLD_ACCELFS NEW_ACCELFS [--size 1G] [--pairs 3]
 set -euo pipefail
@@ -32,6 +34,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM  # the EXIT trap then unmounts
 
 now() { date +%s.%N; }
 # Mounts with binary $1 and waits until the mount answers (the command returns then).
@@ -64,8 +67,13 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {print (
 for ((i = 1; i <= pairs; ++i)); do
   run old "$old"
   run new "$new"
+  for c in cold first warm; do
+    o=$(tr ' ' '\n' <<<"${runs[old.$c]}" | grep . | tail -1) n=$(tr ' ' '\n' <<<"${runs[new.$c]}" | grep . | tail -1)
+    runs[ratio.$c]+="$(echo "$n / $o" | bc -l) "
+  done
 done
 for c in cold first warm; do
   o=$(median "${runs[old.$c]}") n=$(median "${runs[new.$c]}")
-  printf 'median %-5s old %.3f s  new %.3f s  new/old %.2f\n' "$c" "$o" "$n" "$(echo "$n / $o" | bc -l)"
+  printf 'median %-5s old %.3f s  new %.3f s  new/old %.2f  median of pair ratios %.2f\n' "$c" "$o" "$n" \
+    "$(echo "$n / $o" | bc -l)" "$(median "${runs[ratio.$c]}")"
 done

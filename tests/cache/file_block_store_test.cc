@@ -577,7 +577,7 @@ TEST_P(DirStoreTest, AChangedByteInAKeptBlockIsFetchedAgainNotServed) {
 std::vector<std::byte> Record(const FileKey& key, uint32_t block_size,
                               const std::vector<uint8_t>& marks) {
   std::vector<std::byte> record(kBlockRecordHeaderBytes);
-  std::memcpy(record.data(), "accelfs4", 8);
+  std::memcpy(record.data(), "accelfs5", 8);
   std::memcpy(record.data() + 8, &block_size, 4);
   std::memcpy(record.data() + 16, &key.size, 8);
   std::memcpy(record.data() + 24, &key.mtime_ns, 8);
@@ -612,6 +612,11 @@ TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
   magic[7] = std::byte{'3'};  // version 3: CRC-32C on disks only, no place
   std::vector<std::byte> longer = valid;
   longer.push_back(std::byte{1});
+  // Version 4's layout: 16 bytes of HMAC-SHA256 a block, no nonce. Under its own magic and ours.
+  std::vector<std::byte> tags_only(valid.begin(), valid.begin() + kBlockRecordHeaderBytes + 3);
+  tags_only.resize(tags_only.size() + 3 * BlockMac::kTagBytes);
+  std::vector<std::byte> version4 = tags_only;
+  version4[7] = std::byte{'4'};
   // BlockCount would wrap; no memory either way.
   const std::vector<std::byte> huge = Record({~uint64_t{0}, 1, 1, 1}, kBlock, {1});
   const struct {
@@ -622,6 +627,8 @@ TEST(ParseBlockRecordTest, MalformedRecordsAreErrors) {
       {"empty", {}, kBlock},
       {"shorter than the header", std::span(valid).first(kBlockRecordHeaderBytes - 1), kBlock},
       {"not our magic", magic, kBlock},
+      {"version 4 (HMAC-SHA256)", version4, kBlock},
+      {"tags without their nonces", tags_only, kBlock},
       {"another block size", valid, 2 * kBlock},
       {"a block size of 0", valid, 0},
       {"a MAC byte short", std::span(valid).first(valid.size() - 1), kBlock},

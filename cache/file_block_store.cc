@@ -373,11 +373,27 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
   // The MAC before the mark: a record whose mark reached the disk without its MAC (a power cut
   // between the two pages' writeback) fails the check and is fetched again.
   // A nonce of its own for every commit (cache/block_mac.h), kept before the tag.
+  // The bytes hashed are read back from the file a piece at a time, as Verify reads them, not
+  // through the daemon's mapping: the read that filled the block left its pages in the page cache
+  // but not in this mapping, and a page fault per 4 KiB costs more than the copy (a cold fill
+  // through a tmpfs dir measured 0.4-0.6x of the speed without a MAC when hashed through the
+  // mapping).
+  const off_t offset = static_cast<off_t>(key.index * block_size_);
   const Result<BlockMac::Nonce> nonce = BlockMac::FreshNonce();
-  const Result<BlockMac::Tag> tag = nonce.ok()
-                                        ? mac_->Of(key.file, key.index, nonce.value(),
-                                                   std::span<const std::byte>(buffer.data, valid))
-                                        : Result<BlockMac::Tag>(nonce.error());
+  const Result<BlockMac::Tag> tag =
+      nonce.ok() ? mac_->OfPieces(key.file, key.index, nonce.value(), valid,
+                                  [&](std::span<std::byte> piece, size_t at) -> Status {
+                                    for (size_t got = 0; got < piece.size();) {
+                                      const ssize_t n =
+                                          pread(file.fd, piece.data() + got, piece.size() - got,
+                                                offset + static_cast<off_t>(at + got));
+                                      if (n < 0 && errno == EINTR) continue;
+                                      if (n <= 0) return Error(n < 0 ? errno : EIO);
+                                      got += static_cast<size_t>(n);
+                                    }
+                                    return Status::Ok();
+                                  })
+                 : Result<BlockMac::Tag>(nonce.error());
   std::array<std::byte, block_record::kMacBytes> sealed{};
   if (tag.ok()) {
     std::memcpy(sealed.data(), nonce->data(), nonce->size());

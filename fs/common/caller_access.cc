@@ -20,8 +20,15 @@ bool RootAllows(const AccessAttrs& attrs, int mask) {
 std::string Caller::RightsKey() const {
   std::vector<gid_t> sorted = load_groups ? load_groups() : groups;
   std::sort(sorted.begin(), sorted.end());
-  std::string key = std::to_string(uid) + ":" + std::to_string(gid);
-  for (gid_t g : sorted) key += "," + std::to_string(g);
+  // Appended piece by piece, not `"," + std::to_string(g)`: GCC 12 at -O3 takes that operator+
+  // for an overlapping memcpy (-Wrestrict, a false positive that breaks -Werror builds).
+  std::string key = std::to_string(uid);
+  key += ':';
+  key += std::to_string(gid);
+  for (gid_t g : sorted) {
+    key += ',';
+    key += std::to_string(g);
+  }
   return key;
 }
 

@@ -44,6 +44,19 @@ bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
   return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
 }
 
+// Fills `piece` from `fd` at `offset` (pread; EINTR retried): Error(errno), or EIO where the file
+// ends first. How Commit and Verify read a block back for its MAC, a piece at a time.
+Status ReadPiece(int fd, off_t offset, std::span<std::byte> piece) {
+  for (size_t got = 0; got < piece.size();) {
+    const ssize_t n =
+        pread(fd, piece.data() + got, piece.size() - got, offset + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error(n < 0 ? errno : EIO);
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 FileBlockStore::FileBlockStore(std::string dir, int root_fd, int lock_fd, uint32_t block_size,
@@ -381,19 +394,12 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
   const off_t offset = static_cast<off_t>(key.index * block_size_);
   const Result<BlockMac::Nonce> nonce = BlockMac::FreshNonce();
   const Result<BlockMac::Tag> tag =
-      nonce.ok() ? mac_->OfPieces(key.file, key.index, nonce.value(), valid,
-                                  [&](std::span<std::byte> piece, size_t at) -> Status {
-                                    for (size_t got = 0; got < piece.size();) {
-                                      const ssize_t n =
-                                          pread(file.fd, piece.data() + got, piece.size() - got,
-                                                offset + static_cast<off_t>(at + got));
-                                      if (n < 0 && errno == EINTR) continue;
-                                      if (n <= 0) return Error(n < 0 ? errno : EIO);
-                                      got += static_cast<size_t>(n);
-                                    }
-                                    return Status::Ok();
-                                  })
-                 : Result<BlockMac::Tag>(nonce.error());
+      nonce.ok()
+          ? mac_->OfPieces(key.file, key.index, nonce.value(), valid,
+                           [&](std::span<std::byte> piece, size_t at) {
+                             return ReadPiece(file.fd, offset + static_cast<off_t>(at), piece);
+                           })
+          : Result<BlockMac::Tag>(nonce.error());
   std::array<std::byte, block_record::kMacBytes> sealed{};
   if (tag.ok()) {
     std::memcpy(sealed.data(), nonce->data(), nonce->size());
@@ -470,17 +476,12 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
   bool read_failed = false;
   const Result<BlockMac::Tag> tag = mac_->OfPieces(
       key.file, key.index, nonce, bytes, [&](std::span<std::byte> piece, size_t at) -> Status {
-        for (size_t got = 0; got < piece.size();) {
-          const ssize_t n = pread(fd, piece.data() + got, piece.size() - got,
-                                  offset + static_cast<off_t>(at + got));
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) {
-            read_failed = true;
-            return unreadable(n);
-          }
-          got += static_cast<size_t>(n);
-        }
-        return Status::Ok();
+        const Status read = ReadPiece(fd, offset + static_cast<off_t>(at), piece);
+        if (read.ok()) return read;
+        read_failed = true;
+        const int err = read.error().code();
+        if (err == EIO) NoteFailure(err);  // a disk that fails to read is failing
+        return failure(err, "cannot be read back: " + Error(err).Message());
       });
   if (read_failed) return tag.error();
   if (!tag.ok()) return failure(tag.error().code(), "cannot be checked: " + tag.error().Message());

@@ -53,6 +53,13 @@ BlockCache::Ref& BlockCache::Ref::operator=(Ref&& other) noexcept {
 const std::byte* BlockCache::Ref::data() const { return entry_->buffer.data; }
 uint32_t BlockCache::Ref::size() const { return entry_->expected; }
 
+BlockCache::Ref BlockCache::Ref::Share() const {
+  if (entry_ == nullptr) return Ref();
+  std::lock_guard lock(cache_->mu_);
+  cache_->PinLocked(entry_, 1);
+  return Ref(cache_, entry_);
+}
+
 void BlockCache::Ref::Reset() {
   if (entry_ != nullptr) {
     cache_->Unpin(entry_);

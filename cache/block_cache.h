@@ -159,6 +159,9 @@ class BlockCache {
     ~Ref() { Reset(); }
     const std::byte* data() const;
     uint32_t size() const;  // bytes of file data in the block
+    // Another Ref of the same block, pinned once more (empty for an empty Ref). Valid for a block
+    // dropped from the cache while pinned: it lives until its last Ref goes.
+    Ref Share() const;
     void Reset();
 
    private:

@@ -201,9 +201,12 @@ Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view na
   // directory its own ancestor (a bind mount of a directory inside itself).
   if (S_ISREG(out.attr.st_mode) || (S_ISDIR(out.attr.st_mode) && !IsAncestorOrSelf(node, *dir))) {
     std::lock_guard lock(node->mu);
+    // Found at another place: the last check's key names the old one (its place).
+    if (node->parent != *dir || node->name != child) node->checked_known = false;
     node->parent = *dir;
     node->name = child;
   }
+  if (S_ISREG(out.attr.st_mode)) ForgetCheckUnless(*node, out.attr);
   return out;
 }
 
@@ -220,6 +223,7 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
     if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         st.st_dev == (*inode)->dev && st.st_ino == (*inode)->ino) {
       NoteTold(**inode, st);
+      if (S_ISREG(st.st_mode)) ForgetCheckUnless(**inode, st);
       return st;
     }
   }
@@ -227,6 +231,7 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
     return StoreError(**inode, Error(errno));
   }
   NoteTold(**inode, st);
+  if (S_ISREG(st.st_mode)) ForgetCheckUnless(**inode, st);
   return st;
 }
 
@@ -317,6 +322,16 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   auto inode = Find(ino);
   if (!inode.ok()) return done(inode.error());
   if (S_ISDIR((*inode)->mode)) return done(Error(EISDIR));
+  if (options_.revalidate.count() > 0) {
+    Status refused;
+    if (std::unique_ptr<Handle> handle = OpenTrusted(ino, *inode, caller, &refused)) {
+      trusted_opens_.fetch_add(1, std::memory_order_relaxed);
+      return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
+    }
+    if (!refused.ok()) return done(refused.error());
+  }
+  // When this check began: the window of a check counts from before anything it read.
+  const auto check_began = std::chrono::steady_clock::now();
   // Opened by the name it was last looked up by, in its directory: the file the name leads to now,
   // with the attributes the store shows for it now. Not through the inode's own descriptor: a
   // store that numbers a file by its path (rclone) gives a file renamed over it the same inode
@@ -338,23 +353,19 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   if (st.st_nlink == 0 || st.st_dev != (*inode)->dev || st.st_ino != (*inode)->ino) {
     return done(Error(ESTALE));
   }
-  if (Status s = CheckFresh(ino, **inode, st, caller, R_OK); !s.ok()) return done(s.error());
-  if (auto [dir, name] = PlaceOf(**inode); dir) {
-    // Its directory too: a chmod 700 of a model's directory takes it from the others at once.
-    struct stat dir_st {};
-    const uint64_t dir_id = inodes_.FindBacking(dir->dev, dir->ino).first;
-    if (dir_id != 0 && fstat(dir->fd, &dir_st) == 0) {
-      if (Status s = CheckFresh(dir_id, *dir, dir_st, caller, X_OK); !s.ok()) {
-        return done(s.error());
-      }
-    }
-  }
+  if (Status s = CheckOpenable(ino, **inode, st, caller); !s.ok()) return done(s.error());
   auto handle = std::make_unique<Handle>();
   handle->file = std::move(file.value());
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
   Result<FileKey> identity = cache_.Identify(handle->file, st, PlaceOfPath(SourcePath(*inode)));
   if (!identity.ok()) return done(StoreError(**inode, identity.error()));
+  {
+    std::lock_guard lock((*inode)->mu);
+    (*inode)->checked = identity.value();
+    (*inode)->checked_at = check_began;
+    (*inode)->checked_known = true;
+  }
   handle->identity = identity.value();
   handle->inode = *inode;
   handle->ino = ino;
@@ -382,6 +393,54 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   fill->started = std::chrono::steady_clock::now();
   filling_opens_.fetch_add(1, std::memory_order_relaxed);
   RunFill(fill);
+}
+
+Status ReadThroughFs::CheckOpenable(uint64_t ino, Inode& node, const struct stat& st,
+                                    const Caller& caller) {
+  if (Status s = CheckFresh(ino, node, st, caller, R_OK); !s.ok()) return s;
+  if (auto [dir, name] = PlaceOf(node); dir) {
+    // Its directory too: a chmod 700 of a model's directory takes it from the others at once.
+    struct stat dir_st {};
+    const uint64_t dir_id = inodes_.FindBacking(dir->dev, dir->ino).first;
+    if (dir_id != 0 && fstat(dir->fd, &dir_st) == 0) {
+      if (Status s = CheckFresh(dir_id, *dir, dir_st, caller, X_OK); !s.ok()) return s;
+    }
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<ReadThroughFs::Handle> ReadThroughFs::OpenTrusted(
+    uint64_t ino, const std::shared_ptr<Inode>& inode, const Caller& caller, Status* refused) {
+  FileKey key;
+  {
+    std::lock_guard lock(inode->mu);
+    if (!inode->checked_known ||
+        std::chrono::steady_clock::now() - inode->checked_at >= options_.revalidate) {
+      return nullptr;
+    }
+    key = inode->checked;
+  }
+  // The inode's attributes as the store's kernel mount holds them (its own attribute cache
+  // answers within its timeout: no round trip to its server): other ones than the key was made
+  // from (a rewrite in place, a rename over it that left it no link) end the window at once; the
+  // permission bits are checked as at every open.
+  struct stat st {};
+  if (fstatat(inode->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return nullptr;
+  if (st.st_nlink == 0 || FileKeyFromStat(st, key.fingerprint, key.place) != key) {
+    ForgetCheckUnless(*inode, st);
+    return nullptr;
+  }
+  if (Status s = CheckOpenable(ino, *inode, st, caller); !s.ok()) {
+    *refused = s;
+    return nullptr;
+  }
+  auto handle = std::make_unique<Handle>();
+  if (key.size > 0 && !cache_.PinFile(key, &handle->pinned)) return nullptr;
+  handle->identity = key;
+  handle->inode = inode;
+  handle->ino = ino;
+  handle->safetensors = PlaceOf(*inode).second.ends_with(".safetensors");
+  return handle;
 }
 
 std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& inode) {
@@ -458,7 +517,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     // Passthrough when every block is cached (and stays pinned while the handle is open) and no
     // handle of the inode is open in cached mode: the kernel keeps an inode in one mode at a time.
     if (registry_ != nullptr && registry_->Enabled() && node.cached_opens == 0 &&
-        cache_.PinFile(handle->identity, &handle->pinned)) {
+        (!handle->pinned.empty() || cache_.PinFile(handle->identity, &handle->pinned))) {
       if (node.passthrough_opens == 0) {
         register_fd = cache_.store().FileDescriptor(handle->identity);
         node.passthrough_identity = handle->identity;
@@ -499,7 +558,8 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
     }
   }
   open_lock.unlock();
-  if (handle->backing_id == 0) handle->pinned.clear();  // unpinned with no inode lock held
+  // Unpinned with no inode lock held; a handle with no store file (OpenTrusted) keeps its pins.
+  if (handle->backing_id == 0 && handle->file) handle->pinned.clear();
   out.backing_id = handle->backing_id;
   out.direct = handle->direct;
   StartStreams(*handle, dir, name, next_started);
@@ -527,11 +587,14 @@ void ReadThroughFs::StartStreams(const Handle& handle, const std::shared_ptr<Ino
   if (prefetcher_ == nullptr) return;
   // A file served by the daemon starts streaming in at its first open, before any READ.
   const bool safetensors = handle.safetensors;
-  if (handle.backing_id == 0) prefetcher_->OnOpen(handle.identity, handle.file, safetensors);
+  // (Not a file whole in the cache, opened within the window with no store file.)
+  if (handle.backing_id == 0 && handle.file) {
+    prefetcher_->OnOpen(handle.identity, handle.file, safetensors);
+  }
   // The shard a loader opens after this one streams in once this one's stream is done, or at
   // once when this one is already cached (passed through).
   if (!safetensors || !dir || next_started) return;
-  if (handle.backing_id > 0) {
+  if (handle.backing_id > 0 || !handle.file) {
     shard_opener_->StartNextAfter(dir, name, handle.identity);
   } else {
     prefetcher_->SetSuccessor(handle.identity,
@@ -572,6 +635,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     done(std::vector<ReadPiece>());  // at or past the end of the file
     return;
   }
+  if (!file) return ReadPinned(*handle, slices, done);
   // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
   const bool streamed = prefetcher_ != nullptr && prefetcher_->Streams(identity, safetensors);
   BlockRange ahead;
@@ -612,6 +676,18 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     // Skipped when cached, in flight, or without room: read-ahead never waits.
     cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
   }
+}
+
+void ReadThroughFs::ReadPinned(const Handle& handle, const std::vector<BlockSlice>& slices,
+                               const ReadDone& done) {
+  // Its blocks are the handle's own: dropped from the cache meanwhile (a change seen by another
+  // open, an evict), they live on while pinned here.
+  std::vector<ReadPiece> pieces;
+  for (const BlockSlice& slice : slices) {
+    if (slice.index >= handle.pinned.size()) return done(Error(EIO));  // not within its key's size
+    pieces.push_back({handle.pinned[slice.index].Share(), slice.offset, slice.length});
+  }
+  done(std::move(pieces));
 }
 
 void ReadThroughFs::CountPassthroughOpen(Inode& node) {

@@ -8,6 +8,7 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,11 @@ struct FsOptions {
   // The backend may read the store through its page cache (--store-io auto or buffered): a FUSE
   // store's files are then opened twice, O_DIRECT and buffered (OpenBacking).
   bool buffered_reads = false;
+  // The validity window (--revalidate): an open within this long of the file's last check against
+  // SOURCE (its attributes and sampled pages, at an open), of a file whole in the cache, asks
+  // SOURCE only for the permission bits and serves the cache's blocks, pinned while the handle
+  // lives. 0: every open checks.
+  std::chrono::nanoseconds revalidate{0};
 };
 
 // --fill-on-open auto: below this many CPUs every large file is filled before its open is
@@ -230,6 +236,8 @@ class ReadThroughFs {
   size_t passthrough_files() const { return passthrough_files_.load(std::memory_order_relaxed); }
   // Opens waiting for their file to be cached (fill on open).
   size_t filling_opens() const { return filling_opens_.load(std::memory_order_relaxed); }
+  // Opens answered within the validity window, without a check against SOURCE (FsOptions).
+  uint64_t trusted_opens() const { return trusted_opens_.load(std::memory_order_relaxed); }
   // One entry per open file handle.
   std::vector<OpenFileInfo> OpenFiles();
   // The calls into SOURCE's filesystem in progress now (lookups, opens, listings, stats, closes):
@@ -259,6 +267,18 @@ class ReadThroughFs {
   // Where SOURCE now leads to another directory on a filesystem of its type, the root inode takes
   // it (InodeTable::ReplaceRoot). Not to the bare mountpoint a dead store leaves: another type.
   void FollowSource();
+  // The permission checks of an open (CheckFresh) of the file `node`, whose attributes SOURCE shows
+  // as `st`, and of its directory.
+  Status CheckOpenable(uint64_t ino, Inode& node, const struct stat& st, const Caller& caller);
+  // An open of inode `ino` within the validity window of its last check (FsOptions::revalidate),
+  // of a file whole in the cache: a handle with no store file, every block pinned, after a check
+  // of the permission bits only. nullptr where the window has passed, the file was never checked,
+  // a block is missing, or SOURCE shows other attributes (the full check then runs).
+  std::unique_ptr<Handle> OpenTrusted(uint64_t ino, const std::shared_ptr<Inode>& inode,
+                                      const Caller& caller, Status* refused);
+  // A READ of a handle opened within the window: served from its pinned blocks.
+  static void ReadPinned(const Handle& handle, const std::vector<BlockSlice>& slices,
+                         const ReadDone& done);
   // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
   bool WantsFill(const Handle& handle);
   // The budget bytes all of `file` takes in the cache (every block charged as a whole one).
@@ -298,6 +318,7 @@ class ReadThroughFs {
   CallsInProgress store_calls_;
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
+  std::atomic<uint64_t> trusted_opens_{0};
   // Held while a fill round makes its Gets (RunFill), so that rounds are queued whole. Taken
   // before the cache's locks, never after them (the cache calls back outside its lock), and
   // never again inside: a round is ended, and the next begun, only after it is released.

@@ -264,12 +264,21 @@ const std::vector<OptionSpec>& Options() {
          "Stream files at least this big, and every *.safetensors file, in whole from their "
          "first open (0: never)",
          [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
-        {"attr-timeout", "", "S", "Seconds attributes are cached",
+        {"revalidate", "", "S",
+         "Seconds an open's check of a file against SOURCE holds: later opens of the file, whole "
+         "in the cache, make no call into SOURCE (0: every open checks)",
+         [](C c) { return Number(c.revalidate); },
+         [](const std::string& v, Config& c, const ParseContext&) {
+           return ApplySeconds(v, "--revalidate", &c.revalidate);
+         }},
+        {"attr-timeout", "", "S",
+         "Seconds attributes are cached; unless given, --revalidate's (3600 where that is 0)",
          [](C c) { return Number(c.attr_timeout); },
          [](const std::string& v, Config& c, const ParseContext&) {
            return ApplySeconds(v, "--attr-timeout", &c.attr_timeout);
          }},
-        {"entry-timeout", "", "S", "Seconds names are cached",
+        {"entry-timeout", "", "S",
+         "Seconds names are cached; unless given, --revalidate's (3600 where that is 0)",
          [](C c) { return Number(c.entry_timeout); },
          [](const std::string& v, Config& c, const ParseContext&) {
            return ApplySeconds(v, "--entry-timeout", &c.entry_timeout);
@@ -479,6 +488,15 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
     return UsageError(s.error().Message());
   }
   if (Status s = FinishSwarm(config); !s.ok()) return UsageError(s.error().Message());
+  const auto given_named = [&](std::string_view name) {
+    const auto it = std::find_if(options.begin(), options.end(),
+                                 [name](const OptionSpec& o) { return o.name == name; });
+    return given[it - options.begin()].has_value();
+  };
+  // The kernel's timeouts follow the validity window unless given (see Config::attr_timeout).
+  const double kernel_default = config.revalidate > 0 ? config.revalidate : kTimeoutWithoutWindow;
+  if (!given_named("attr-timeout")) config.attr_timeout = kernel_default;
+  if (!given_named("entry-timeout")) config.entry_timeout = kernel_default;
   ParseOutcome out;
   out.config = std::move(config);
   return out;

@@ -257,6 +257,8 @@ Status Daemon::BuildFilesystem() {
   fs_options_.fill = FillModeFor(config_.fill_on_open, UsableCpus());
   fs_options_.push_every_cached_open = config_.push == "on";
   fs_options_.buffered_reads = config_.store_io != "direct";
+  fs_options_.revalidate = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config_.revalidate));
   auto fs = ReadThroughFs::Create(paths_->source, *cache_, fs_options_, prefetcher_.get());
   if (!fs.ok()) return Failure("source '" + config_.source + "': " + fs.error().Message());
   fs_ = std::move(fs.value());
@@ -498,14 +500,16 @@ void Daemon::ReportStarted(const std::string& readahead) const {
   spdlog::debug(
       "daemon read-ahead {} blocks; *.safetensors and files from {} streamed, {} blocks ahead, "
       "{} in flight, "
-      "pushed to the page cache: {}; attr_timeout {} s, entry_timeout {} s, max_background {}",
+      "pushed to the page cache: {}; revalidate {} s, attr_timeout {} s, entry_timeout {} s, "
+      "max_background {}",
       config_.readahead_blocks, FormatBytes(config_.stream_threshold), prefetch_.limits.ahead,
       prefetch_.limits.max_in_flight,
       config_.stream_threshold == 0 ? "no (nothing streams)"
       : config_.push == "on"        ? "every file open in cached mode"
       : config_.push == "auto"      ? "mapped files, with direct reads"
                                     : "no (--no-push)",
-      config_.attr_timeout, config_.entry_timeout, session_options_.max_background);
+      config_.revalidate, config_.attr_timeout, config_.entry_timeout,
+      session_options_.max_background);
 }
 
 int Daemon::ShutDown(const Status& loop) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -77,10 +78,13 @@ class ReadThroughFsTest : public ::testing::Test {
     cache_.reset();
   }
 
-  void MakeFs(uint64_t budget_blocks) {
+  void MakeFs(uint64_t budget_blocks,
+              std::chrono::nanoseconds revalidate = std::chrono::nanoseconds(0)) {
     cache_ = std::make_unique<BlockCache>(store_, backend_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
-    auto fs = ReadThroughFs::Create(dir_.path(), *cache_, FsOptions{kBlock, 2});
+    FsOptions options{kBlock, 2};
+    options.revalidate = revalidate;
+    auto fs = ReadThroughFs::Create(dir_.path(), *cache_, options);
     ASSERT_TRUE(fs.ok()) << fs.error().Message();
     fs_ = std::move(fs.value());
   }
@@ -122,6 +126,46 @@ class ReadThroughFsTest : public ::testing::Test {
     }
     got.Reset();
     return bytes;
+  }
+
+  // Opens "big" (whole in the cache after the first read) three more times, checking the bytes,
+  // and that those opens read nothing from the store where `trusted` (within a validity window)
+  // and sample it otherwise; then rewrites it in place: the next open checks and reads anew.
+  void ReopenWarm(bool trusted) {
+    const uint64_t size = Files()[6].second;
+    const uint64_t ino = LookupOk("big");
+    uint64_t fh = OpenOk(ino);
+    ExpectRead(fh, "big", 0, size);
+    fs_->Release(fh);
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t before = backend_.submitted();
+      OpenOut out;
+      fh = OpenOk(ino, &out);
+      EXPECT_TRUE(out.keep_cache);
+      ExpectRead(fh, "big", 0, size);
+      fs_->Release(fh);
+      if (trusted) {
+        EXPECT_EQ(backend_.submitted(), before) << "open " << i << " within the window";
+      } else {
+        EXPECT_GT(backend_.submitted(), before) << "open " << i << " samples the file";
+      }
+    }
+    EXPECT_EQ(fs_->trusted_opens(), trusted ? 3u : 0u);
+    // Rewritten in place (the same inode), its mtime moved: the next open checks, reads anew.
+    const std::string path = dir_ / "big";
+    testing::WriteTestFile(path, size, 4242);
+    struct stat st = Lstat("big");
+    const struct timespec times[2] = {{0, UTIME_OMIT}, {st.st_mtim.tv_sec + 7, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    const uint64_t trusted_before = fs_->trusted_opens();
+    OpenOut changed;
+    fh = OpenOk(ino, &changed);
+    EXPECT_TRUE(changed.changed);
+    EXPECT_EQ(fs_->trusted_opens(), trusted_before);
+    Result<std::vector<uint8_t>> got = ReadSync(fh, 0, size);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == testing::Bytes(4242, 0, size)) << "the new bytes";
+    fs_->Release(fh);
   }
 
   // Reads [offset, +size) through the fs and compares it with pread of the backing path.
@@ -602,6 +646,81 @@ TEST_F(ReadThroughFsTest, FileChangedBetweenOpensIsReadAnew) {
     EXPECT_TRUE(again.keep_cache);
     EXPECT_FALSE(again.changed);
   }
+}
+
+// The validity window (FsOptions::revalidate): an open within it of a file whole in the cache
+// reads nothing of the store (no samples) and serves the cached bytes; a rewrite in place, whose
+// attributes the store shows, ends it at once; without the window every open samples again.
+TEST_F(ReadThroughFsTest, OpensWithinTheValidityWindowReadNothingFromTheStore) {
+  MakeFs(256, std::chrono::hours(1));
+  ReopenWarm(/*trusted=*/true);
+}
+
+TEST_F(ReadThroughFsTest, WithoutAValidityWindowEveryOpenSamplesTheFile) {
+  MakeFs(256);
+  ReopenWarm(/*trusted=*/false);
+}
+
+// A window ends: the open after it checks the file again (its samples read from the store).
+TEST_F(ReadThroughFsTest, TheOpenAfterTheWindowChecksAgain) {
+  MakeFs(256, std::chrono::milliseconds(50));
+  const uint64_t ino = LookupOk("odd");
+  uint64_t fh = OpenOk(ino);
+  ExpectRead(fh, "odd", 0, 4 * kBlock);
+  fs_->Release(fh);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // past the window
+  const uint64_t before = backend_.submitted();
+  fh = OpenOk(ino);
+  EXPECT_GT(backend_.submitted(), before);
+  EXPECT_EQ(fs_->trusted_opens(), 0u);
+  fs_->Release(fh);
+  fs_->Release(OpenOk(ino));  // within the new check's window
+  EXPECT_EQ(fs_->trusted_opens(), 1u);
+}
+
+// A handle opened within the window holds its blocks: dropped from the cache meanwhile (another
+// open saw a change, an evict), its reads still answer the bytes it was opened on, from memory.
+TEST_F(ReadThroughFsTest, AHandleOpenedWithinTheWindowKeepsItsBlocks) {
+  MakeFs(256, std::chrono::hours(1));
+  const uint64_t size = Files()[5].second;  // "odd"
+  const uint64_t ino = LookupOk("odd");
+  uint64_t fh = OpenOk(ino);
+  ExpectRead(fh, "odd", 0, size);
+  fs_->Release(fh);
+  fh = OpenOk(ino);
+  ASSERT_EQ(fs_->trusted_opens(), 1u);
+  for (const FileKey& key : cache_->CachedFiles()) cache_->DropFile(key);
+  const uint64_t before = backend_.submitted();
+  ExpectRead(fh, "odd", 0, size);
+  ExpectRead(fh, "odd", kBlock - 3, 10);
+  EXPECT_EQ(backend_.submitted(), before);
+  fs_->Release(fh);
+  fh = OpenOk(ino);  // no longer whole in the cache: checked, and fetched again
+  EXPECT_EQ(fs_->trusted_opens(), 1u);
+  ExpectRead(fh, "odd", 0, size);
+  fs_->Release(fh);
+}
+
+// Permissions are checked within the window as at every open: taken away in SOURCE, refused.
+TEST_F(ReadThroughFsTest, PermissionsTakenAwayAreSeenWithinTheWindow) {
+  MakeFs(256, std::chrono::hours(1));
+  const uint64_t ino = LookupOk("odd");
+  const Caller other{4712, 4712, {}, nullptr};
+  ASSERT_EQ(chmod((dir_ / "odd").c_str(), 0644), 0);
+  ASSERT_TRUE(fs_->Lookup(kRoot, "odd").ok());  // the kernel is told 0644
+  Awaited<Result<OpenOut>> first;
+  fs_->Open(ino, O_RDONLY, other, first.Callback());
+  ASSERT_TRUE(first.Wait());
+  ASSERT_TRUE(first.value().ok());
+  ExpectRead(first.value()->fh, "odd", 0, 4 * kBlock);
+  fs_->Release(first.value()->fh);
+  ASSERT_EQ(chmod((dir_ / "odd").c_str(), 0600), 0);
+  Awaited<Result<OpenOut>> refused;
+  fs_->Open(ino, O_RDONLY, other, refused.Callback());
+  ASSERT_TRUE(refused.Wait());
+  ASSERT_FALSE(refused.value().ok());
+  EXPECT_EQ(refused.value().error().code(), EACCES);
+  EXPECT_EQ(fs_->trusted_opens(), 0u);
 }
 
 // Direct reads (a mount at the kernel's read-ahead): a handle is direct while the kernel can hold

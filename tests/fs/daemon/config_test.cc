@@ -74,8 +74,9 @@ TEST(ParseCommandLineTest, Defaults) {
   EXPECT_EQ(c.backend_depth, 64u);
   EXPECT_EQ(c.readahead_kb, 8192u);
   EXPECT_EQ(c.readahead_blocks, 4u);
-  EXPECT_EQ(c.attr_timeout, 3600);
-  EXPECT_EQ(c.entry_timeout, 3600);
+  EXPECT_EQ(c.revalidate, 60);
+  EXPECT_EQ(c.attr_timeout, 60);  // the window's
+  EXPECT_EQ(c.entry_timeout, 60);
   EXPECT_EQ(c.log_level, "info");
   EXPECT_TRUE(c.fuse_options.empty());
   EXPECT_TRUE(out.output.empty());
@@ -369,6 +370,27 @@ TEST(ParseCommandLineTest, Timeouts) {
   }
   ExpectUsageError({"/src", "/mnt", "--attr-timeout=-1"}, "--attr-timeout '-1'");
   ExpectUsageError({"/src", "/mnt", "-o", "entry_timeout=-5"}, "--entry-timeout '-5'");
+}
+
+// The kernel's timeouts follow the validity window unless given; a window of 0 (every open checks)
+// leaves them at an hour; a given one stands whatever the window.
+TEST(ParseCommandLineTest, KernelTimeoutsFollowTheValidityWindow) {
+  auto c = ParseOk({"--revalidate", "5"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->revalidate, 5);
+  EXPECT_EQ(c->attr_timeout, 5);
+  EXPECT_EQ(c->entry_timeout, 5);
+  c = ParseOk({"-o", "revalidate=0"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->revalidate, 0);
+  EXPECT_EQ(c->attr_timeout, 3600);
+  EXPECT_EQ(c->entry_timeout, 3600);
+  c = ParseOk({"--revalidate", "0.5", "--attr-timeout", "9"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->attr_timeout, 9);
+  EXPECT_EQ(c->entry_timeout, 0.5);
+  ExpectUsageError({"/src", "/mnt", "--revalidate", "-1"}, "--revalidate '-1'");
+  ExpectUsageError({"/src", "/mnt", "--revalidate", "soon"}, "--revalidate 'soon'");
 }
 
 TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {

@@ -128,6 +128,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
                                                       {"backend-timeout", "5"},
                                                       {"readahead", "4M"},
                                                       {"stream-threshold", "1M"},
+                                                      {"revalidate", "5"},
                                                       {"attr-timeout", "7"},
                                                       {"entry-timeout", "9"},
                                                       {"log-level", "debug"},
@@ -185,6 +186,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     EXPECT_EQ(a.config->backend_timeout, b.config->backend_timeout);
     EXPECT_EQ(a.config->readahead_kb, b.config->readahead_kb);
     EXPECT_EQ(a.config->stream_threshold, b.config->stream_threshold);
+    EXPECT_EQ(a.config->revalidate, b.config->revalidate);
     EXPECT_EQ(a.config->attr_timeout, b.config->attr_timeout);
     EXPECT_EQ(a.config->entry_timeout, b.config->entry_timeout);
     EXPECT_EQ(a.config->log_level, b.config->log_level);
@@ -206,7 +208,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
         c.cache_size_origin != "half of MemAvailable" || c.cache_dir != defaults.cache_dir ||
         c.block_size != defaults.block_size || c.backend_depth != defaults.backend_depth ||
         c.backend_timeout != defaults.backend_timeout || c.readahead_kb != defaults.readahead_kb ||
-        c.stream_threshold != defaults.stream_threshold ||
+        c.stream_threshold != defaults.stream_threshold || c.revalidate != defaults.revalidate ||
         c.attr_timeout != defaults.attr_timeout || c.entry_timeout != defaults.entry_timeout ||
         c.log_level != defaults.log_level || c.metrics_address != defaults.metrics_address ||
         c.fill_on_open != defaults.fill_on_open || c.control_group != defaults.control_group ||

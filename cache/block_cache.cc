@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <iterator>
 #include <unordered_set>
 
@@ -118,6 +119,46 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   if (hit != nullptr) waiter(Ref(this, hit));
   if (stalled) waiter(Error(ETIMEDOUT));
   if (cancelled) waiter(Error(ECANCELED));
+}
+
+Result<FileKey> BlockCache::Identify(const std::shared_ptr<BackingFile>& file,
+                                     const struct stat& st, const Place& place) {
+  std::vector<std::byte> whole;
+  Result<FileKey> key = IdentifyFile(
+      reader_, file, st, place,
+      [this] { return identify_interrupted_.load(std::memory_order_relaxed); },
+      std::min<uint64_t>(kWholeSample, options_.block_size), &whole);
+  if (!key.ok()) return key;
+  file->SetIdentity(key.value());
+  if (!whole.empty()) Offer(BlockKey{key.value(), 0}, whole);
+  return key;
+}
+
+void BlockCache::Offer(const BlockKey& key, std::span<const std::byte> bytes) {
+  Entry* entry = nullptr;
+  Freed freed;
+  {
+    std::lock_guard lock(mu_);
+    if (map_.contains(key) || !queued_.empty() ||
+        !MakeRoom(store_.CapacityFor(bytes.size()), &freed, /*partial=*/false,
+                  /*keep_unread=*/true)) {
+      return;
+    }
+    auto e = std::make_unique<Entry>();
+    e->key = key;
+    e->expected = static_cast<uint32_t>(bytes.size());
+    e->unread = true;
+    entry = e.get();
+    std::vector<Fetch> none;  // a fetch with its bytes already here: nothing is submitted
+    BeginFetch(entry, /*demand=*/false, &none);
+    map_.emplace(key, std::move(e));
+  }
+  ReleaseAll(freed);
+  Result<BlockBuffer> buffer = store_.Allocate(key, entry->expected);
+  if (!buffer.ok()) return Complete(entry, buffer.error());
+  entry->buffer = buffer.value();  // only this call touches it until Complete publishes it
+  std::memcpy(entry->buffer.data, bytes.data(), bytes.size());
+  Complete(entry, bytes.size());
 }
 
 BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t expected,

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -99,14 +100,17 @@ class BlockCache {
   // its sample read through this cache's backend reader. Blocks the caller: never on a reader's
   // thread. ECANCELED once InterruptIdentify was called.
   // The file remembers it (BackingFile::SetIdentity).
+  // A file of at most kWholeSample bytes (and one block) is read whole, in the one request its
+  // samples would take, and kept as its block 0 (Offer): its first read then asks the store
+  // nothing.
   Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st,
-                           const Place& place) {
-    Result<FileKey> key = IdentifyFile(reader_, file, st, place, [this] {
-      return identify_interrupted_.load(std::memory_order_relaxed);
-    });
-    if (key.ok()) file->SetIdentity(key.value());
-    return key;
-  }
+                           const Place& place);
+  static constexpr uint64_t kWholeSample = 128 << 10;
+
+  // Keeps `bytes`, block `key` as read from its store by someone else, when it is absent and room
+  // can be made as for a prefetch (never evicting blocks nobody has read); otherwise nothing. A
+  // block kept is committed as a fetched one is, and counts as prefetched and unread.
+  void Offer(const BlockKey& key, std::span<const std::byte> bytes);
   // Ends every Identify that waits on the store, now and from now on (ECANCELED): the daemon is
   // stopping, and the threads that wait are FUSE workers its loop must join first.
   void InterruptIdentify() { identify_interrupted_.store(true, std::memory_order_relaxed); }

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,13 +69,24 @@ uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
 
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
-                             const std::function<bool()>& cancelled) {
-  const std::vector<FingerprintSpan> spans =
-      FingerprintSpans(static_cast<uint64_t>(st.st_size), file->tail_samples());
+                             const std::function<bool()>& cancelled, uint64_t whole_max,
+                             std::vector<std::byte>* whole) {
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const std::vector<FingerprintSpan> spans = FingerprintSpans(size, file->tail_samples());
   if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0), place);
-  // One aligned page per span (O_DIRECT), filled in parallel. The state is the requests' own: a
-  // read stalled past the backend timeout answers here at once, yet may still write into its page
-  // later (BoundedReader), so the pages live until its `done`.
+  // What is read: the spans, one aligned page each (O_DIRECT), or the whole file in one request.
+  const bool read_whole = whole != nullptr && size <= whole_max;
+  const std::vector<FingerprintSpan> reads =
+      read_whole ? std::vector<FingerprintSpan>{{0, size}} : spans;
+  std::vector<uint64_t> at;  // each read's place in the buffer
+  uint64_t capacity = 0;
+  for (const FingerprintSpan& r : reads) {
+    at.push_back(capacity);
+    capacity += (r.length + kFingerprintPage - 1) / kFingerprintPage * kFingerprintPage;
+  }
+  // Filled in parallel. The state is the requests' own: a read stalled past the backend timeout
+  // answers here at once, yet may still write into its buffer later (BoundedReader), so the
+  // buffer lives until its `done`.
   struct Free {
     void operator()(std::byte* p) const { std::free(p); }
   };
@@ -88,10 +100,9 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
     std::vector<Sample> samples;
   };
   auto state = std::make_shared<State>();
-  state->buffer.reset(static_cast<std::byte*>(
-      std::aligned_alloc(kFingerprintPage, spans.size() * kFingerprintPage)));
+  state->buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kFingerprintPage, capacity)));
   if (!state->buffer) return Error(ENOMEM);
-  state->samples = std::vector<Sample>(spans.size());
+  state->samples = std::vector<Sample>(reads.size());
   const auto answer = [](Sample& s, Result<size_t> n) {
     std::lock_guard lock(s.mu);
     if (s.answered) return;
@@ -99,22 +110,22 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
     s.got.set_value(std::move(n));
   };
   std::vector<std::future<Result<size_t>>> futures;
-  for (size_t i = 0; i < spans.size(); ++i) {
+  for (size_t i = 0; i < reads.size(); ++i) {
     futures.push_back(state->samples[i].got.get_future());
     ReadRequest r;
     r.file = file;
-    r.offset = spans[i].offset;
-    r.buffer = state->buffer.get() + i * kFingerprintPage;
-    r.capacity = kFingerprintPage;
-    r.expected = spans[i].length;
+    r.offset = reads[i].offset;
+    r.buffer = state->buffer.get() + at[i];
+    r.capacity = (i + 1 < at.size() ? at[i + 1] : capacity) - at[i];
+    r.expected = reads[i].length;
     r.demand = true;
     r.done = [state, i, answer](Result<size_t> n) { answer(state->samples[i], std::move(n)); };
     r.stalled = [state, i, answer] { answer(state->samples[i], Error(ETIMEDOUT)); };
     reader.Submit(std::move(r));
   }
-  std::vector<std::byte> samples;
+  std::vector<size_t> got(reads.size(), 0);
   Status failed;
-  for (size_t i = 0; i < spans.size(); ++i) {
+  for (size_t i = 0; i < reads.size(); ++i) {
     if (cancelled) {
       while (futures[i].wait_for(kIdentifyPoll) != std::future_status::ready) {
         if (cancelled()) return Error(ECANCELED);
@@ -125,10 +136,19 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
       if (failed.ok()) failed = n.error();
       continue;
     }
-    const std::byte* at = state->buffer.get() + i * kFingerprintPage;
-    samples.insert(samples.end(), at, at + std::min<size_t>(n.value(), spans[i].length));
+    got[i] = std::min<size_t>(n.value(), reads[i].length);
   }
   if (!failed.ok()) return failed.error();
+  // The sampled bytes, the same whichever way they were read: what of each span came back.
+  const std::byte* buffer = state->buffer.get();
+  std::vector<std::byte> samples;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const uint64_t begin = read_whole ? spans[i].offset : at[i];
+    const uint64_t came = read_whole ? got[0] : begin + got[i];
+    const uint64_t end = std::min(begin + spans[i].length, came);
+    if (end > begin) samples.insert(samples.end(), buffer + begin, buffer + end);
+  }
+  if (read_whole && got[0] == size) whole->assign(buffer, buffer + size);
   return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()), place);
 }
 

@@ -93,9 +93,13 @@ inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint, cons
 // short read (the file shrank since `st`) still gives a key: the next open sees the new size.
 // `cancelled`, when given, is asked every kIdentifyPoll while the samples are out: once it says so
 // the answer is ECANCELED (the reads go on, and end into the state they own).
+// With `whole`, a file of at most `whole_max` bytes is read whole, in one request (one round trip,
+// as its samples would cost on any store), its samples taken from that (the same key), and its
+// bytes left in *whole for the cache (left empty where the read came back short).
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
-                             const std::function<bool()>& cancelled = {});
+                             const std::function<bool()>& cancelled = {}, uint64_t whole_max = 0,
+                             std::vector<std::byte>* whole = nullptr);
 inline constexpr std::chrono::milliseconds kIdentifyPoll{50};
 
 struct BlockKey {

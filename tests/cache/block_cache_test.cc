@@ -875,5 +875,31 @@ TEST_F(BlockCacheTest, ShutdownWhileBlocksWaitForTheirCheckAnswersAndKeepsThem) 
   EXPECT_EQ(backend_.submitted(), 0u);
 }
 
+// A small file's identity reads it whole, once, and keeps it as its block 0: its first read asks
+// the store nothing. A bigger file's identity reads only its samples.
+TEST_F(BlockCacheTest, ASmallFilesIdentityKeepsItsOneBlock) {
+  MakeCache(8);
+  for (const uint64_t size : {uint64_t{5000}, uint64_t{kBlock}, uint64_t{kBlock + 1}}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    TestFile& file = AddFile("small" + std::to_string(size), size, size);
+    struct stat st {};
+    ASSERT_EQ(stat(file.path.c_str(), &st), 0);
+    const uint64_t before = backend_.submitted();
+    const Result<FileKey> key = cache_->Identify(file.backing, st, Place{});
+    ASSERT_TRUE(key.ok());
+    file.key = key.value();
+    const uint64_t identify = backend_.submitted() - before;
+    BlockCache::Ref block = GetChecked(file, 0);
+    EXPECT_TRUE(block.data() != nullptr);
+    if (size <= kBlock) {
+      EXPECT_EQ(identify, 1u);
+      EXPECT_EQ(backend_.submitted() - before, 1u) << "block 0 was read again";
+    } else {
+      EXPECT_EQ(identify, 2u);
+      EXPECT_EQ(backend_.submitted() - before, 3u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -156,6 +156,44 @@ TEST_F(FileKeyFileTest, AChangedLastPageWithSizeAndTimesKeptIsAnotherFile) {
   reader.Stop();
 }
 
+// A small file read whole in one request (BlockCache::Identify's way) gets the key its two samples
+// give, on stores sampled at both ends and at the end only, and its bytes; a bigger one is sampled.
+TEST_F(FileKeyFileTest, AFileReadWholeGetsTheKeyItsSamplesGiveInOneRequest) {
+  constexpr uint64_t kWholeMax = 128 << 10;
+  for (const bool tail : {false, true}) {
+    for (const uint64_t size :
+         {uint64_t{1}, uint64_t{4096}, uint64_t{5000}, uint64_t{8192}, uint64_t{8193},
+          uint64_t{12345}, uint64_t{100'000}, kWholeMax, kWholeMax + 1}) {
+      SCOPED_TRACE("size " + std::to_string(size) + (tail ? ", tail samples" : ""));
+      testing::FakeBackend backend;
+      const std::string path = dir_ / ("f" + std::to_string(size));
+      testing::WriteTestFile(path, size, size);
+      struct stat st {};
+      Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
+      ASSERT_TRUE(file.ok());
+      file.value()->SetTailSamples(tail);
+      const Result<FileKey> sampled = IdentifyFile(backend, file.value(), st, Place{});
+      const uint64_t samples = backend.submitted();
+      std::vector<std::byte> whole;
+      const Result<FileKey> read_whole =
+          IdentifyFile(backend, file.value(), st, Place{}, {}, kWholeMax, &whole);
+      ASSERT_TRUE(sampled.ok());
+      ASSERT_TRUE(read_whole.ok());
+      EXPECT_EQ(read_whole.value(), sampled.value());
+      if (size <= kWholeMax) {
+        EXPECT_EQ(backend.submitted() - samples, 1u);
+        const std::vector<uint8_t> want = testing::Bytes(size, 0, size);
+        ASSERT_EQ(whole.size(), size);
+        EXPECT_EQ(std::memcmp(whole.data(), want.data(), size), 0);
+      } else {
+        EXPECT_EQ(backend.submitted() - samples, samples);
+        EXPECT_TRUE(whole.empty());
+      }
+      backend.Stop();
+    }
+  }
+}
+
 TEST_F(FileKeyFileTest, ASampleTheStoreFailsFailsTheKey) {
   testing::FakeBackend backend;
   const std::string path = dir_ / "f";

@@ -77,9 +77,11 @@ fail() {
   exit 1
 }
 
+# A validity window of 1 s (--revalidate): the changes below are made, and waited on, for longer, so
+# each is seen by the next open, as it must be once a window has passed whatever the store shows.
 start_daemon() {  # start_daemon LOG
-  "$accelfs" "$store" "$mnt" -f --cache-dir "$cache" --cache-size 512M --log-level "${ACCELFS_LOG_LEVEL:-info}" \
-    >"$1" 2>&1 &
+  "$accelfs" "$store" "$mnt" -f --cache-dir "$cache" --cache-size 512M --revalidate 1 \
+    --log-level "${ACCELFS_LOG_LEVEL:-info}" >"$1" 2>&1 &
   daemon=$!
   wait_mounted "$1"
 }

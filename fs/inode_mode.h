@@ -50,16 +50,14 @@ class InodeMode {
   static constexpr std::chrono::seconds kReleaseWait{1};
 
   // What the filesystem does beside a transition, for one handle (or one load). Each is called
-  // with mu_ held (REQUIRES: calls back into no InodeMode). The defaults do nothing.
+  // with mu_ held (REQUIRES: calls back into no InodeMode). The defaults do nothing (PinWhole pins
+  // nothing, BackingFd has none).
   class Effects {
    public:
     virtual ~Effects() = default;
     // An open is admitted. `changed`: the kernel's pages were of `old`, which this open's reply
     // drops; none of `old` may be served or pushed after it.
-    virtual void Admitted(bool changed, const FileKey& old) {
-      (void)changed;
-      (void)old;
-    }
+    virtual void Admitted(bool /*changed*/, const FileKey& /*old*/) {}
     // Pins every block of the file, all cached, for as long as the handle (or load) lives; false,
     // pinning nothing, when one is missing or the file is empty.
     virtual bool PinWhole() { return false; }

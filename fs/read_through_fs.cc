@@ -456,10 +456,10 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   auto [dir, name] = PlaceOf(*handle->inode);
   StartStreams(*handle, dir, name, next_started);
   // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
-  // goes now, not at its RELEASE (which a mapping delays until it is unmapped), and after the
-  // reply: on a FUSE store the close waits for the store's FLUSH and RELEASE (up to 9 ms on
-  // s3fs). Only on the OPEN's own thread (`may_wait`): that wait must never hold the backend's
-  // thread that ended a fill.
+  // goes now, not at its RELEASE (which a mapping delays until it is unmapped): a file held open
+  // costs some stores more than a descriptor (NextShardLead). After the reply: on a FUSE store the
+  // close waits for the store's FLUSH and RELEASE (up to 9 ms on s3fs). Only on the OPEN's own
+  // thread (`may_wait`): that wait must never hold the backend's thread that ended a fill.
   std::shared_ptr<BackingFile> closed_after_reply;
   if (handle->backing_id > 0 && may_wait) closed_after_reply = std::move(handle->file);
   {

@@ -30,15 +30,9 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
   // It must fit in the budget (whether it fits beside what others pin is seen at the end of the
   // fill, see FillRoundDone: those pins are released as their reads end).
   if (FillBudget(handle.identity) > cache_.Stats().budget_bytes) return false;
-  {
-    // A handle of the inode open in cached mode keeps it out of passthrough mode anyway, and so
-    // do passthrough handles of the file's old contents (the kernel binds one backing file to an
-    // inode).
-    std::lock_guard lock(handle.inode->mu);
-    const Inode& node = *handle.inode;
-    if (node.cached_opens > 0) return false;
-    if (node.passthrough_opens > 0 && node.passthrough_identity != handle.identity) return false;
-  }
+  // Not where a handle of the inode open in cached mode, or passthrough handles of the file's old
+  // contents, keep it out of passthrough mode anyway.
+  if (!handle.inode->kernel_mode.MayFill(handle.identity)) return false;
   if (cache_.ResidentBytes(handle.identity) >= handle.identity.size) return false;
   if (options_.fill == FsOptions::Fill::kShards) {
     // Only where the next shard's fetch overlaps the loader's read of this one.

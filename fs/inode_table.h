@@ -5,9 +5,7 @@
 
 #include <sys/stat.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,6 +16,7 @@
 
 #include "cache/file_key.h"
 #include "fs/common/caller_access.h"
+#include "fs/inode_mode.h"
 
 namespace accelfs {
 
@@ -36,24 +35,12 @@ struct Inode {
   // lives on a mount of SOURCE that has since been replaced.
   const uint64_t generation;
 
-  // The content identity seen at the last open, to decide keep_cache and to notice changes.
+  // Guards the fields marked so below. Lock order: taken with no other inode's mu held, and never
+  // together with kernel_mode's locks (fs/inode_mode.h).
   std::mutex mu;
-  std::mutex open_mu;  // serializes this inode's opens (ReadThroughFs::FinishOpen); taken before mu
-  FileKey opened_identity;     // GUARDED_BY(mu)
-  bool opened_before = false;  // GUARDED_BY(mu)
-  // The kernel keeps an inode either in cached mode or in passthrough mode, never both, and wants
-  // one backing file per inode: the open handles of each mode, and the backing id in use.
-  int cached_opens = 0;       // GUARDED_BY(mu)
-  int passthrough_opens = 0;  // GUARDED_BY(mu)
-  int backing_id = 0;         // GUARDED_BY(mu) registered while passthrough_opens > 0
-  std::condition_variable passthrough_closed;  // notified when passthrough_opens drops to 0
-  FileKey passthrough_identity;                // GUARDED_BY(mu)
-  // The kernel's page cache of the inode may hold pages of opened_identity: a handle in cached
-  // mode read them, a mapping of a direct handle faulted them in, or accelfs-warm loaded them.
-  // Opens then stay out of direct mode (ReadThroughFs::EnableDirectReads). Read and written under
-  // mu at open; set without it by a direct handle's READ (a hint: a late store only keeps the
-  // next open in cached mode).
-  std::atomic<bool> kernel_pages{false};
+  // Cached, direct or passthrough, the backing id, and which version of the file the kernel's
+  // pages belong to.
+  InodeMode kernel_mode;
   // Where the kernel last looked this inode up: its directory and name (for shard sets, and the
   // check at open that the name still leads to it).
   std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)

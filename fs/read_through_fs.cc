@@ -31,10 +31,6 @@ std::string DescriptorPath(int fd) {
   return n > 0 && buf[0] == '/' ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
-// How long an open of a changed file waits for the RELEASE of the passthrough handles of its old
-// contents: the kernel sends RELEASE after close() returns, in the background, within milliseconds.
-constexpr std::chrono::seconds kReleaseWait{1};
-
 // One READ that spans one or more blocks; replies once every block has answered.
 struct PendingRead {
   std::mutex mu;
@@ -448,6 +444,38 @@ std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& ino
   return {inode.parent, inode.name};
 }
 
+class ReadThroughFs::ModeEffects final : public InodeMode::Effects {
+ public:
+  // For the handle or load of `file` on inode `ino`: its blocks pinned into `pinned`, the pusher's
+  // epoch at the open into `push_epoch` (nullptr: a load, which takes its own).
+  ModeEffects(ReadThroughFs& fs, const FileKey& file, uint64_t ino,
+              std::vector<BlockCache::Ref>* pinned, uint64_t* push_epoch = nullptr)
+      : fs_(fs), file_(file), ino_(ino), pinned_(pinned), push_epoch_(push_epoch) {}
+
+  void Admitted(bool changed, const FileKey& old) override {
+    if (changed) {
+      fs_.cache_.DropFile(old);
+      if (fs_.prefetcher_ != nullptr) fs_.prefetcher_->Forget(old);
+      // Before the reply drops the kernel's pages: none of the old data may be pushed after it.
+      if (fs_.pusher_ != nullptr) fs_.pusher_->Forget(old);
+    }
+    // After the Forget above: a later change of this file moves the epoch past this handle's.
+    if (fs_.pusher_ != nullptr && push_epoch_ != nullptr) *push_epoch_ = fs_.pusher_->Epoch();
+  }
+  // A handle opened within the validity window (OpenTrusted) holds every block already.
+  bool PinWhole() override { return !pinned_->empty() || fs_.cache_.PinFile(file_, pinned_); }
+  int BackingFd() override { return fs_.cache_.store().FileDescriptor(file_); }
+  void Watch() override { fs_.pusher_->Watch(file_, ino_); }
+  void Unwatch() override { fs_.pusher_->Unwatch(file_, ino_); }
+
+ private:
+  ReadThroughFs& fs_;
+  const FileKey& file_;
+  const uint64_t ino_;
+  std::vector<BlockCache::Ref>* const pinned_;
+  uint64_t* const push_epoch_;
+};
+
 Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file, uint64_t dev, uint64_t ino) {
   if (pusher_ == nullptr) return Error(ENOTSUP);
   auto [id, node] = inodes_.FindBacking(static_cast<dev_t>(dev), static_cast<ino_t>(ino));
@@ -456,16 +484,8 @@ Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file, uint64_t 
   // after that forgets the old version (FinishOpen), which ends the load.
   const uint64_t epoch = pusher_->Epoch();
   std::vector<BlockCache::Ref> blocks;
-  {
-    std::lock_guard lock(node->mu);  // lock order: node.mu, then the cache's (PinFile)
-    if (node->opened_before && node->opened_identity != file) return Error(ESTALE);
-    // An inode open in passthrough mode is read from the store's file, not from its pages.
-    if (node->passthrough_opens > 0) return Error(EBUSY);
-    if (!cache_.PinFile(file, &blocks)) return Error(ENODATA);
-    node->opened_identity = file;
-    node->opened_before = true;
-    node->kernel_pages.store(true, std::memory_order_relaxed);
-  }
+  ModeEffects effects(*this, file, id, &blocks);
+  if (Status s = node->kernel_mode.ClaimPagesFor(file, effects); !s.ok()) return s.error();
   Result<uint64_t> loaded = pusher_->Load(id, blocks, epoch);
   blocks.clear();  // unpinned with no inode lock held
   return loaded;
@@ -473,106 +493,36 @@ Result<uint64_t> ReadThroughFs::LoadIntoPageCache(const FileKey& file, uint64_t 
 
 void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started,
                                const OpenDone& done, bool may_wait) {
-  const uint64_t ino = handle->ino;
-  OpenOut out;
-  std::shared_ptr<Inode> dir;  // where the kernel first found the file, and its name there
-  std::string name;
-  Inode& node = *handle->inode;
-  // Opens of one inode one at a time: the backing file's registration (an ioctl) is made without
-  // node.mu, and no other open may see the inode half registered. Nothing else takes open_mu.
-  std::unique_lock open_lock(node.open_mu);
-  int register_fd = -1;  // a backing file to register for this open, after node.mu
-  {
-    std::unique_lock lock(node.mu);  // lock order: node.mu, then the cache's (DropFile, PinFile)
-    if (node.passthrough_opens > 0 && node.passthrough_identity != handle->identity) {
-      // The file changed while open in passthrough mode: the kernel takes one backing file per
-      // inode, so the new contents can be served only once the old handles are closed. The kernel
-      // sends RELEASE asynchronously, so a handle closed just now may still count: wait a little
-      // (not on the backend's thread, after a fill: its fetches took longer than that).
-      if (may_wait) {
-        node.passthrough_closed.wait_for(lock, kReleaseWait,
-                                         [&] { return node.passthrough_opens == 0; });
-      }
-      if (node.passthrough_opens > 0) {
-        lock.unlock();
-        open_lock.unlock();
-        return done(Error(EBUSY));  // answered with no lock held
-      }
-    }
-    out.keep_cache = node.opened_before && node.opened_identity == handle->identity;
-    out.changed = node.opened_before && !out.keep_cache;
-    if (out.changed) {
-      node.kernel_pages.store(false, std::memory_order_relaxed);  // this open drops them
-      cache_.DropFile(node.opened_identity);
-      if (prefetcher_ != nullptr) prefetcher_->Forget(node.opened_identity);
-      // Before the reply drops the kernel's pages: none of the old data may be pushed after it.
-      if (pusher_ != nullptr) pusher_->Forget(node.opened_identity);
-    }
-    node.opened_identity = handle->identity;
-    node.opened_before = true;
-    // After the Forget above: a later change of this file moves the epoch past this handle's.
-    if (pusher_ != nullptr) handle->push_epoch = pusher_->Epoch();
-    dir = node.parent;
-    name = node.name;
-    // Passthrough when every block is cached (and stays pinned while the handle is open) and no
-    // handle of the inode is open in cached mode: the kernel keeps an inode in one mode at a time.
-    if (registry_ != nullptr && registry_->Enabled() && node.cached_opens == 0 &&
-        (!handle->pinned.empty() || cache_.PinFile(handle->identity, &handle->pinned))) {
-      if (node.passthrough_opens == 0) {
-        register_fd = cache_.store().FileDescriptor(handle->identity);
-        node.passthrough_identity = handle->identity;
-      } else {
-        // Counted under the lock that read the id: the RELEASE of the inode's last other handle
-        // must not see the count reach 0 and close the id this reply is about to name (the kernel
-        // answers an open naming a closed backing id with EIO).
-        handle->backing_id = node.backing_id;
-        CountPassthroughOpen(node);
-      }
-    }
-  }
-  const bool counted = handle->backing_id > 0;
-  if (!handle->pinned.empty() && !counted) {
-    // The first passthrough open of the inode: register its cache file with the kernel, with no
-    // lock but open_mu held (no other open runs, and no handle of the inode is in passthrough
-    // mode for a Release to close).
-    Result<int> id = register_fd >= 0 ? registry_->Open(register_fd) : Result<int>(Error(ENOTSUP));
-    handle->backing_id = id.ok() ? id.value() : 0;
-  }
-  if (!counted) {
-    std::lock_guard lock(node.mu);
-    if (handle->backing_id > 0) {
-      node.backing_id = handle->backing_id;
-      CountPassthroughOpen(node);
-    } else {
-      ++node.cached_opens;
-      handle->direct = direct_reads_.load(std::memory_order_relaxed) &&
-                       !node.kernel_pages.load(std::memory_order_relaxed);
-      if (!handle->direct) {
-        node.kernel_pages.store(true, std::memory_order_relaxed);
-        if (pusher_ != nullptr &&
-            (options_.push_every_cached_open || direct_reads_.load(std::memory_order_relaxed))) {
-          pusher_->Watch(handle->identity, ino);
-          handle->watch.store(Handle::kWatched, std::memory_order_relaxed);
-        }
-      }
-    }
-  }
-  open_lock.unlock();
+  const bool direct_reads = direct_reads_.load(std::memory_order_relaxed);
+  const InodeMode::OpenRequest request{
+      .identity = handle->identity,
+      .passthrough = registry_ != nullptr && registry_->Enabled(),
+      .direct_reads = direct_reads,
+      .watch_cached = pusher_ != nullptr && (options_.push_every_cached_open || direct_reads),
+      .may_wait = may_wait};
+  ModeEffects effects(*this, handle->identity, handle->ino, &handle->pinned, &handle->push_epoch);
+  Result<InodeMode::Opened> mode = handle->inode->kernel_mode.Open(request, registry_, effects);
+  if (!mode.ok()) return done(mode.error());  // EBUSY, answered with no lock held
+  handle->backing_id = mode->backing_id;
+  handle->direct = mode->direct;
+  if (mode->watched) handle->watch.store(Handle::kWatched, std::memory_order_relaxed);
+  if (handle->backing_id > 0) passthrough_files_.fetch_add(1, std::memory_order_relaxed);
   // Unpinned with no inode lock held; a handle with no store file (OpenTrusted) keeps its pins.
   if (handle->backing_id == 0 && handle->file) handle->pinned.clear();
-  out.backing_id = handle->backing_id;
-  out.direct = handle->direct;
+  const OpenOut out{.fh = reinterpret_cast<uint64_t>(handle.get()),
+                    .backing_id = mode->backing_id,
+                    .keep_cache = mode->keep_cache,
+                    .changed = mode->changed,
+                    .direct = mode->direct};
+  auto [dir, name] = PlaceOf(*handle->inode);
   StartStreams(*handle, dir, name, next_started);
   // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
-  // goes now, not at its RELEASE (which a mapping delays until it is unmapped). A file held open
-  // costs some stores more than a descriptor (NextShardLead). Only on the OPEN's own thread
-  // (`may_wait`): closing a FUSE store's file waits for the store's answer to a FLUSH, which must
-  // never hold the backend's thread that ended a fill.
-  // After the reply: on a FUSE store the close waits for the store's FLUSH and RELEASE (up to
-  // 9 ms on s3fs), which the loader's open need not.
+  // goes now, not at its RELEASE (which a mapping delays until it is unmapped): a file held open
+  // costs some stores more than a descriptor (NextShardLead). After the reply: on a FUSE store the
+  // close waits for the store's FLUSH and RELEASE (up to 9 ms on s3fs). Only on the OPEN's own
+  // thread (`may_wait`): that wait must never hold the backend's thread that ended a fill.
   std::shared_ptr<BackingFile> closed_after_reply;
   if (handle->backing_id > 0 && may_wait) closed_after_reply = std::move(handle->file);
-  out.fh = reinterpret_cast<uint64_t>(handle.get());
   {
     std::lock_guard lock(handles_mu_);
     handles_.emplace(out.fh, std::move(handle));
@@ -614,7 +564,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   const std::shared_ptr<BackingFile> file = handle->file;
   const uint32_t block_size = options_.block_size;
   if (handle->direct && LooksLikePageCacheRead(offset, size)) {
-    handle->inode->kernel_pages.store(true, std::memory_order_relaxed);  // a mapping's fault
+    handle->inode->kernel_mode.NoteKernelPages();  // a mapping's fault
     // The mapping reads through the inode's page cache: pushes may go there from now on. A
     // handle only read() never is, so no push is a copy that nobody reads.
     int state = Handle::kNotWatched;
@@ -690,35 +640,16 @@ void ReadThroughFs::ReadPinned(const Handle& handle, const std::vector<BlockSlic
   done(std::move(pieces));
 }
 
-void ReadThroughFs::CountPassthroughOpen(Inode& node) {
-  ++node.passthrough_opens;
-  passthrough_files_.fetch_add(1, std::memory_order_relaxed);
-}
-
 void ReadThroughFs::Release(uint64_t fh) {
   const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
   std::unique_ptr<Handle> handle = TakeHandle(handles_mu_, handles_, fh);
   if (!handle) return;
-  int close_backing = 0;  // the inode's backing file, unregistered after node.mu
-  {
-    Inode& node = *handle->inode;
-    std::lock_guard lock(node.mu);
-    if (handle->backing_id > 0) {
-      passthrough_files_.fetch_sub(1, std::memory_order_relaxed);
-      if (--node.passthrough_opens == 0) {
-        close_backing = node.backing_id;
-        node.backing_id = 0;
-        node.passthrough_closed.notify_all();
-      }
-    } else {
-      --node.cached_opens;
-      if (pusher_ != nullptr && handle->watch.load(std::memory_order_relaxed) == Handle::kWatched) {
-        pusher_->Unwatch(handle->identity, handle->ino);
-      }
-    }
-  }
-  // A new open may already have registered the file again: ids are the kernel's, each closed once.
-  if (close_backing > 0) registry_->Close(close_backing);
+  const bool passthrough = handle->backing_id > 0;
+  if (passthrough) passthrough_files_.fetch_sub(1, std::memory_order_relaxed);
+  ModeEffects effects(*this, handle->identity, handle->ino, &handle->pinned);
+  handle->inode->kernel_mode.Release(
+      passthrough, handle->watch.load(std::memory_order_relaxed) == Handle::kWatched, registry_,
+      effects);
   open_files_.fetch_sub(1, std::memory_order_relaxed);
 }
 

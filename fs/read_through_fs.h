@@ -131,16 +131,7 @@ struct OpenFileInfo {
 inline constexpr uint64_t kPageCacheReadMax = 256 * 1024;
 bool LooksLikePageCacheRead(uint64_t offset, uint64_t size);
 
-// Registers store files with the kernel for FUSE passthrough. Implemented by the FUSE adapter.
-class BackingRegistry {
- public:
-  virtual ~BackingRegistry() = default;
-  // Whether the kernel agreed to passthrough for this mount.
-  virtual bool Enabled() const = 0;
-  // A backing id for the open file `fd`.
-  virtual Result<int> Open(int fd) = 0;
-  virtual void Close(int backing_id) = 0;
-};
+// BackingRegistry (store files registered with the kernel for passthrough): fs/inode_mode.h.
 
 // Drops the attributes the kernel holds of an inode, so that its next permission check asks for
 // them again (GETATTR). Implemented by the FUSE adapter; safe inside any request.
@@ -286,15 +277,16 @@ class ReadThroughFs {
   // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
   void RunFill(const std::shared_ptr<Fill>& fill);
   void FillRoundDone(const std::shared_ptr<Fill>& fill);
-  // Decides the handle's mode (passthrough when the file is whole in the cache and no handle of
-  // the inode is open in cached mode), starts its stream in cached mode, registers the handle and
-  // answers. `next_started`: the next shard of its set was already asked for (by a fill).
-  // `may_wait`: the thread may wait a little for the RELEASE of a changed file's old handles.
+  // Gives the handle its mode (Inode::kernel_mode: passthrough when the file is whole in the
+  // cache and no handle of the inode is open in cached mode), starts its streams, registers the
+  // handle and answers. `next_started`: the next shard of its set was already asked for (by a
+  // fill). `may_wait`: the thread may wait a little for the RELEASE of a changed file's old
+  // handles.
   void FinishOpen(std::unique_ptr<Handle> handle, bool next_started, const OpenDone& done,
                   bool may_wait);
-  // Counts one more handle of `node` in passthrough mode (node.mu held), before its OPEN is
-  // answered: node.backing_id stays registered while any handle given it is counted.
-  void CountPassthroughOpen(Inode& node);
+  // What the inode's mode transitions do to the cache, the prefetcher and the pusher
+  // (InodeMode::Effects), for one handle or one load.
+  class ModeEffects;
   // The streams an open starts: the file's own (served by the daemon), and the next shard's after
   // it, unless a fill started that already (`next_started`).
   void StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,

@@ -21,6 +21,7 @@
 #include "cache/block_cache.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
+#include "cache/source_file.h"  // FdPath
 #include "fs/calls_in_progress.h"
 #include "fs/common/caller_access.h"
 #include "fs/inode_table.h"
@@ -309,8 +310,5 @@ class ReadThroughFs {
   std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;         // GUARDED_BY(handles_mu_)
   std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_;  // GUARDED_BY(handles_mu_)
 };
-
-// "/proc/self/fd/N": how a path-based call (open, getxattr) reaches an O_PATH descriptor.
-std::string FdPath(int fd);
 
 }  // namespace accelfs

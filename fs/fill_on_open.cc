@@ -50,8 +50,7 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
 }
 
 uint64_t ReadThroughFs::FillBudget(const FileKey& file) const {
-  return BlockCount(file.size, options_.block_size) *
-         cache_.store().CapacityFor(options_.block_size);
+  return WholeFileBudget(cache_.store(), file.size, options_.block_size);
 }
 
 void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {

@@ -262,7 +262,7 @@ class ReadThroughFs {
   void FollowSource();
   // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
   bool WantsFill(const Handle& handle);
-  // The budget bytes all of `file` takes in the cache (every block charged as a whole one).
+  // The budget bytes all of `file` takes in the cache (WholeFileBudget).
   uint64_t FillBudget(const FileKey& file) const;
   // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
   void RunFill(const std::shared_ptr<Fill>& fill);

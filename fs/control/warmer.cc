@@ -212,11 +212,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   // by the job, when its turn comes (IssueFile), so that a request is answered at once.
   for (const FoundFile& f : *found) {
     const uint64_t size = static_cast<uint64_t>(f.st.st_size);
-    const uint64_t blocks = BlockCount(size, block_size);
-    if (blocks > 0) {
-      need += (blocks - 1) * cache_.store().CapacityFor(block_size) +
-              cache_.store().CapacityFor(BlockBytes(blocks - 1, size, block_size));
-    }
+    need += WholeFileBudget(cache_.store(), size, block_size);
     job->progress_.files_total++;
     job->progress_.bytes_total += size;
     WarmJob::File file;

@@ -19,6 +19,7 @@
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/file_fill.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
 #include "cache/source_file.h"  // FdPath
@@ -264,9 +265,9 @@ class ReadThroughFs {
   bool WantsFill(const Handle& handle);
   // The budget bytes all of `file` takes in the cache (WholeFileBudget).
   uint64_t FillBudget(const FileKey& file) const;
-  // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
+  // Fetches all of the fill's file (a FileFill, cache/file_fill.h); FillDone answers the open.
   void RunFill(const std::shared_ptr<Fill>& fill);
-  void FillRoundDone(const std::shared_ptr<Fill>& fill);
+  void FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome);
   // Decides the handle's mode (passthrough when the file is whole in the cache and no handle of
   // the inode is open in cached mode), starts its stream in cached mode, registers the handle and
   // answers. `next_started`: the next shard of its set was already asked for (by a fill).
@@ -299,7 +300,8 @@ class ReadThroughFs {
   CallsInProgress store_calls_;
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
-  // Held while a fill round makes its Gets (RunFill), so that rounds are queued whole. Taken
+  // Held while a fill round makes its Gets (FileFill::Options::issue_order), so that rounds are
+  // queued whole. Taken
   // before the cache's locks, never after them (the cache calls back outside its lock), and
   // never again inside: a round is ended, and the next begun, only after it is released.
   std::mutex fill_order_mu_;

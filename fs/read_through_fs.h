@@ -301,9 +301,9 @@ class ReadThroughFs {
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
   // Held while a fill round makes its Gets (FileFill::Options::issue_order), so that rounds are
-  // queued whole. Taken
-  // before the cache's locks, never after them (the cache calls back outside its lock), and
-  // never again inside: a round is ended, and the next begun, only after it is released.
+  // queued whole. Taken before the cache's locks, never after them (the cache calls back outside
+  // its lock), and never again inside: a round is ended, and the next begun, only after it is
+  // released.
   std::mutex fill_order_mu_;
   // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the
   // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just

@@ -2,9 +2,9 @@
 // through a completion callback. Fill on open (fs/fill_on_open.cc) waits on one before it answers
 // an OPEN.
 //
-// Thread safety: Start may be called from any thread but a reader's (a Get of a block in the cache
-// answers on the caller's thread). The callbacks run on a reader's thread, or on Start's caller's
-// when the cache answers at once; never under the cache's lock.
+// Threads: the callbacks run on the thread whose answer ended a round or came when few were left
+// (a reader's, or Start's caller's where the cache answered at once), never under the cache's
+// lock; the thread that ends a round also makes the next round's Gets.
 #pragma once
 
 #include <atomic>

@@ -25,8 +25,8 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
 
 // The index file's contents through `cache`, block by block as a reader's would come: what the
-// cache holds (kept by a cache dir across a restart, too) costs the store nothing. Nothing when a
-// block cannot be had.
+// cache holds (kept by a cache dir across a restart, too) costs the store nothing. `file` is
+// identified first, at `place`. Nothing when it cannot be, or a block cannot be had.
 std::optional<std::string> ReadThroughCache(BlockCache& cache, SourceFile& file,
                                             const Place& place) {
   if (!IdentifySourceFile(cache, &file, place).ok()) return std::nullopt;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache/block.h"
 #include "cache/file_key.h"
 #include "cache/result.h"
 
@@ -95,5 +96,15 @@ class BlockStore {
 // Budget charge for `bytes` of block memory: whole 2 MiB huge pages for big buffers (a partly used
 // huge page costs a whole one), whole 4 KiB pages for small ones.
 size_t ChargeFor(size_t bytes);
+
+// The budget bytes all of a file of `size` bytes takes once cached in blocks of `block_size`: what
+// the cache charges each of its blocks (CapacityFor of the block's bytes, the last one's too, as
+// BlockCache charges a fetch), summed. 0 for an empty file.
+inline uint64_t WholeFileBudget(const BlockStore& store, uint64_t size, uint32_t block_size) {
+  const uint64_t blocks = BlockCount(size, block_size);
+  if (blocks == 0) return 0;
+  return (blocks - 1) * store.CapacityFor(block_size) +
+         store.CapacityFor(BlockBytes(blocks - 1, size, block_size));
+}
 
 }  // namespace accelfs

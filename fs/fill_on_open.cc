@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cache/block.h"
+#include "cache/file_fill.h"
 #include "cache/prefetch/stream_policy.h"
 #include "fs/read_through_fs.h"
 #include "fs/read_through_handles.h"
@@ -16,7 +17,9 @@ namespace accelfs {
 namespace {
 
 // Fill on open: rounds of Gets of the whole file before the open is answered. A second round
-// fetches what others' reads evicted during the first.
+// fetches what others' reads evicted during the first (a small cache still pinned by the previous
+// file, whose RELEASE the kernel sends just after this OPEN), once the file fits beside what is
+// pinned then (FileFill::Options::rounds).
 constexpr int kFillRounds = 2;
 
 }  // namespace
@@ -44,63 +47,32 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
 }
 
 uint64_t ReadThroughFs::FillBudget(const FileKey& file) const {
-  return BlockCount(file.size, options_.block_size) *
-         cache_.store().CapacityFor(options_.block_size);
+  return WholeFileBudget(cache_.store(), file.size, options_.block_size);
 }
 
 void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
   const FileKey identity = fill->handle->identity;
-  const uint64_t blocks = BlockCount(identity.size, options_.block_size);
-  ++fill->rounds;
-  // One more than the blocks: this loop's own count, so that answers arriving during the loop
-  // (cached blocks answer at once) cannot end the round before every Get was made.
-  fill->left.store(blocks + 1, std::memory_order_relaxed);
-  const uint64_t lead = NextShardLead(blocks);
+  FileFill::Options fill_options;
+  fill_options.rounds = kFillRounds;
+  fill_options.remaining = NextShardLead(BlockCount(identity.size, options_.block_size));
+  fill_options.on_remaining = [fill] { fill->StartNext(); };
   // One round's Gets at a time: the backend reader serves demand first come, first served, so
   // the file opened first is cached first, and a loader thread can read it while the files of
   // the others are still coming (several threads opening shards at once). With the rounds'
   // Gets interleaved every such open would be answered only at the end.
-  {
-    std::lock_guard order(fill_order_mu_);
-    for (uint64_t b = 0; b < blocks; ++b) {
-      // Blocks are not kept pinned while the rest arrive: a fill that does not fit after all (the
-      // budget pinned by others) must not hold room that those others wait for. The Ref given to
-      // the callback is given back at once.
-      cache_.Get(BlockKey{identity, b}, BlockBytes(b, identity.size, options_.block_size),
-                 fill->handle->file, [this, fill, lead](Result<BlockCache::Ref> block) {
-                   if (block.ok()) {
-                     block.value().Reset();  // before the round can end: it counts what is pinned
-                   } else {
-                     fill->failed.store(true, std::memory_order_relaxed);
-                   }
-                   const uint64_t left = fill->left.fetch_sub(1, std::memory_order_acq_rel) - 1;
-                   if (left == 0) return FillRoundDone(fill);
-                   if (left <= lead) fill->StartNext();
-                 });
-    }
-  }
-  // Outside the lock: ending the round may start the next one.
-  if (fill->left.fetch_sub(1, std::memory_order_acq_rel) == 1) FillRoundDone(fill);
+  fill_options.issue_order = &fill_order_mu_;
+  fill_options.done = [this, fill](const FileFill::Outcome& outcome) { FillDone(fill, outcome); };
+  FileFill::Start(cache_, identity, fill->handle->file, std::move(fill_options));
 }
 
-void ReadThroughFs::FillRoundDone(const std::shared_ptr<Fill>& fill) {
-  const FileKey identity = fill->handle->identity;
-  // Blocks fetched in this round can have been evicted before its end by others' reads (a small
-  // cache still pinned by the previous file, whose RELEASE the kernel sends just after this
-  // OPEN). Fetch them again once, when the file fits beside what is pinned now.
-  if (!fill->failed.load(std::memory_order_relaxed) && fill->rounds < kFillRounds &&
-      cache_.ResidentBytes(identity) < identity.size) {
-    const CacheStats stats = cache_.Stats();
-    if (stats.pinned_bytes + FillBudget(identity) <= stats.budget_bytes) return RunFill(fill);
-  }
-  fill->StartNext();  // all of it was cached already, or fewer blocks than the lead
+void ReadThroughFs::FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome) {
   filling_opens_.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - fill->started);
   spdlog::debug("open of inode {} waited {} ms for {} bytes to be cached ({} round{}{})",
-                fill->handle->ino, waited.count(), identity.size, fill->rounds,
-                fill->rounds == 1 ? "" : "s",
-                fill->failed.load(std::memory_order_relaxed) ? ", a backend read failed" : "");
+                fill->handle->ino, waited.count(), fill->handle->identity.size, outcome.rounds,
+                outcome.rounds == 1 ? "" : "s",
+                outcome.failed > 0 ? ", a backend read failed" : "");
   FinishOpen(std::move(fill->handle), /*next_started=*/true, fill->done, /*may_wait=*/false);
 }
 

@@ -42,8 +42,6 @@ struct PendingRead {
 
 }  // namespace
 
-std::string FdPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
-
 ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
                              Prefetcher* prefetcher)
     : cache_(cache),
@@ -333,12 +331,11 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   // store that numbers a file by its path (rclone) gives a file renamed over it the same inode
   // number, and the old inode's attributes stay the kernel's for the store's attribute timeout;
   // and a store that lets a file go once it has no name left (zfs-fuse) cannot open it again.
-  struct stat st {};
-  Result<std::shared_ptr<BackingFile>> file = Error(ENOENT);
+  Result<SourceFile> file = Error(ENOENT);
   if (auto [dir, name] = PlaceOf(**inode); dir) {
-    file = OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st, options_.buffered_reads);
+    file = OpenSourceFile(dir->fd, name, options_.buffered_reads);
   } else {
-    file = OpenBacking(AT_FDCWD, FdPath((*inode)->fd).c_str(), 0, &st, options_.buffered_reads);
+    file = OpenSourceFileOf((*inode)->fd, options_.buffered_reads);
   }
   // No such name any more, or it leads to another file, or the file has no links left (deleted or
   // replaced by a rename since the kernel looked the name up, and the kernel trusts that name for
@@ -346,23 +343,24 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   // reaches what the name means now.
   if (!file.ok() && file.error().code() == ENOENT) return done(Error(ESTALE));
   if (!file.ok()) return done(StoreError(**inode, file.error()));
+  const struct stat& st = file->st;
   if (st.st_nlink == 0 || st.st_dev != (*inode)->dev || st.st_ino != (*inode)->ino) {
     return done(Error(ESTALE));
   }
   if (Status s = CheckOpenable(ino, **inode, st, caller); !s.ok()) return done(s.error());
   auto handle = std::make_unique<Handle>();
-  handle->file = std::move(file.value());
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
-  Result<FileKey> identity = cache_.Identify(handle->file, st, PlaceOfPath(SourcePath(*inode)));
-  if (!identity.ok()) return done(StoreError(**inode, identity.error()));
+  Status identified = IdentifySourceFile(cache_, &file.value(), PlaceOfPath(SourcePath(*inode)));
+  if (!identified.ok()) return done(StoreError(**inode, identified.error()));
   {
     std::lock_guard lock((*inode)->mu);
-    (*inode)->checked = identity.value();
+    (*inode)->checked = file->key;
     (*inode)->checked_at = check_began;
     (*inode)->checked_known = true;
   }
-  handle->identity = identity.value();
+  handle->file = std::move(file->backing);
+  handle->identity = file->key;
   handle->inode = *inode;
   handle->ino = ino;
   handle->safetensors = PlaceOf(**inode).second.ends_with(".safetensors");

@@ -20,8 +20,10 @@
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/file_fill.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
+#include "cache/source_file.h"  // FdPath
 #include "fs/calls_in_progress.h"
 #include "fs/common/caller_access.h"
 #include "fs/inode_table.h"
@@ -272,11 +274,11 @@ class ReadThroughFs {
                          const ReadDone& done);
   // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
   bool WantsFill(const Handle& handle);
-  // The budget bytes all of `file` takes in the cache (every block charged as a whole one).
+  // The budget bytes all of `file` takes in the cache (WholeFileBudget).
   uint64_t FillBudget(const FileKey& file) const;
-  // One round of a fill: a Get of every block; the last answer ends the round (FillRoundDone).
+  // Fetches all of the fill's file (a FileFill, cache/file_fill.h); FillDone answers the open.
   void RunFill(const std::shared_ptr<Fill>& fill);
-  void FillRoundDone(const std::shared_ptr<Fill>& fill);
+  void FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome);
   // Gives the handle its mode (Inode::kernel_mode: passthrough when the file is whole in the
   // cache and no handle of the inode is open in cached mode), starts its streams, registers the
   // handle and answers. `next_started`: the next shard of its set was already asked for (by a
@@ -311,9 +313,10 @@ class ReadThroughFs {
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
   std::atomic<uint64_t> trusted_opens_{0};
-  // Held while a fill round makes its Gets (RunFill), so that rounds are queued whole. Taken
-  // before the cache's locks, never after them (the cache calls back outside its lock), and
-  // never again inside: a round is ended, and the next begun, only after it is released.
+  // Held while a fill round makes its Gets (FileFill::Options::issue_order), so that rounds are
+  // queued whole. Taken before the cache's locks, never after them (the cache calls back outside
+  // its lock), and never again inside: a round is ended, and the next begun, only after it is
+  // released.
   std::mutex fill_order_mu_;
   // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the
   // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just
@@ -322,8 +325,5 @@ class ReadThroughFs {
   std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;         // GUARDED_BY(handles_mu_)
   std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_;  // GUARDED_BY(handles_mu_)
 };
-
-// "/proc/self/fd/N": how a path-based call (open, getxattr) reaches an O_PATH descriptor.
-std::string FdPath(int fd);
 
 }  // namespace accelfs

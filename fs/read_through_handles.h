@@ -42,9 +42,6 @@ struct ReadThroughFs::Fill {
   std::unique_ptr<Handle> handle;
   OpenDone done;
   std::chrono::steady_clock::time_point started;
-  int rounds = 0;                   // only the thread ending a round touches it
-  std::atomic<uint64_t> left{0};    // answers outstanding in this round, plus one
-  std::atomic<bool> failed{false};  // a backend read failed: no second round
   // Starts the next shard of the set (empty: none), once: when at most NextShardLead of this
   // file's blocks are still to come, or at the end of the fill.
   std::function<void()> next;

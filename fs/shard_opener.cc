@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cache/prefetch/shard_set.h"
+#include "cache/source_file.h"
 
 namespace accelfs {
 
@@ -116,31 +117,29 @@ void ShardOpener::Run() {
         continue;
       }
     }
-    Result<std::shared_ptr<BackingFile>> backing =
-        OpenBacking(dir->fd, name.c_str(), O_NOFOLLOW, &st, buffered_reads_);
-    if (!backing.ok() || !S_ISREG(st.st_mode)) {
-      spdlog::debug("next shard {} not prefetched: {}", name,
-                    backing.ok() ? "not a regular file" : backing.error().Message());
+    Result<SourceFile> file = OpenSourceFile(dir->fd, name, buffered_reads_);
+    if (!file.ok()) {
+      spdlog::debug("next shard {} not prefetched: {}", name, file.error().Message());
       continue;
     }
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    const uint64_t size = static_cast<uint64_t>(file->st.st_size);
     if (!start.first && size > start.left) {
       spdlog::debug("next shard {} not prefetched yet: beyond the look-ahead budget", name);
       continue;
     }
-    const Result<FileKey> identity =
-        prefetcher_.cache().Identify(backing.value(), st, PlaceOfPath(dir_path + "/" + name));
-    if (!identity.ok()) {
-      spdlog::debug("next shard {} not prefetched: {}", name, identity.error().Message());
+    if (Status s = IdentifySourceFile(prefetcher_.cache(), &file.value(),
+                                      PlaceOfPath(dir_path + "/" + name));
+        !s.ok()) {
+      spdlog::debug("next shard {} not prefetched: {}", name, s.error().Message());
       continue;
     }
     spdlog::debug("prefetching the next shard, {}", name);
-    const FileKey key = identity.value();
+    const FileKey key = file->key;
     Remember(name, key);
     // All of it when it fits in the budget; else (only the first after an opened shard) the
     // stream's window of it, and nothing after it.
     const bool fits = size <= start.left;
-    prefetcher_.StartSpeculative(key, backing.value(), /*safetensors=*/true, /*whole=*/fits);
+    prefetcher_.StartSpeculative(key, file->backing, /*safetensors=*/true, /*whole=*/fits);
     // Once this one has asked for its last block, the one after it, while the budget lasts.
     const uint64_t left = fits ? start.left - size : 0;
     if (left > 0) ChainAfter(key, dir, name, left, start.ahead + 1);

@@ -13,6 +13,7 @@
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/source_file.h"
 
 #include "cache/prefetch/shard_set.h"
 
@@ -24,14 +25,13 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
 
 // The index file's contents through `cache`, block by block as a reader's would come: what the
-// cache holds (kept by a cache dir across a restart, too) costs the store nothing. Nothing when a
-// block cannot be had.
-std::optional<std::string> ReadThroughCache(BlockCache& cache,
-                                            const std::shared_ptr<BackingFile>& backing,
-                                            const struct stat& st, const Place& place) {
-  const Result<FileKey> identity = cache.Identify(backing, st, place);
-  if (!identity.ok()) return std::nullopt;
-  const FileKey key = identity.value();
+// cache holds (kept by a cache dir across a restart, too) costs the store nothing. `file` is
+// identified first, at `place`. Nothing when it cannot be, or a block cannot be had.
+std::optional<std::string> ReadThroughCache(BlockCache& cache, SourceFile& file,
+                                            const Place& place) {
+  if (!IdentifySourceFile(cache, &file, place).ok()) return std::nullopt;
+  const FileKey key = file.key;
+  const std::shared_ptr<BackingFile>& backing = file.backing;
   const uint32_t block = cache.block_size();
   std::string text(key.size, '\0');
   for (uint64_t i = 0; i * block < key.size; ++i) {
@@ -51,13 +51,12 @@ std::optional<std::string> ReadIndex(int dir_fd, const std::string& dir_path, st
                                      BlockCache* cache) {
   if (cache != nullptr) {
     // O_NONBLOCK: an index that is a FIFO must not block the open.
-    Result<std::shared_ptr<BackingFile>> backing =
-        OpenBacking(dir_fd, kIndexName, O_NOFOLLOW | O_NONBLOCK, st);
-    if (!backing.ok() || !S_ISREG(st->st_mode) ||
-        static_cast<uint64_t>(st->st_size) > kMaxShardIndexBytes) {
-      return std::nullopt;
-    }
-    return ReadThroughCache(*cache, backing.value(), *st, PlaceOfPath(dir_path + "/" + kIndexName));
+    Result<SourceFile> file =
+        OpenSourceFile(dir_fd, kIndexName, /*buffered_reads=*/false, O_NONBLOCK);
+    if (!file.ok()) return std::nullopt;
+    *st = file->st;
+    if (static_cast<uint64_t>(st->st_size) > kMaxShardIndexBytes) return std::nullopt;
+    return ReadThroughCache(*cache, file.value(), PlaceOfPath(dir_path + "/" + kIndexName));
   }
   const int fd = openat(dir_fd, kIndexName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return std::nullopt;

@@ -10,16 +10,11 @@
 #include <cstring>
 
 #include "cache/block.h"
+#include "cache/source_file.h"
 #include "fs/common/format.h"
 
 namespace accelfs {
 namespace {
-
-struct IdentifiedFile {
-  std::shared_ptr<BackingFile> backing;
-  struct stat st {};
-  FileKey key;
-};
 
 using Clock = std::chrono::steady_clock;
 
@@ -39,8 +34,7 @@ constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
 Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
   const auto link = [](int of) {
     char target[PATH_MAX];
-    const ssize_t n =
-        readlink(("/proc/self/fd/" + std::to_string(of)).c_str(), target, sizeof(target));
+    const ssize_t n = readlink(FdPath(of).c_str(), target, sizeof(target));
     return n > 0 && n < static_cast<ssize_t>(sizeof(target)) ? std::string(target, n)
                                                              : std::string();
   };
@@ -58,8 +52,8 @@ Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
 // cache/file_key.h). ESTALE when the name leads elsewhere now (renamed, replaced, a link put in its
 // place): the job then warms nothing the request did not check.
 // `buffered_reads`: as WarmerOptions::buffered_reads.
-Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path,
-                                      int held, bool buffered_reads) {
+Result<SourceFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path, int held,
+                                  bool buffered_reads) {
   const auto changed = [&] {
     return Error(ESTALE,
                  DescribePath(path) + " changed since it was asked for; run accelfs-warm again");
@@ -72,27 +66,22 @@ Result<IdentifiedFile> OpenIdentified(int root_fd, BlockCache& cache, const std:
                     now.st_dev == asked.st_dev && now.st_ino == asked.st_ino;
   close(*fd);
   if (!same) return changed();
-  IdentifiedFile out;
   const Place place = PlaceBeneath(root_fd, held, path);
-  Result<std::shared_ptr<BackingFile>> backing = OpenBacking(
-      AT_FDCWD, ("/proc/self/fd/" + std::to_string(held)).c_str(), 0, &out.st, buffered_reads);
-  if (!backing.ok()) {
-    return Error(backing.error().code(), DescribePath(path) + ": " + backing.error().Message());
+  Result<SourceFile> file = OpenSourceFileOf(held, buffered_reads);
+  if (!file.ok()) {
+    return Error(file.error().code(), DescribePath(path) + ": " + file.error().Message());
   }
-  out.backing = std::move(backing.value());
-  Result<FileKey> key = cache.Identify(out.backing, out.st, place);
-  if (!key.ok()) {
-    return Error(key.error().code(), DescribePath(path) + ": " + key.error().Message());
+  if (Status s = IdentifySourceFile(cache, &file.value(), place); !s.ok()) {
+    return Error(s.error().code(), DescribePath(path) + ": " + s.error().Message());
   }
-  out.key = key.value();
-  return out;
+  return file;
 }
 
 // Opens the file found at `path` for the backend, checking that it is still what was measured.
 Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
                                                const std::string& path, int held,
                                                const FileKey& key, bool buffered_reads) {
-  Result<IdentifiedFile> file = OpenIdentified(root_fd, cache, path, held, buffered_reads);
+  Result<SourceFile> file = OpenIdentified(root_fd, cache, path, held, buffered_reads);
   if (!file.ok()) return file.error();
   if (file->key != key) {
     return Error(ESTALE,
@@ -223,11 +212,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   // by the job, when its turn comes (IssueFile), so that a request is answered at once.
   for (const FoundFile& f : *found) {
     const uint64_t size = static_cast<uint64_t>(f.st.st_size);
-    const uint64_t blocks = BlockCount(size, block_size);
-    if (blocks > 0) {
-      need += (blocks - 1) * cache_.store().CapacityFor(block_size) +
-              cache_.store().CapacityFor(BlockBytes(blocks - 1, size, block_size));
-    }
+    need += WholeFileBudget(cache_.store(), size, block_size);
     job->progress_.files_total++;
     job->progress_.bytes_total += size;
     WarmJob::File file;
@@ -334,7 +319,7 @@ Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::
     return OpenAgain(root.fd(), cache_, file.path, file.fd, file.key, options_.buffered_reads);
   }
   // The first turn of the file: what it is now is what the job warms.
-  Result<IdentifiedFile> identified =
+  Result<SourceFile> identified =
       OpenIdentified(root.fd(), cache_, file.path, file.fd, options_.buffered_reads);
   if (!identified.ok()) return identified.error();
   file.key = identified->key;

@@ -9,14 +9,6 @@ namespace accelfs {
 
 Inode::~Inode() { close(fd); }
 
-void ForgetCheckUnless(Inode& node, const struct stat& st) {
-  std::lock_guard lock(node.mu);
-  if (node.checked_known &&
-      FileKeyFromStat(st, node.checked.fingerprint, node.checked.place) != node.checked) {
-    node.checked_known = false;
-  }
-}
-
 bool IsAncestorOrSelf(const std::shared_ptr<Inode>& maybe, std::shared_ptr<Inode> of) {
   // Bounded as SourcePath is.
   for (size_t depth = 0; of && depth < 4096; ++depth) {

@@ -5,7 +5,6 @@
 
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -50,18 +49,7 @@ struct Inode {
   // until told_known.
   AccessAttrs told;         // GUARDED_BY(mu)
   bool told_known = false;  // GUARDED_BY(mu)
-  // The last full check of this file against SOURCE at an open (its attributes and sampled pages):
-  // the identity found and when the check began. Opens within the validity window after it
-  // trust it (FsOptions::revalidate). Forgotten where SOURCE shows attributes that key would not
-  // have (ForgetCheckUnless: a LOOKUP or GETATTR after a change).
-  FileKey checked;                                     // GUARDED_BY(mu)
-  std::chrono::steady_clock::time_point checked_at{};  // GUARDED_BY(mu)
-  bool checked_known = false;                          // GUARDED_BY(mu)
 };
-
-// Forgets `node`'s last check (Inode::checked) unless `st` (SOURCE's attributes of it now) are
-// the ones its key was made from. Takes node.mu.
-void ForgetCheckUnless(Inode& node, const struct stat& st);
 
 // The path relative to SOURCE's root by which `inode` was last looked up: its names up the parents
 // the kernel found it under, one lock at a time (each inode's mu; none held by the caller). The

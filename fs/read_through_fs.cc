@@ -57,7 +57,8 @@ ReadThroughFs::ReadThroughFs(int root_fd, BlockCache& cache, FsOptions options,
       shard_opener_(prefetcher != nullptr
                         ? std::make_unique<ShardOpener>(*prefetcher, cache.Stats().budget_bytes / 2,
                                                         &cache, options.buffered_reads)
-                        : nullptr) {}
+                        : nullptr),
+      window_(options.revalidate) {}
 
 ReadThroughFs::~ReadThroughFs() = default;
 
@@ -195,12 +196,12 @@ Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view na
   // directory its own ancestor (a bind mount of a directory inside itself).
   if (S_ISREG(out.attr.st_mode) || (S_ISDIR(out.attr.st_mode) && !IsAncestorOrSelf(node, *dir))) {
     std::lock_guard lock(node->mu);
-    // Found at another place: the last check's key names the old one (its place).
-    if (node->parent != *dir || node->name != child) node->checked_known = false;
     node->parent = *dir;
     node->name = child;
   }
-  if (S_ISREG(out.attr.st_mode)) ForgetCheckUnless(*node, out.attr);
+  if (S_ISREG(out.attr.st_mode) && window_.enabled()) {
+    window_.ForgetUnless(PlaceOfPath(SourcePath(node)), out.attr);
+  }
   return out;
 }
 
@@ -217,7 +218,9 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
     if (fstatat(dir->fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         st.st_dev == (*inode)->dev && st.st_ino == (*inode)->ino) {
       NoteTold(**inode, st);
-      if (S_ISREG(st.st_mode)) ForgetCheckUnless(**inode, st);
+      if (S_ISREG(st.st_mode) && window_.enabled()) {
+        window_.ForgetUnless(PlaceOfPath(SourcePath(*inode)), st);
+      }
       return st;
     }
   }
@@ -225,7 +228,9 @@ Result<struct stat> ReadThroughFs::GetAttr(uint64_t ino) {
     return StoreError(**inode, Error(errno));
   }
   NoteTold(**inode, st);
-  if (S_ISREG(st.st_mode)) ForgetCheckUnless(**inode, st);
+  if (S_ISREG(st.st_mode) && window_.enabled()) {
+    window_.ForgetUnless(PlaceOfPath(SourcePath(*inode)), st);
+  }
   return st;
 }
 
@@ -316,7 +321,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   auto inode = Find(ino);
   if (!inode.ok()) return done(inode.error());
   if (S_ISDIR((*inode)->mode)) return done(Error(EISDIR));
-  if (options_.revalidate.count() > 0) {
+  if (window_.enabled()) {
     Status refused;
     if (std::unique_ptr<Handle> handle = OpenTrusted(ino, *inode, caller, &refused)) {
       trusted_opens_.fetch_add(1, std::memory_order_relaxed);
@@ -353,12 +358,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
   Status identified = IdentifySourceFile(cache_, &file.value(), PlaceOfPath(SourcePath(*inode)));
   if (!identified.ok()) return done(StoreError(**inode, identified.error()));
-  {
-    std::lock_guard lock((*inode)->mu);
-    (*inode)->checked = file->key;
-    (*inode)->checked_at = check_began;
-    (*inode)->checked_known = true;
-  }
+  window_.Note(file->key, check_began);
   handle->file = std::move(file->backing);
   handle->identity = file->key;
   handle->inode = *inode;
@@ -405,32 +405,21 @@ Status ReadThroughFs::CheckOpenable(uint64_t ino, Inode& node, const struct stat
 
 std::unique_ptr<ReadThroughFs::Handle> ReadThroughFs::OpenTrusted(
     uint64_t ino, const std::shared_ptr<Inode>& inode, const Caller& caller, Status* refused) {
-  FileKey key;
-  {
-    std::lock_guard lock(inode->mu);
-    if (!inode->checked_known ||
-        std::chrono::steady_clock::now() - inode->checked_at >= options_.revalidate) {
-      return nullptr;
-    }
-    key = inode->checked;
-  }
   // The inode's attributes as the store's kernel mount holds them (its own attribute cache
-  // answers within its timeout: no round trip to its server): other ones than the key was made
-  // from (a rewrite in place, a rename over it that left it no link) end the window at once; the
-  // permission bits are checked as at every open.
+  // answers within its timeout: no round trip to its server): other ones than the last check's
+  // key was made from (a rewrite in place, a rename over it that left it no link) end the window
+  // at once; the permission bits are checked as at every open.
   struct stat st {};
   if (fstatat(inode->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return nullptr;
-  if (st.st_nlink == 0 || FileKeyFromStat(st, key.fingerprint, key.place) != key) {
-    ForgetCheckUnless(*inode, st);
-    return nullptr;
-  }
+  const std::optional<FileKey> key = window_.Find(PlaceOfPath(SourcePath(inode)), st);
+  if (!key) return nullptr;
   if (Status s = CheckOpenable(ino, *inode, st, caller); !s.ok()) {
     *refused = s;
     return nullptr;
   }
   auto handle = std::make_unique<Handle>();
-  if (key.size > 0 && !cache_.PinFile(key, &handle->pinned)) return nullptr;
-  handle->identity = key;
+  if (key->size > 0 && !cache_.PinFile(*key, &handle->pinned)) return nullptr;
+  handle->identity = *key;
   handle->inode = inode;
   handle->ino = ino;
   handle->safetensors = PlaceOf(*inode).second.ends_with(".safetensors");

@@ -29,6 +29,7 @@
 #include "fs/inode_table.h"
 #include "fs/page_pusher.h"
 #include "fs/shard_opener.h"
+#include "fs/validity_window.h"
 
 namespace accelfs {
 
@@ -313,6 +314,7 @@ class ReadThroughFs {
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
   std::atomic<uint64_t> trusted_opens_{0};
+  ValidityWindow window_;  // the last check of each file, by place (FsOptions::revalidate)
   // Held while a fill round makes its Gets (FileFill::Options::issue_order), so that rounds are
   // queued whole. Taken before the cache's locks, never after them (the cache calls back outside
   // its lock), and never again inside: a round is ended, and the next begun, only after it is

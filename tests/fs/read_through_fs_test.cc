@@ -678,6 +678,26 @@ TEST_F(ReadThroughFsTest, TheOpenAfterTheWindowChecksAgain) {
   EXPECT_EQ(fs_->trusted_opens(), 1u);
 }
 
+// The window is kept by place, not by inode: once the kernel forgets the inode (memory pressure,
+// drop_caches) and looks the name up again, an open within the window still asks the store nothing.
+TEST_F(ReadThroughFsTest, TheWindowOutlivesTheKernelsInode) {
+  MakeFs(256, std::chrono::hours(1));
+  const uint64_t size = Files()[5].second;  // "odd"
+  const uint64_t ino = LookupOk("odd");
+  uint64_t fh = OpenOk(ino);
+  ExpectRead(fh, "odd", 0, size);
+  fs_->Release(fh);
+  fs_->Forget(ino, 1);
+  const uint64_t again = LookupOk("odd");
+  ASSERT_NE(again, ino) << "a new inode";
+  const uint64_t before = backend_.submitted();
+  fh = OpenOk(again);
+  EXPECT_EQ(fs_->trusted_opens(), 1u);
+  ExpectRead(fh, "odd", 0, size);
+  EXPECT_EQ(backend_.submitted(), before);
+  fs_->Release(fh);
+}
+
 // A handle opened within the window holds its blocks: dropped from the cache meanwhile (another
 // open saw a change, an evict), its reads still answer the bytes it was opened on, from memory.
 TEST_F(ReadThroughFsTest, AHandleOpenedWithinTheWindowKeepsItsBlocks) {

@@ -40,6 +40,7 @@ struct DaemonStats {
   uint64_t open_files = 0;          // file handles open (cached or passthrough)
   uint64_t passthrough_files = 0;   // of them, open in passthrough mode
   uint64_t filling_opens = 0;       // opens waiting for their file to be cached (fill on open)
+  uint64_t trusted_opens = 0;       // opens answered within the validity window (--revalidate)
   uint64_t pushed_bytes = 0;  // bytes written into the kernel page cache (--push, warmed files)
   // Calls into SOURCE's filesystem (lookups, opens, listings, stats) in progress now, and how long
   // the oldest has waited: a store that stopped answering shows here.
@@ -184,6 +185,9 @@ inline constexpr std::array kStatsFields = [] {
                                  "Of them, open in FUSE passthrough mode."),
       Row<&D::filling_opens>("filling_opens", kGauge, kCount, "accelfs_filling_opens",
                              "Opens waiting for their file to be cached (fill on open)."),
+      Row<&D::trusted_opens>("trusted_opens", kCounter, kCount, "accelfs_trusted_opens_total",
+                             "Opens answered within the validity window (--revalidate), from the "
+                             "cache, without a check against SOURCE."),
       Row<&C::evicted_blocks>("evicted_blocks", kCounter, kBlocks, "accelfs_evicted_blocks_total",
                               "Cache blocks evicted to stay within the budget."),
       Row<&C::failed_fetches>("failed_fetches", kCounter, kCount, "accelfs_failed_fetches_total",

@@ -310,6 +310,7 @@ DaemonStats Daemon::Snapshot() const {
   s.open_files = fs_->open_files();
   s.passthrough_files = fs_->passthrough_files();
   s.filling_opens = fs_->filling_opens();
+  s.trusted_opens = fs_->trusted_opens();
   s.pushed_bytes = pusher_ ? pusher_->Stats().pushed_bytes : 0;
   const CallsInProgress::Snapshot store_calls = fs_->store_calls();
   s.store_calls = store_calls.count;

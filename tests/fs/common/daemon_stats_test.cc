@@ -34,9 +34,10 @@ std::string Where(const StatField& f) { return Section(f.section) + "." + std::s
 DaemonStats Distinct() {
   DaemonStats s;
   auto& [source, mountpoint, store, passthrough, uptime_s, cache, depth, depth_limit, stuck,
-         timed_out, waiting, open_files, passthrough_files, filling_opens, pushed_bytes,
-         store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer, swarm_sent,
-         swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed, swarm_joined] = s;
+         timed_out, waiting, open_files, passthrough_files, filling_opens, trusted_opens,
+         pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer,
+         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed,
+         swarm_joined] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
@@ -44,10 +45,10 @@ DaemonStats Distinct() {
   uptime_s = 12.5;
   oldest_store_call_s = 3.25;
   uint64_t next = 1001;
-  for (uint64_t* field :
-       {&stuck, &timed_out, &waiting, &open_files, &passthrough_files, &filling_opens,
-        &pushed_bytes, &store_calls, &swarm_on, &swarm_store, &swarm_peer, &swarm_sent,
-        &swarm_peers, &swarm_fallbacks, &swarm_hash_failures, &swarm_claimed, &swarm_joined}) {
+  for (uint64_t* field : {&stuck, &timed_out, &waiting, &open_files, &passthrough_files,
+                          &filling_opens, &trusted_opens, &pushed_bytes, &store_calls, &swarm_on,
+                          &swarm_store, &swarm_peer, &swarm_sent, &swarm_peers, &swarm_fallbacks,
+                          &swarm_hash_failures, &swarm_claimed, &swarm_joined}) {
     *field = next++;
   }
   depth = static_cast<uint32_t>(next++);
@@ -63,7 +64,7 @@ DaemonStats Distinct() {
   }
   return s;
 }
-constexpr size_t kNumericFields = 21 + 19;  // DaemonStats' own numbers, CacheStats'
+constexpr size_t kNumericFields = 22 + 19;  // DaemonStats' own numbers, CacheStats'
 
 double AsDouble(StatValue v) {
   return std::visit([](auto x) { return static_cast<double>(x); }, v);

@@ -1,7 +1,7 @@
 // One way to open a SOURCE file for the backend and know its content: the open (OpenBacking, only
-// ever a regular file), then its identity (BlockCache::Identify: a read of its first and last page
-// through the cache's backend). Used by every opener of SOURCE files: an OPEN through the mount,
-// the warmer, the next shard of a set and the shard index.
+// ever a regular file), then its identity (BlockCache::Identify: a read of its first and last page,
+// or of all of a file of at most 128 KiB, through the cache's backend). Used by every opener of
+// SOURCE files: an OPEN through the mount, the warmer, the next shard of a set and the shard index.
 #pragma once
 
 #include <sys/stat.h>

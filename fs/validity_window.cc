@@ -21,6 +21,9 @@ void ValidityWindow::Note(const FileKey& key, Clock::time_point began) {
   // sweep each time it doubles.
   if (checks_.size() >= sweep_at_) {
     SweepLocked(Clock::now());
+    // Bounded whatever anyone opens: past kMaxChecks every check is forgotten (their files are
+    // checked again at their next open), so no one can grow the daemon by opening many files.
+    if (checks_.size() >= kMaxChecks) checks_.clear();
     sweep_at_ = std::max<size_t>(1024, 2 * checks_.size());
   }
 }

@@ -45,6 +45,9 @@ class ValidityWindow {
 
   size_t size() const;
 
+  // The most checks kept (about 100 bytes each).
+  static constexpr size_t kMaxChecks = size_t{1} << 18;
+
  private:
   struct PlaceHash {
     size_t operator()(const Place& p) const { return p[0] ^ (p[1] * 0x9e3779b97f4a7c15ULL); }

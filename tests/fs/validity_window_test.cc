@@ -76,5 +76,15 @@ TEST(ValidityWindowTest, ChecksTheWindowHasPassedAreSwept) {
   EXPECT_LT(window.size(), 2048u) << "the table keeps only what a window could trust";
 }
 
+TEST(ValidityWindowTest, TheTableIsBoundedWhateverIsOpened) {
+  ValidityWindow window(1h);
+  const Clock::time_point now = Clock::now();
+  for (size_t i = 0; i < ValidityWindow::kMaxChecks + 10; ++i) {
+    const struct stat st = Attrs(static_cast<off_t>(i), 1, 1);
+    window.Note(KeyOf(st, ("f" + std::to_string(i)).c_str()), now);
+  }
+  EXPECT_LE(window.size(), ValidityWindow::kMaxChecks);
+}
+
 }  // namespace
 }  // namespace accelfs

@@ -143,6 +143,33 @@ TEST_F(IdentityTest, InodesRenumberedByTheStoreKeepTheirCache) {
   EXPECT_EQ(FetchedBytes(), kShard + kSmall) << "each block fetched once";
 }
 
+// The validity window (--revalidate): opens of the warm model within it read nothing from the
+// store, also once the kernel has forgotten the inodes (drop_caches); with a window of 0 every open
+// reads the file's samples again.
+TEST_F(IdentityTest, WarmOpensWithinTheValidityWindowReadNothingFromTheStore) {
+  ASSERT_NO_FATAL_FAILURE(StartNet());
+  for (const char* window : {"60", "0"}) {
+    SCOPED_TRACE(std::string("--revalidate ") + window);
+    ASSERT_NO_FATAL_FAILURE(StartMount({"--revalidate", window}));
+    ASSERT_NO_FATAL_FAILURE(ReadAll());
+    const uint64_t net_before = NetBytes();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_NO_FATAL_FAILURE(ReadAll());
+      if (i == 1) DropKernelCaches();
+    }
+    const uint64_t net_again = NetBytes() - net_before;
+    std::printf("--revalidate %s: three warm loads read %ju bytes from the store\n", window,
+                static_cast<uintmax_t>(net_again));
+    if (std::string(window) == "0") {
+      EXPECT_GT(net_again, 0u) << "every open samples the file";
+    } else {
+      EXPECT_EQ(net_again, 0u) << "an open within the window read from the store";
+    }
+    EXPECT_EQ(FetchedBytes(), kShard + kSmall) << "each block fetched once";
+    ASSERT_EQ(daemon_.Stop(), 0) << daemon_.Log();
+  }
+}
+
 // The store is unmounted and mounted again (a reboot, a network volume remounted): a new st_dev.
 // A new daemon over the same --cache-dir serves the whole model from it.
 TEST_F(IdentityTest, CacheDirServesAfterTheStoreIsMountedAgain) {

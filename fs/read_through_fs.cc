@@ -409,9 +409,11 @@ std::unique_ptr<ReadThroughFs::Handle> ReadThroughFs::OpenTrusted(
   // answers within its timeout: no round trip to its server): other ones than the last check's
   // key was made from (a rewrite in place, a rename over it that left it no link) end the window
   // at once; the permission bits are checked as at every open.
+  const Place place = PlaceOfPath(SourcePath(inode));
+  if (!window_.Holds(place)) return nullptr;  // nothing to trust: no call into SOURCE for it
   struct stat st {};
   if (fstatat(inode->fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return nullptr;
-  const std::optional<FileKey> key = window_.Find(PlaceOfPath(SourcePath(inode)), st);
+  const std::optional<FileKey> key = window_.Find(place, st);
   if (!key) return nullptr;
   if (Status s = CheckOpenable(ino, *inode, st, caller); !s.ok()) {
     *refused = s;

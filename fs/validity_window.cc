@@ -41,6 +41,13 @@ std::optional<FileKey> ValidityWindow::Find(const Place& place, const struct sta
   return it->second.key;
 }
 
+bool ValidityWindow::Holds(const Place& place, Clock::time_point now) const {
+  if (!enabled()) return false;
+  std::lock_guard lock(mu_);
+  auto it = checks_.find(place);
+  return it != checks_.end() && now - it->second.began < length_;
+}
+
 void ValidityWindow::ForgetUnless(const Place& place, const struct stat& st) {
   if (!enabled()) return;
   std::lock_guard lock(mu_);

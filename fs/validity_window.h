@@ -39,6 +39,10 @@ class ValidityWindow {
   std::optional<FileKey> Find(const Place& place, const struct stat& st,
                               Clock::time_point now = Clock::now());
 
+  // Whether a check of `place` began less than the window before `now`: a Find could trust it (a
+  // lookup with no call into SOURCE, so that an open with nothing to trust makes none).
+  bool Holds(const Place& place, Clock::time_point now = Clock::now()) const;
+
   // Forgets the check of `place` unless `st` are the attributes its key was made from (a LOOKUP
   // or GETATTR that shows a change ends the window at once).
   void ForgetUnless(const Place& place, const struct stat& st);

@@ -32,6 +32,9 @@ TEST(ValidityWindowTest, ACheckIsTrustedByPlaceUntilTheWindowEnds) {
   const FileKey key = KeyOf(st, "m/a");
   const Clock::time_point t0 = Clock::now();
   window.Note(key, t0);
+  EXPECT_TRUE(window.Holds(PlaceOfPath("m/a"), t0 + 9s));
+  EXPECT_FALSE(window.Holds(PlaceOfPath("m/a"), t0 + 10s));
+  EXPECT_FALSE(window.Holds(PlaceOfPath("m/b"), t0 + 1s));
   EXPECT_EQ(window.Find(PlaceOfPath("m/a"), st, t0 + 9s), key);
   EXPECT_FALSE(window.Find(PlaceOfPath("m/b"), st, t0 + 1s)) << "another place";
   EXPECT_FALSE(window.Find(PlaceOfPath("m/a"), st, t0 + 10s)) << "the window has passed";

@@ -122,12 +122,13 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
 }
 
 Result<FileKey> BlockCache::Identify(const std::shared_ptr<BackingFile>& file,
-                                     const struct stat& st, const Place& place) {
+                                     const struct stat& st, const Place& place,
+                                     std::vector<std::byte>* head) {
   std::vector<std::byte> whole;
   Result<FileKey> key = IdentifyFile(
       reader_, file, st, place,
       [this] { return identify_interrupted_.load(std::memory_order_relaxed); },
-      std::min<uint64_t>(kWholeSample, options_.block_size), &whole);
+      std::min<uint64_t>(kWholeSample, options_.block_size), &whole, head);
   if (!key.ok()) return key;
   file->SetIdentity(key.value());
   if (!whole.empty()) Offer(BlockKey{key.value(), 0}, whole);

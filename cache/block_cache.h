@@ -102,9 +102,10 @@ class BlockCache {
   // The file remembers it (BackingFile::SetIdentity).
   // A file of at most kWholeSample bytes (and one block) is read whole, in the one request its
   // samples would take, and kept as its block 0 (Offer): its first read then asks the store
-  // nothing.
+  // nothing. With `head`, a larger file's first kWholeSample bytes are read in the request of its
+  // first page and left in *head (IdentifyFile), for its first READs.
   Result<FileKey> Identify(const std::shared_ptr<BackingFile>& file, const struct stat& st,
-                           const Place& place);
+                           const Place& place, std::vector<std::byte>* head = nullptr);
   static constexpr uint64_t kWholeSample = 128 << 10;
 
   // Keeps `bytes`, block `key` as read from its store by someone else, when it is absent and room

@@ -70,14 +70,17 @@ uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
                              const std::function<bool()>& cancelled, uint64_t whole_max,
-                             std::vector<std::byte>* whole) {
+                             std::vector<std::byte>* whole, std::vector<std::byte>* head) {
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   const std::vector<FingerprintSpan> spans = FingerprintSpans(size, file->tail_samples());
   if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0), place);
-  // What is read: the spans, one aligned page each (O_DIRECT), or the whole file in one request.
+  // What is read: the spans, one aligned page each (O_DIRECT), or the whole file in one request,
+  // or its head in the first span's request (that span is the head's first page).
   const bool read_whole = whole != nullptr && size <= whole_max;
-  const std::vector<FingerprintSpan> reads =
-      read_whole ? std::vector<FingerprintSpan>{{0, size}} : spans;
+  std::vector<FingerprintSpan> reads = read_whole ? std::vector<FingerprintSpan>{{0, size}} : spans;
+  const bool read_head = !read_whole && whole != nullptr && head != nullptr &&
+                         whole_max > kFingerprintPage && spans[0].offset == 0;
+  if (read_head) reads[0].length = whole_max;
   std::vector<uint64_t> at;  // each read's place in the buffer
   uint64_t capacity = 0;
   for (const FingerprintSpan& r : reads) {
@@ -149,6 +152,7 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
     if (end > begin) samples.insert(samples.end(), buffer + begin, buffer + end);
   }
   if (read_whole && got[0] == size) whole->assign(buffer, buffer + size);
+  if (read_head && got[0] == whole_max) head->assign(buffer, buffer + whole_max);
   return FileKeyFromStat(st, ContentFingerprint(samples, samples.size()), place);
 }
 

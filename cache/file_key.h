@@ -95,11 +95,16 @@ inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint, cons
 // the answer is ECANCELED (the reads go on, and end into the state they own).
 // With `whole`, a file of at most `whole_max` bytes is read whole, in one request (one round trip,
 // as its samples would cost on any store), its samples taken from that (the same key), and its
-// bytes left in *whole for the cache (left empty where the read came back short).
+// bytes left in *whole for the cache (left empty where the read came back short). With `head` too,
+// a larger file's first `whole_max` bytes are read in the request of its first page, where its
+// samples include that page (not tail_only), and left in *head: the file's head, the same
+// version as the key, in the same round trip (left empty where none was read or it came back
+// short).
 Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
                              const std::function<bool()>& cancelled = {}, uint64_t whole_max = 0,
-                             std::vector<std::byte>* whole = nullptr);
+                             std::vector<std::byte>* whole = nullptr,
+                             std::vector<std::byte>* head = nullptr);
 inline constexpr std::chrono::milliseconds kIdentifyPoll{50};
 
 struct BlockKey {

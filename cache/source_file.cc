@@ -32,8 +32,9 @@ Result<SourceFile> OpenSourceFileOf(int fd, bool buffered_reads) {
   return OpenAt(AT_FDCWD, FdPath(fd).c_str(), 0, buffered_reads);
 }
 
-Status IdentifySourceFile(BlockCache& cache, SourceFile* file, const Place& place) {
-  Result<FileKey> key = cache.Identify(file->backing, file->st, place);
+Status IdentifySourceFile(BlockCache& cache, SourceFile* file, const Place& place, bool head) {
+  Result<FileKey> key =
+      cache.Identify(file->backing, file->st, place, head ? &file->head : nullptr);
   if (!key.ok()) return key.error();
   file->key = key.value();
   return Status::Ok();

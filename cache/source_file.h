@@ -6,8 +6,10 @@
 
 #include <sys/stat.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/backend/reader.h"
 #include "cache/block_cache.h"
@@ -22,6 +24,9 @@ struct SourceFile {
   std::shared_ptr<BackingFile> backing;
   struct stat st {};  // as the store gave them at the open (FreshStat)
   FileKey key;
+  // Its first BlockCache::kWholeSample bytes, read with its identity where the opener asked for
+  // them (IdentifySourceFile's `head`) and the file is larger; else empty.
+  std::vector<std::byte> head;
 };
 
 // The path that reaches what descriptor `fd` (an O_PATH one too) refers to: /proc/self/fd/N.
@@ -39,7 +44,11 @@ Result<SourceFile> OpenSourceFile(int dir_fd, const std::string& name, bool buff
 Result<SourceFile> OpenSourceFileOf(int fd, bool buffered_reads);
 
 // Identifies `file`, found at `place` in SOURCE (cache/file_key.h), through `cache`'s backend
-// (BlockCache::Identify: blocks the caller) and sets file->key. The error is Identify's.
-Status IdentifySourceFile(BlockCache& cache, SourceFile* file, const Place& place);
+// (BlockCache::Identify: blocks the caller) and sets file->key. With `head`, a file larger than
+// what is read whole has its first bytes read in the same round trip, into file->head: an open
+// answers its first READs from them while the file's blocks come (time to first byte). The error
+// is Identify's.
+Status IdentifySourceFile(BlockCache& cache, SourceFile* file, const Place& place,
+                          bool head = false);
 
 }  // namespace accelfs

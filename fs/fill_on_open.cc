@@ -24,12 +24,14 @@ constexpr int kFillRounds = 2;
 
 }  // namespace
 
+bool ReadThroughFs::MayFill(uint64_t size, bool safetensors) const {
+  return options_.fill != FsOptions::Fill::kOff && registry_ != nullptr && registry_->Enabled() &&
+         prefetcher_ != nullptr && cache_.store().KeepsFiles() &&
+         prefetcher_->Streams(FileKey{.size = size}, safetensors);
+}
+
 bool ReadThroughFs::WantsFill(const Handle& handle) {
-  if (options_.fill == FsOptions::Fill::kOff || registry_ == nullptr || !registry_->Enabled() ||
-      prefetcher_ == nullptr || !cache_.store().KeepsFiles() ||
-      !prefetcher_->Streams(handle.identity, handle.safetensors)) {
-    return false;
-  }
+  if (!MayFill(handle.identity.size, handle.safetensors)) return false;
   // It must fit in the budget (whether it fits beside what others pin is seen at the end of the
   // fill, see FillRoundDone: those pins are released as their reads end).
   if (FillBudget(handle.identity) > cache_.Stats().budget_bytes) return false;

@@ -350,7 +350,7 @@ void OnRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
                 }
                 size_t n = 0;
                 for (const ReadPiece& p : *pieces) {
-                  v[n++] = {const_cast<std::byte*>(p.block.data()) + p.offset, p.length};
+                  v[n++] = {const_cast<std::byte*>(p.data()) + p.offset, p.length};
                 }
                 fuse_reply_iov(req, v, static_cast<int>(n));
               });

@@ -354,16 +354,21 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   }
   if (Status s = CheckOpenable(ino, **inode, st, caller); !s.ok()) return done(s.error());
   auto handle = std::make_unique<Handle>();
+  handle->safetensors = PlaceOf(**inode).second.ends_with(".safetensors");
   // The first and last page are read from the store (through the backend: a hung file answers
   // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
-  Status identified = IdentifySourceFile(cache_, &file.value(), PlaceOfPath(SourcePath(*inode)));
+  // A larger file's head comes in the same round trip, for its first READs; not where the open
+  // may wait for the whole file anyway (fill on open).
+  Status identified =
+      IdentifySourceFile(cache_, &file.value(), PlaceOfPath(SourcePath(*inode)),
+                         /*head=*/!MayFill(static_cast<uint64_t>(st.st_size), handle->safetensors));
   if (!identified.ok()) return done(StoreError(**inode, identified.error()));
   window_.Note(file->key, check_began);
   handle->file = std::move(file->backing);
   handle->identity = file->key;
+  handle->head = KeepHead(std::move(file->head));
   handle->inode = *inode;
   handle->ino = ino;
-  handle->safetensors = PlaceOf(**inode).second.ends_with(".safetensors");
   if (!WantsFill(*handle)) {
     return FinishOpen(std::move(handle), /*next_started=*/false, done, /*may_wait=*/true);
   }
@@ -498,6 +503,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   if (handle->backing_id > 0) passthrough_files_.fetch_add(1, std::memory_order_relaxed);
   // Unpinned with no inode lock held; a handle with no store file (OpenTrusted) keeps its pins.
   if (handle->backing_id == 0 && handle->file) handle->pinned.clear();
+  if (handle->backing_id > 0) handle->head.reset();  // its READs never reach the daemon
   const OpenOut out{.fh = reinterpret_cast<uint64_t>(handle.get()),
                     .backing_id = mode->backing_id,
                     .keep_cache = mode->keep_cache,
@@ -578,11 +584,70 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   // A streamed file's stream follows the reader; smaller files get the handle's read-ahead.
   const bool streamed = prefetcher_ != nullptr && prefetcher_->Streams(identity, safetensors);
   BlockRange ahead;
-  if (!streamed) {
+  std::shared_ptr<const std::vector<std::byte>> head;
+  {
     std::lock_guard lock(handle->mu);
-    ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
-                          options_.readahead_blocks);
+    if (!streamed) {
+      ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
+                            options_.readahead_blocks);
+    }
+    // Within the file's head: answered from it, without waiting for its block (time to first
+    // byte). Past it: the blocks answer from now on.
+    const uint64_t end =
+        slices.back().index * block_size + slices.back().offset + slices.back().length;
+    if (handle->head && end <= handle->head->size()) {
+      head = handle->head;
+    } else {
+      handle->head.reset();
+    }
   }
+  if (head) {
+    // Its blocks are asked for all the same (the next READs need them), never waited for.
+    ahead.first = std::min(ahead.first, slices.front().index);
+    ahead.end = std::max(ahead.end, slices.back().index + 1);
+  } else {
+    GetSlices(identity, file, slices, std::move(done));
+  }
+  if (streamed) {
+    prefetcher_->OnRead(identity, file, offset, size, safetensors);
+  } else {
+    for (uint64_t b = ahead.first; b < ahead.end; ++b) {
+      // Skipped when cached, in flight, or without room: read-ahead never waits.
+      cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
+    }
+  }
+  if (head) done(HeadPieces(head, offset, slices));  // the handle may be gone after it
+}
+
+std::shared_ptr<const std::vector<std::byte>> ReadThroughFs::KeepHead(std::vector<std::byte> head) {
+  const uint64_t bytes = head.size();
+  if (bytes == 0) return nullptr;
+  if (head_bytes_->fetch_add(bytes, std::memory_order_relaxed) + bytes > kMaxHeadBytes) {
+    head_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
+    return nullptr;  // READs wait for their blocks, as they would without a head
+  }
+  // Counted until its last holder goes: a READ's reply may outlive its handle.
+  return std::shared_ptr<const std::vector<std::byte>>(
+      new std::vector<std::byte>(std::move(head)),
+      [count = head_bytes_, bytes](const std::vector<std::byte>* kept) {
+        count->fetch_sub(bytes, std::memory_order_relaxed);
+        delete kept;
+      });
+}
+
+std::vector<ReadPiece> ReadThroughFs::HeadPieces(
+    const std::shared_ptr<const std::vector<std::byte>>& head, uint64_t offset,
+    const std::vector<BlockSlice>& slices) {
+  std::vector<ReadPiece> pieces(1);
+  pieces[0].bytes = head;
+  pieces[0].offset = static_cast<uint32_t>(offset);
+  for (const BlockSlice& slice : slices) pieces[0].length += slice.length;
+  return pieces;
+}
+
+void ReadThroughFs::GetSlices(const FileKey& identity, const std::shared_ptr<BackingFile>& file,
+                              const std::vector<BlockSlice>& slices, ReadDone done) {
+  const uint32_t block_size = options_.block_size;
   auto pending = std::make_shared<PendingRead>();
   pending->pieces.resize(slices.size());
   pending->remaining = slices.size();
@@ -593,7 +658,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                file, [pending, i, slice](Result<BlockCache::Ref> block) {
                  std::unique_lock lock(pending->mu);
                  if (block.ok()) {
-                   pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length};
+                   pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length, nullptr};
                  } else if (pending->error == 0) {
                    pending->error = block.error().code();
                  }
@@ -607,14 +672,6 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
                  }
                });
   }
-  if (streamed) {
-    prefetcher_->OnRead(identity, file, offset, size, safetensors);
-    return;
-  }
-  for (uint64_t b = ahead.first; b < ahead.end; ++b) {
-    // Skipped when cached, in flight, or without room: read-ahead never waits.
-    cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
-  }
 }
 
 void ReadThroughFs::ReadPinned(const Handle& handle, const std::vector<BlockSlice>& slices,
@@ -624,7 +681,7 @@ void ReadThroughFs::ReadPinned(const Handle& handle, const std::vector<BlockSlic
   std::vector<ReadPiece> pieces;
   for (const BlockSlice& slice : slices) {
     if (slice.index >= handle.pinned.size()) return done(Error(EIO));  // not within its key's size
-    pieces.push_back({handle.pinned[slice.index].Share(), slice.offset, slice.length});
+    pieces.push_back({handle.pinned[slice.index].Share(), slice.offset, slice.length, nullptr});
   }
   done(std::move(pieces));
 }

@@ -90,11 +90,14 @@ struct OpenOut {
   bool direct = false;      // reads bypass the kernel's page cache (FOPEN_DIRECT_IO)
 };
 
-// One reply piece: `length` bytes at `offset` inside a pinned cache block.
+// One reply piece: `length` bytes at `offset` inside a pinned cache block, or inside `bytes` where
+// set (a file's head, read with its identity: SourceFile::head).
 struct ReadPiece {
   BlockCache::Ref block;
   uint32_t offset = 0;
   uint32_t length = 0;
+  std::shared_ptr<const std::vector<std::byte>> bytes;
+  const std::byte* data() const { return bytes ? bytes->data() : block.data(); }
 };
 // Pieces in file order; empty at end of file. Called exactly once, on any thread.
 using ReadDone = std::function<void(Result<std::vector<ReadPiece>>)>;
@@ -232,6 +235,11 @@ class ReadThroughFs {
   size_t filling_opens() const { return filling_opens_.load(std::memory_order_relaxed); }
   // Opens answered within the validity window, without a check against SOURCE (FsOptions).
   uint64_t trusted_opens() const { return trusted_opens_.load(std::memory_order_relaxed); }
+  // Bytes of the file heads held now (a cold open's first bytes, for its first READs: Open). At
+  // most kMaxHeadBytes, so that files held open unread (by anyone who may open them) cost the
+  // daemon a bounded amount of memory beside its cache; past it an open keeps none.
+  static constexpr uint64_t kMaxHeadBytes = 64 << 20;
+  uint64_t head_bytes() const { return head_bytes_->load(std::memory_order_relaxed); }
   // One entry per open file handle.
   std::vector<OpenFileInfo> OpenFiles();
   // The calls into SOURCE's filesystem in progress now (lookups, opens, listings, stats, closes):
@@ -270,9 +278,22 @@ class ReadThroughFs {
   // a block is missing, or SOURCE shows other attributes (the full check then runs).
   std::unique_ptr<Handle> OpenTrusted(uint64_t ino, const std::shared_ptr<Inode>& inode,
                                       const Caller& caller, Status* refused);
+  // The blocks of a READ (`slices` of `identity`, read from `file`): `done` once each answered.
+  void GetSlices(const FileKey& identity, const std::shared_ptr<BackingFile>& file,
+                 const std::vector<BlockSlice>& slices, ReadDone done);
+  // The head of a file just opened (SourceFile::head) as a handle keeps it, counted in
+  // head_bytes_; null when empty or when the heads kept now take kMaxHeadBytes.
+  std::shared_ptr<const std::vector<std::byte>> KeepHead(std::vector<std::byte> head);
+  // A READ within a handle's head (Handle::head): one piece of it.
+  static std::vector<ReadPiece> HeadPieces(
+      const std::shared_ptr<const std::vector<std::byte>>& head, uint64_t offset,
+      const std::vector<BlockSlice>& slices);
   // A READ of a handle opened within the window: served from its pinned blocks.
   static void ReadPinned(const Handle& handle, const std::vector<BlockSlice>& slices,
                          const ReadDone& done);
+  // Whether an open of a file of `size` bytes (`safetensors`: by its name) may wait for the whole
+  // file (FsOptions::fill), as far as the mount and the size tell: WantsFill's first question.
+  bool MayFill(uint64_t size, bool safetensors) const;
   // Whether an open of `handle`'s file should wait for the whole file (FsOptions::fill).
   bool WantsFill(const Handle& handle);
   // The budget bytes all of `file` takes in the cache (WholeFileBudget).
@@ -314,6 +335,8 @@ class ReadThroughFs {
   std::atomic<size_t> passthrough_files_{0};
   std::atomic<size_t> filling_opens_{0};
   std::atomic<uint64_t> trusted_opens_{0};
+  // Bytes of the heads that handles and READs in flight hold now (KeepHead).
+  std::shared_ptr<std::atomic<uint64_t>> head_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
   ValidityWindow window_;  // the last check of each file, by place (FsOptions::revalidate)
   // Held while a fill round makes its Gets (FileFill::Options::issue_order), so that rounds are
   // queued whole. Taken before the cache's locks, never after them (the cache calls back outside

@@ -35,6 +35,9 @@ struct ReadThroughFs::Handle {
   std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
   std::mutex mu;
   ReadaheadState readahead;  // GUARDED_BY(mu)
+  // The file's first bytes, read with its identity at the open (SourceFile::head), kept until a
+  // READ goes past them: its first READs are answered from them while their block comes.
+  std::shared_ptr<const std::vector<std::byte>> head;  // GUARDED_BY(mu)
 };
 
 // An open waiting for its whole file to be cached (FsOptions::fill_on_open).

@@ -194,6 +194,45 @@ TEST_F(FileKeyFileTest, AFileReadWholeGetsTheKeyItsSamplesGiveInOneRequest) {
   }
 }
 
+// A larger file's head (the `head` of IdentifyFile) comes in the request of its first page: the
+// same key and the same count of requests as its samples alone, and the file's first bytes; none
+// where it is sampled at its end only (a store that reads ahead from any offset).
+TEST_F(FileKeyFileTest, AHeadComesWithTheFirstPagesRequest) {
+  constexpr uint64_t kWholeMax = 128 << 10;
+  for (const bool tail : {false, true}) {
+    for (const uint64_t size :
+         {kWholeMax + 1, kWholeMax + 4096, 3 * kWholeMax + 5, uint64_t{5} << 20}) {
+      SCOPED_TRACE("size " + std::to_string(size) + (tail ? ", tail samples" : ""));
+      testing::FakeBackend backend;
+      const std::string path = dir_ / ("h" + std::to_string(size));
+      testing::WriteTestFile(path, size, size);
+      struct stat st {};
+      Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
+      ASSERT_TRUE(file.ok());
+      file.value()->SetTailSamples(tail);
+      const Result<FileKey> sampled = IdentifyFile(backend, file.value(), st, Place{});
+      const uint64_t samples = backend.submitted();
+      std::vector<std::byte> whole;
+      std::vector<std::byte> head;
+      const Result<FileKey> with_head =
+          IdentifyFile(backend, file.value(), st, Place{}, {}, kWholeMax, &whole, &head);
+      ASSERT_TRUE(sampled.ok());
+      ASSERT_TRUE(with_head.ok());
+      EXPECT_EQ(with_head.value(), sampled.value());
+      EXPECT_EQ(backend.submitted() - samples, samples);
+      EXPECT_TRUE(whole.empty());
+      if (tail) {
+        EXPECT_TRUE(head.empty());
+      } else {
+        const std::vector<uint8_t> want = testing::Bytes(size, 0, kWholeMax);
+        ASSERT_EQ(head.size(), kWholeMax);
+        EXPECT_EQ(std::memcmp(head.data(), want.data(), kWholeMax), 0);
+      }
+      backend.Stop();
+    }
+  }
+}
+
 TEST_F(FileKeyFileTest, ASampleTheStoreFailsFailsTheKey) {
   testing::FakeBackend backend;
   const std::string path = dir_ / "f";

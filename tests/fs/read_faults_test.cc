@@ -74,7 +74,7 @@ class ReadFaultsTest : public ::testing::Test {
     if (!got.value().ok()) return "errno " + std::to_string(got.value().error().code());
     std::vector<uint8_t> bytes;
     for (const ReadPiece& p : got.value().value()) {
-      const auto* data = reinterpret_cast<const uint8_t*>(p.block.data()) + p.offset;
+      const auto* data = reinterpret_cast<const uint8_t*>(p.data()) + p.offset;
       bytes.insert(bytes.end(), data, data + p.length);
     }
     got.Reset();
@@ -130,9 +130,9 @@ TEST_F(ReadFaultsTest, TheBackendErrnoIsPassedOn) {
 
 TEST_F(ReadFaultsTest, ShortReadIsEio) {
   backend_.ShortNth(1, 1);
-  EXPECT_EQ(Read(0, 2 * 4096), Errno(EIO));
+  EXPECT_EQ(Read(kBlock, 2 * 4096), Errno(EIO));  // past the head (Read serves it)
   EXPECT_EQ(cache_->Stats().ready_blocks, 0u);
-  EXPECT_EQ(Read(0, 2 * 4096), "");
+  EXPECT_EQ(Read(kBlock, 2 * 4096), "");
   // The short tail block too: one byte missing of its 999.
   backend_.ShortNth(1, 1);
   EXPECT_EQ(Read(6 * kBlock, kBlock), Errno(EIO));

@@ -120,8 +120,8 @@ class ReadThroughFsTest : public ::testing::Test {
     std::vector<uint8_t> bytes;
     for (const ReadPiece& p : got.value().value()) {
       EXPECT_GT(p.length, 0u);
-      EXPECT_LE(p.offset + p.length, p.block.size());
-      const auto* data = reinterpret_cast<const uint8_t*>(p.block.data()) + p.offset;
+      EXPECT_LE(p.offset + p.length, p.bytes ? p.bytes->size() : p.block.size());
+      const auto* data = reinterpret_cast<const uint8_t*>(p.data()) + p.offset;
       bytes.insert(bytes.end(), data, data + p.length);
     }
     got.Reset();
@@ -580,7 +580,7 @@ void ReadThroughFsTest::ConcurrentReads(uint64_t seed) {
         }
         uint64_t pos = offset;
         for (const ReadPiece& p : got.value().value()) {
-          if (std::memcmp(p.block.data() + p.offset, whole.data() + pos, p.length) != 0) {
+          if (std::memcmp(p.data() + p.offset, whole.data() + pos, p.length) != 0) {
             ADD_FAILURE() << "bytes differ in READ @" << offset << "+" << length;
             return;
           }
@@ -676,6 +676,43 @@ TEST_F(ReadThroughFsTest, TheOpenAfterTheWindowChecksAgain) {
   fs_->Release(fh);
   fs_->Release(OpenOk(ino));  // within the new check's window
   EXPECT_EQ(fs_->trusted_opens(), 1u);
+}
+
+// Time to first byte: a cold open reads the file's head with its identity (one round trip), and
+// READs within it are answered from it while the store holds every block fetch; a READ past it
+// waits for its blocks, which the head's READ asked for.
+TEST_F(ReadThroughFsTest, ReadsWithinTheHeadAnswerBeforeTheirBlock) {
+  const uint64_t size = Files()[6].second;  // "big": its head is its first block here
+  const uint64_t ino = LookupOk("big");
+  const uint64_t fh = OpenOk(ino);
+  backend_.Hold();  // every block fetch waits
+  ExpectRead(fh, "big", 0, 1);
+  ExpectRead(fh, "big", 4096, kBlock - 4096);  // to the head's last byte
+  EXPECT_GE(backend_.waiting(), 1u) << "the head's READs asked for their block";
+  Awaited<Result<std::vector<ReadPiece>>> past;
+  fs_->Read(fh, kBlock - 10, 20, past.Callback());  // across the head's end
+  EXPECT_FALSE(past.Wait(std::chrono::milliseconds(100))) << "answered without its blocks";
+  backend_.ReleaseAll();
+  ASSERT_TRUE(past.Wait());
+  ASSERT_TRUE(past.value().ok());
+  past.Reset();
+  ExpectRead(fh, "big", 0, size);  // the head is gone: every byte from the blocks
+  fs_->Release(fh);
+}
+
+// The heads kept are bounded (ReadThroughFs::kMaxHeadBytes): files held open unread cost the
+// daemon no more; an open past the bound keeps none and reads its blocks; every head is given
+// back with its handle.
+TEST_F(ReadThroughFsTest, HeadsKeptAreBounded) {
+  const uint64_t ino = LookupOk("big");
+  const uint64_t fit = ReadThroughFs::kMaxHeadBytes / kBlock;  // heads of one block here
+  std::vector<uint64_t> handles;
+  for (uint64_t i = 0; i < fit + 3; ++i) handles.push_back(OpenOk(ino));
+  EXPECT_EQ(fs_->head_bytes(), fit * kBlock);
+  ExpectRead(handles.back(), "big", 0, 100);   // no head: from its block
+  ExpectRead(handles.front(), "big", 0, 100);  // from its head
+  for (const uint64_t fh : handles) fs_->Release(fh);
+  EXPECT_EQ(fs_->head_bytes(), 0u);
 }
 
 // The window is kept by place, not by inode: once the kernel forgets the inode (memory pressure,

@@ -98,6 +98,9 @@ Result<std::unique_ptr<ReadThroughFs>> ReadThroughFs::Create(const std::string& 
                                                              Prefetcher* prefetcher) {
   Result<SourceDir> dir = OpenSourceDir(source);
   if (!dir.ok()) return dir.error();
+  // A file's place is a SHA-256 digest (PlaceOfPath): libcrypto reads its configuration at its
+  // first digest (5 ms here), which is taken now rather than in the first LOOKUP of a user's.
+  PlaceOfPath("");
   auto fs = std::make_unique<ReadThroughFs>(dir->fd, cache, options, prefetcher);
   fs->source_ = source;
   fs->source_fs_type_ = dir->fs_type;
@@ -510,7 +513,9 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
                     .changed = mode->changed,
                     .direct = mode->direct};
   auto [dir, name] = PlaceOf(*handle->inode);
-  StartStreams(*handle, dir, name, next_started);
+  // Started after the reply: a stream's first fetches (dozens of blocks) are no part of the open.
+  const StreamStart streams{handle->identity, handle->file, handle->safetensors,
+                            /*served=*/handle->backing_id == 0 && handle->file != nullptr};
   // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
   // goes now, not at its RELEASE (which a mapping delays until it is unmapped): a file held open
   // costs some stores more than a descriptor (NextShardLead). After the reply: on a FUSE store the
@@ -524,26 +529,24 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
   done(out);
+  StartStreams(streams, dir, name, next_started);
   closed_after_reply.reset();
 }
 
-void ReadThroughFs::StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,
+void ReadThroughFs::StartStreams(const StreamStart& open, const std::shared_ptr<Inode>& dir,
                                  const std::string& name, bool next_started) {
   if (prefetcher_ == nullptr) return;
-  // A file served by the daemon starts streaming in at its first open, before any READ.
-  const bool safetensors = handle.safetensors;
-  // (Not a file whole in the cache, opened within the window with no store file.)
-  if (handle.backing_id == 0 && handle.file) {
-    prefetcher_->OnOpen(handle.identity, handle.file, safetensors);
-  }
+  // A file served by the daemon starts streaming in at its first open (its first READs, which
+  // may come before this, start it too: Prefetcher::OnRead).
+  if (open.served) prefetcher_->OnOpen(open.identity, open.file, open.safetensors);
   // The shard a loader opens after this one streams in once this one's stream is done, or at
-  // once when this one is already cached (passed through).
-  if (!safetensors || !dir || next_started) return;
-  if (handle.backing_id > 0 || !handle.file) {
-    shard_opener_->StartNextAfter(dir, name, handle.identity);
+  // once when this one is already cached (passed through, or whole within the window).
+  if (!open.safetensors || !dir || next_started) return;
+  if (!open.served) {
+    shard_opener_->StartNextAfter(dir, name, open.identity);
   } else {
-    prefetcher_->SetSuccessor(handle.identity,
-                              [opener = shard_opener_.get(), dir, name, key = handle.identity] {
+    prefetcher_->SetSuccessor(open.identity,
+                              [opener = shard_opener_.get(), dir, name, key = open.identity] {
                                 opener->StartNextAfter(dir, name, key);
                               });
   }
@@ -602,7 +605,9 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
     }
   }
   if (head) {
-    // Its blocks are asked for all the same (the next READs need them), never waited for.
+    // Answered first; its blocks are asked for all the same (the next READs need them), never
+    // waited for. The handle may be gone once answered: nothing below touches it.
+    done(HeadPieces(head, offset, slices));
     ahead.first = std::min(ahead.first, slices.front().index);
     ahead.end = std::max(ahead.end, slices.back().index + 1);
   } else {
@@ -616,7 +621,6 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
       cache_.Prefetch(BlockKey{identity, b}, BlockBytes(b, identity.size, block_size), file);
     }
   }
-  if (head) done(HeadPieces(head, offset, slices));  // the handle may be gone after it
 }
 
 std::shared_ptr<const std::vector<std::byte>> ReadThroughFs::KeepHead(std::vector<std::byte> head) {
@@ -654,23 +658,24 @@ void ReadThroughFs::GetSlices(const FileKey& identity, const std::shared_ptr<Bac
   pending->done = std::move(done);
   for (size_t i = 0; i < slices.size(); ++i) {
     const BlockSlice slice = slices[i];
-    cache_.Get(BlockKey{identity, slice.index}, BlockBytes(slice.index, identity.size, block_size),
-               file, [pending, i, slice](Result<BlockCache::Ref> block) {
-                 std::unique_lock lock(pending->mu);
-                 if (block.ok()) {
-                   pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length, nullptr};
-                 } else if (pending->error == 0) {
-                   pending->error = block.error().code();
-                 }
-                 if (--pending->remaining > 0) return;
-                 lock.unlock();
-                 if (pending->error != 0) {
-                   pending->pieces.clear();  // unpin before replying
-                   pending->done(Error(pending->error));
-                 } else {
-                   pending->done(std::move(pending->pieces));
-                 }
-               });
+    cache_.Get(
+        BlockKey{identity, slice.index}, BlockBytes(slice.index, identity.size, block_size), file,
+        [pending, i, slice](Result<BlockCache::Ref> block) {
+          std::unique_lock lock(pending->mu);
+          if (block.ok()) {
+            pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length, nullptr};
+          } else if (pending->error == 0) {
+            pending->error = block.error().code();
+          }
+          if (--pending->remaining > 0) return;
+          lock.unlock();
+          if (pending->error != 0) {
+            pending->pieces.clear();  // unpin before replying
+            pending->done(Error(pending->error));
+          } else {
+            pending->done(std::move(pending->pieces));
+          }
+        });
   }
 }
 

@@ -313,7 +313,13 @@ class ReadThroughFs {
   class ModeEffects;
   // The streams an open starts: the file's own (served by the daemon), and the next shard's after
   // it, unless a fill started that already (`next_started`).
-  void StartStreams(const Handle& handle, const std::shared_ptr<Inode>& dir,
+  struct StreamStart {
+    FileKey identity;
+    std::shared_ptr<BackingFile> file;
+    bool safetensors = false;
+    bool served = false;  // its READs reach the daemon: not passed through, not whole pinned
+  };
+  void StartStreams(const StreamStart& open, const std::shared_ptr<Inode>& dir,
                     const std::string& name, bool next_started);
   // The directory the kernel first found `inode` in, and the name there.
   static std::pair<std::shared_ptr<Inode>, std::string> PlaceOf(Inode& inode);

@@ -5,9 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <ctime>
 #include <random>
 
 namespace accelfs {
@@ -24,6 +25,40 @@ std::string SwarmDir::FileId(const FileKey& key, uint32_t piece_bytes, uint32_t 
   return id;
 }
 
+namespace {
+
+// A name nobody can guess, for a file this node creates in the dir before renaming it in.
+std::string Unguessable() {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(random()),
+                static_cast<unsigned long long>(random()));
+  return hex;
+}
+
+std::chrono::nanoseconds RealtimeNow() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+std::chrono::nanoseconds MtimeOf(const struct stat& st) {
+  return std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+SwarmDir::SwarmDir(std::string dir, std::chrono::milliseconds stale_claim, std::string who)
+    : dir_(std::move(dir)),
+      stale_(stale_claim),
+      who_(std::move(who)),
+      root_fd_(open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC)) {}
+
+SwarmDir::~SwarmDir() {
+  if (root_fd_ >= 0) close(root_fd_);
+  if (clock_fd_ >= 0) close(clock_fd_);
+}
+
 std::string SwarmDir::Claim(const std::string& file_id, uint64_t index) const {
   return dir_ + "/" + file_id + "/" + std::to_string(index) + ".claim";
 }
@@ -33,34 +68,104 @@ std::string SwarmDir::Torrent(const std::string& file_id, uint64_t index) const 
 }
 
 void SwarmDir::MakeFileDir(const std::string& file_id) const {
-  mkdir((dir_ + "/" + file_id).c_str(), 0755);  // EEXIST: another node or chunk made it
+  // mkdirat makes no directory through a link at the name (EEXIST); OpenParent then refuses one.
+  if (root_fd_ >= 0 && file_id.find('/') == std::string::npos) {
+    mkdirat(root_fd_, file_id.c_str(), 0755);  // EEXIST: another node or chunk made it
+  }
 }
 
-std::optional<SwarmDir::Clock::duration> SwarmDir::Age(const std::string& path) {
+int SwarmDir::OpenParent(const std::string& path, std::string* name) const {
+  const std::string prefix = dir_ + "/";
+  const size_t slash = path.rfind('/');
+  if (root_fd_ < 0 || !path.starts_with(prefix) || slash < prefix.size() ||
+      slash + 1 >= path.size()) {
+    errno = root_fd_ < 0 ? EBADF : EINVAL;
+    return -1;
+  }
+  const std::string parent = path.substr(prefix.size(), slash - prefix.size());
+  if (parent.find('/') != std::string::npos || parent == "." || parent == "..") {
+    errno = EINVAL;
+    return -1;
+  }
+  *name = path.substr(slash + 1);
+  // One component, not followed where it is a link: O_DIRECTORY then fails (ENOTDIR).
+  return openat(root_fd_, parent.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+std::chrono::nanoseconds SwarmDir::DirNow() const {
+  std::lock_guard lock(clock_mu_);
+  const Clock::time_point now = Clock::now();
+  if (clock_tried_ && now - clock_read_ < kClockRefresh) return RealtimeNow() + clock_offset_;
+  clock_read_ = now;
+  if (!clock_tried_ && root_fd_ >= 0) {
+    clock_tried_ = true;
+    // This node's own file, held open: its mtime is read through the descriptor, so what others
+    // do to the name later cannot change which file is read.
+    std::string name = ".clock-";
+    for (const char c : who_) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    clock_fd_ = openat(root_fd_, name.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (clock_fd_ >= 0) {
+      struct stat st {};
+      if (fstat(clock_fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(clock_fd_);
+        clock_fd_ = -1;
+      }
+    }
+  }
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  return std::chrono::duration_cast<Clock::duration>(
-      std::chrono::seconds(now.tv_sec - st.st_mtim.tv_sec) +
-      std::chrono::nanoseconds(now.tv_nsec - st.st_mtim.tv_nsec));
+  const std::chrono::nanoseconds before = RealtimeNow();
+  // Set to the server's time (NFS: SETATTR to server time), then read back.
+  if (clock_fd_ >= 0 && futimens(clock_fd_, nullptr) == 0 && fstat(clock_fd_, &st) == 0) {
+    const std::chrono::nanoseconds after = RealtimeNow();
+    clock_offset_ = MtimeOf(st) - (before + (after - before) / 2);
+  }
+  return RealtimeNow() + clock_offset_;
+}
+
+std::optional<SwarmDir::Clock::duration> SwarmDir::Age(const std::string& path) const {
+  std::string name;
+  const int parent = OpenParent(path, &name);
+  if (parent < 0) return std::nullopt;
+  struct stat st {};
+  const int r = fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW);
+  close(parent);
+  if (r != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return std::chrono::duration_cast<Clock::duration>(DirNow() - MtimeOf(st));
 }
 
 // Two nodes that found the claim stale at once may both rename: the second renames the first
 // one's new claim, sees that it is fresh, and puts it back.
-bool SwarmDir::RetireStaleClaim(const std::string& claim) const {
-  thread_local std::mt19937_64 random{std::random_device{}()};
-  const std::string dead = claim + ".dead." + std::to_string(random());
-  if (rename(claim.c_str(), dead.c_str()) != 0) return false;
-  const bool stale = !Live(Age(dead));
-  if (!stale) link(dead.c_str(), claim.c_str());  // unless yet another claim is there
-  unlink(dead.c_str());
+bool SwarmDir::RetireStaleClaim(const std::string& claim, bool force) const {
+  std::string name;
+  const int parent = OpenParent(claim, &name);
+  if (parent < 0) return false;
+  const std::string dead = name + ".dead." + Unguessable();
+  bool stale = false;
+  if (renameat(parent, name.c_str(), parent, dead.c_str()) == 0) {
+    struct stat st {};
+    const bool regular =
+        fstatat(parent, dead.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    stale = force || !regular ||
+            !Live(std::chrono::duration_cast<Clock::duration>(DirNow() - MtimeOf(st)));
+    if (!stale) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
+    unlinkat(parent, dead.c_str(), 0);
+  }
+  close(parent);
   return stale;
 }
 
 bool SwarmDir::TakeClaim(const std::string& claim) const {
-  const int fd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
+  std::string name;
+  const int parent = OpenParent(claim, &name);
+  if (parent < 0) return false;
+  const int fd =
+      openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int err = errno;
+  close(parent);
+  if (fd < 0) {
+    errno = err;
+    return false;
+  }
   const std::string line = who_ + "\n";
   [[maybe_unused]] ssize_t n = write(fd, line.data(), line.size());
   close(fd);
@@ -73,25 +178,93 @@ bool SwarmDir::RefreshDue(Clock::time_point now, Clock::time_point& refreshed) c
   return true;
 }
 
-void SwarmDir::Touch(const std::string& claim) { utimensat(AT_FDCWD, claim.c_str(), nullptr, 0); }
-
-bool SwarmDir::Read(const std::string& torrent, std::vector<char>& bytes) {
-  std::ifstream in(torrent, std::ios::binary);
-  if (!in) return false;
-  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return !in.bad();
+void SwarmDir::Touch(const std::string& claim) const {
+  std::string name;
+  const int parent = OpenParent(claim, &name);
+  if (parent < 0) return;
+  utimensat(parent, name.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+  close(parent);
 }
 
-bool SwarmDir::Write(const std::string& torrent, const std::vector<char>& bytes) {
-  const std::string tmp = torrent + ".tmp." + std::to_string(getpid());
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (out.good() && rename(tmp.c_str(), torrent.c_str()) == 0) return true;
-  const int saved = errno;
-  unlink(tmp.c_str());
-  errno = saved;
-  return false;
+void SwarmDir::Remove(const std::string& path) const {
+  std::string name;
+  const int parent = OpenParent(path, &name);
+  if (parent < 0) return;
+  unlinkat(parent, name.c_str(), 0);
+  close(parent);
+}
+
+bool SwarmDir::Read(const std::string& torrent, std::vector<char>& bytes) const {
+  std::string name;
+  const int parent = OpenParent(torrent, &name);
+  if (parent < 0) return false;
+  // O_NONBLOCK: a FIFO put there opens without waiting for a writer, and is refused below.
+  const int fd = openat(parent, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  int err = errno;
+  close(parent);
+  if (fd < 0) {
+    errno = err;
+    return false;
+  }
+  struct stat st {};
+  err = 0;
+  if (fstat(fd, &st) != 0) {
+    err = errno;
+  } else if (!S_ISREG(st.st_mode)) {
+    err = EINVAL;
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxTorrentBytes) {
+    err = EFBIG;
+  } else {
+    // One byte more than the cap is asked for: a file that grew past it is refused too.
+    bytes.resize(kMaxTorrentBytes + 1);
+    size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t n = read(fd, bytes.data() + got, bytes.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) err = errno;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (err == 0 && got > kMaxTorrentBytes) err = EFBIG;
+    bytes.resize(got);
+  }
+  close(fd);
+  if (err != 0) {
+    bytes.clear();
+    errno = err;
+    return false;
+  }
+  return true;
+}
+
+bool SwarmDir::Write(const std::string& torrent, const std::vector<char>& bytes) const {
+  std::string name;
+  const int parent = OpenParent(torrent, &name);
+  if (parent < 0) return false;
+  const std::string tmp = name + ".tmp." + Unguessable();
+  int err = 0;
+  const int fd =
+      openat(parent, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    err = errno;
+  } else {
+    size_t put = 0;
+    while (put < bytes.size()) {
+      const ssize_t n = write(fd, bytes.data() + put, bytes.size() - put);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        break;
+      }
+      put += static_cast<size_t>(n);
+    }
+    if (close(fd) != 0 && err == 0) err = errno;
+    if (err == 0 && renameat(parent, tmp.c_str(), parent, name.c_str()) != 0) err = errno;
+    if (err != 0) unlinkat(parent, tmp.c_str(), 0);
+  }
+  close(parent);
+  errno = err;
+  return err == 0;
 }
 
 namespace {

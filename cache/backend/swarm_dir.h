@@ -3,7 +3,13 @@
 //   DIR/FILEID/INDEX.claim    created O_EXCL by the node that reads the chunk from the store; its
 //                             mtime, refreshed, says that a node holds the chunk (a lease)
 //   DIR/FILEID/INDEX.torrent  the chunk's piece hashes, renamed in whole
+//   DIR/.clock-NODE           touched by each node to read the dir's own clock (Age)
 // Every call is a system call or two on the shared file system (on NFS, a round trip each).
+//
+// Whoever may write DIR may put anything there, and the daemon runs as root: no symbolic link in
+// it is ever followed (DIR itself is resolved once, at the start), only regular files are read,
+// and at most kMaxTorrentBytes of one; files are created O_EXCL under names nobody can guess, and
+// renamed into place. Paths outside DIR/FILEID/NAME are refused (EINVAL).
 #pragma once
 
 #include <atomic>
@@ -27,9 +33,17 @@ class SwarmDir {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `who`, written into each claim this node takes, names it for a person reading the dir.
-  SwarmDir(std::string dir, std::chrono::milliseconds stale_claim, std::string who)
-      : dir_(std::move(dir)), stale_(stale_claim), who_(std::move(who)) {}
+  // The most of a torrent read from the dir (a chunk of 16 pieces takes about 1 KiB).
+  static constexpr size_t kMaxTorrentBytes = 1 << 20;
+  // How often the dir's clock is read again (Age).
+  static constexpr std::chrono::seconds kClockRefresh{10};
+
+  // `who`, written into each claim this node takes, names it for a person reading the dir. DIR is
+  // opened now; where it cannot be, every call fails (and the swarm reads from the store).
+  SwarmDir(std::string dir, std::chrono::milliseconds stale_claim, std::string who);
+  ~SwarmDir();
+  SwarmDir(const SwarmDir&) = delete;
+  SwarmDir& operator=(const SwarmDir&) = delete;
 
   // A stable name for the bytes of `key` cut into pieces and chunks of these sizes: the same on
   // every node and in every build.
@@ -40,12 +54,16 @@ class SwarmDir {
   // Makes DIR/FILEID when it is not there (before a claim in it is taken).
   void MakeFileDir(const std::string& file_id) const;
 
-  // How long ago a file of the dir was last written (its mtime): a claim last said to be held,
-  // a torrent published. Nothing when there is none.
-  static std::optional<Clock::duration> Age(const std::string& path);
+  // How long ago a regular file of the dir was last written (its mtime, by the dir's own clock,
+  // not this node's: a node whose clock is off takes no live claim for dead nor a dead one for
+  // live): a claim last said to be held, a torrent published. Nothing when there is none, or it
+  // is not a regular file.
+  std::optional<Clock::duration> Age(const std::string& path) const;
   bool Live(const std::optional<Clock::duration>& age) const { return age && *age < stale_; }
-  // Moves a stale claim out of the way; false when it is gone or live again.
-  bool RetireStaleClaim(const std::string& claim) const;
+  // Moves the claim out of the way when it is stale, or whatever it is, with `force` (a claim
+  // whose holder published nothing for too long, or not a regular file); false when it is gone
+  // or live again.
+  bool RetireStaleClaim(const std::string& claim, bool force = false) const;
   // Creates the claim (O_EXCL: one node only); false and errno when it cannot (EEXIST: another
   // node's).
   bool TakeClaim(const std::string& claim) const;
@@ -53,17 +71,33 @@ class SwarmDir {
   // stale_claim); `refreshed`, when it last did, becomes `now` when it is.
   bool RefreshDue(Clock::time_point now, Clock::time_point& refreshed) const;
   // Says this node holds the claim (its mtime, now).
-  static void Touch(const std::string& claim);
+  void Touch(const std::string& claim) const;
+  // Removes a claim or torrent of the dir.
+  void Remove(const std::string& path) const;
 
-  // The whole torrent; false and errno when it cannot be read.
-  static bool Read(const std::string& torrent, std::vector<char>& bytes);
-  // Writes the torrent whole (a file of this node's, renamed in); false and errno on failure.
-  static bool Write(const std::string& torrent, const std::vector<char>& bytes);
+  // The whole torrent; false and errno when it cannot be read (EINVAL: not a regular file, EFBIG:
+  // over kMaxTorrentBytes).
+  bool Read(const std::string& torrent, std::vector<char>& bytes) const;
+  // Writes the torrent whole (a new file of this node's, renamed in); false and errno on failure.
+  bool Write(const std::string& torrent, const std::vector<char>& bytes) const;
 
  private:
+  // The directory of `path` (DIR/FILEID/NAME), opened without following a symbolic link, and NAME
+  // into *name; -1 with errno set where `path` is not of that shape or FILEID is no directory.
+  int OpenParent(const std::string& path, std::string* name) const;
+  // The dir's clock now, as far as it was last read (kClockRefresh), in CLOCK_REALTIME terms;
+  // this node's own where it cannot be read.
+  std::chrono::nanoseconds DirNow() const;
+
   const std::string dir_;
   const std::chrono::milliseconds stale_;
   const std::string who_;
+  const int root_fd_;  // DIR, O_PATH; -1 when it could not be opened
+  mutable std::mutex clock_mu_;
+  mutable int clock_fd_ = -1;                         // GUARDED_BY(clock_mu_) DIR/.clock-NODE
+  mutable bool clock_tried_ = false;                  // GUARDED_BY(clock_mu_)
+  mutable std::chrono::nanoseconds clock_offset_{0};  // GUARDED_BY(clock_mu_) dir - node
+  mutable Clock::time_point clock_read_;              // GUARDED_BY(clock_mu_)
 };
 
 // The shared dir's own threads. Every call into the dir is made on one of them, never under the

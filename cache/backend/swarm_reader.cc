@@ -79,33 +79,51 @@ SwarmReader::Impl::ChunkPtr SwarmReader::Impl::ChunkOf(const FileKey& key, uint6
 void SwarmReader::Impl::Decide(const ChunkPtr& chp, Later& later, bool demand) {
   if (dir_down) return ToStoreForDir(*chp, later);
   chp->state = State::kDeciding;
-  const bool may_defer = !demand && (behind || (!load_known && Clock::now() - load_began < kAhead));
-  dir_threads->Post([this, chp, may_defer, began = load_began] {
-    Decided(chp, Consult(*chp, may_defer, began));
+  // Every wait has a bound: a chunk the follow rule deferred for twice peer_wait is deferred no
+  // more, and one whose claimer published nothing for UnpublishedBound() is taken over.
+  const Clock::time_point now = Clock::now();
+  const Clock::duration waited =
+      chp->waited_since == Clock::time_point{} ? Clock::duration::zero() : now - chp->waited_since;
+  const bool may_defer =
+      !demand && waited < 2 * o.peer_wait && (behind || (!load_known && now - load_began < kAhead));
+  const bool overdue = waited > UnpublishedBound();
+  dir_threads->Post([this, chp, may_defer, began = load_began, overdue] {
+    Decided(chp, Consult(*chp, may_defer, began, overdue));
   });
 }
 
 SwarmReader::Impl::Decision SwarmReader::Impl::Consult(const Chunk& ch, bool may_defer,
-                                                       Clock::time_point load_began) {
+                                                       Clock::time_point load_began, bool overdue) {
   const SwarmDirThreads::Call call;
-  const std::optional<Clock::duration> published = SwarmDir::Age(ch.torrent);
-  const std::optional<Clock::duration> age = SwarmDir::Age(ch.claim);
-  if (published && dir->Live(age)) {
-    return {Verdict::kJoin, *published > Clock::now() - load_began + kAhead};
+  const std::optional<Clock::duration> published = dir->Age(ch.torrent);
+  const std::optional<Clock::duration> age = dir->Age(ch.claim);
+  if (!overdue) {
+    if (published && dir->Live(age)) {
+      return {Verdict::kJoin, *published > Clock::now() - load_began + kAhead};
+    }
+    // Another node reads it (no O_EXCL: on NFS, a trip).
+    if (dir->Live(age)) return {Verdict::kWait};
+    if (!published && !age && may_defer) return {Verdict::kDefer};
   }
-  if (dir->Live(age)) return {Verdict::kWait};  // another node reads it (no O_EXCL: on NFS, a trip)
-  if (!published && !age && may_defer) return {Verdict::kDefer};
-  if (age) {
-    if (!dir->RetireStaleClaim(ch.claim)) return {Verdict::kWait};  // another node took it over
-    spdlog::info(
-        "swarm: the claim on {} went stale ({} ms old){}; this node reads it from the "
-        "store",
-        ch.name, std::chrono::duration_cast<std::chrono::milliseconds>(*age).count(),
-        published ? ", no node holds it" : "");
+  if (age || overdue) {
+    // Another node took it over, unless this one waited too long for it (then whatever is at
+    // the claim's name goes, and this node reads the chunk).
+    if (!dir->RetireStaleClaim(ch.claim, overdue) && !overdue) return {Verdict::kWait};
+    if (overdue) {
+      spdlog::warn(
+          "swarm: {} waited {} s for its claimer to publish it; this node reads it from the store",
+          ch.name, std::chrono::duration_cast<std::chrono::seconds>(UnpublishedBound()).count());
+    } else {
+      spdlog::info(
+          "swarm: the claim on {} went stale ({} ms old){}; this node reads it from the "
+          "store",
+          ch.name, std::chrono::duration_cast<std::chrono::milliseconds>(*age).count(),
+          published ? ", no node holds it" : "");
+    }
   }
   dir->MakeFileDir(ch.file_id);
   if (dir->TakeClaim(ch.claim)) {
-    if (published) unlink(ch.torrent.c_str());  // published anew once read
+    if (published) dir->Remove(ch.torrent);  // published anew once read
     return {Verdict::kFetch};
   }
   if (errno == EEXIST) return {Verdict::kWait};
@@ -155,9 +173,9 @@ void SwarmReader::Impl::Decided(const ChunkPtr& ch, Decision d) {
 
 void SwarmReader::Impl::LetGo(const std::string& claim) {
   dir_threads->Post(
-      [claim] {
+      [this, claim] {
         const SwarmDirThreads::Call call;
-        unlink(claim.c_str());
+        dir->Remove(claim);
       },
       /*at_stop=*/true);
 }
@@ -169,10 +187,14 @@ void SwarmReader::Impl::ToStoreForDir(Chunk& ch, Later& later) {
   ToStoreAll(ch, later);
 }
 
-void SwarmReader::Impl::Wait(Chunk& ch) { ch.state = State::kWaiting; }
+void SwarmReader::Impl::Wait(Chunk& ch) {
+  if (ch.waited_since == Clock::time_point{}) ch.waited_since = Clock::now();
+  ch.state = State::kWaiting;
+}
 
 void SwarmReader::Impl::StartFetching(Chunk& ch) {
   ch.state = State::kFetching;
+  ch.waited_since = {};
   ch.progress = ch.refreshed = Clock::now();
   claimed.fetch_add(1, std::memory_order_relaxed);
 }
@@ -246,6 +268,7 @@ void SwarmReader::Impl::Stalled(const ChunkPtr& ch, int p) {
 
 void SwarmReader::Impl::ToStoreAll(Chunk& ch, Later& later) {
   ch.state = State::kStore;
+  ch.waited_since = {};
   for (auto& waiting : ch.waiters) {
     for (Waiter& w : waiting) later.to_store.push_back(std::move(w.request));
     waiting.clear();
@@ -285,7 +308,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   bool read = false;
   {
     const SwarmDirThreads::Call call;  // on a dir thread (Decided)
-    read = SwarmDir::Read(ch->torrent, bytes);
+    read = dir->Read(ch->torrent, bytes);
   }
   const Status added = read ? engine->Add(ch->id, bytes, ch->data, /*seed=*/false)
                             : Error(errno, "gone from the dir");
@@ -301,6 +324,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
     return ToStoreAll(*ch, later);
   }
   ch->state = State::kSwarm;
+  ch->waited_since = {};  // not at StartJoining: a torrent that cannot be read waits on
   ch->progress = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
@@ -328,7 +352,7 @@ void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id,
   bool written = false;
   if (bytes.ok()) {
     const SwarmDirThreads::Call call;
-    written = SwarmDir::Write(ch->torrent, *bytes);
+    written = dir->Write(ch->torrent, *bytes);
     if (!written) why = std::strerror(errno);
   } else {
     why = bytes.error().Message();

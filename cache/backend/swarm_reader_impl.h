@@ -65,6 +65,8 @@ struct SwarmReader::Impl {
     bool extended = false;        // given one more peer_wait (FallBackIfStuck)
     bool checking = false;        // its claim being looked at on the dir's threads (CheckStuck)
     bool deferred = false;        // kWaiting: nobody claimed it, and this node follows (Decide)
+    // When it began waiting (kWaiting, and every Decide since); the epoch when it is not.
+    Clock::time_point waited_since{};
     bool Whole() const { return std::count(have.begin(), have.end(), 1) == data->count(); }
     bool Waited() const {
       return std::any_of(waiters.begin(), waiters.end(), [](auto& w) { return !w.empty(); });
@@ -170,7 +172,12 @@ struct SwarmReader::Impl {
     Verdict verdict;
     bool ahead = false;
   };
-  Decision Consult(const Chunk& ch, bool may_defer, Clock::time_point load_began);
+  // `overdue`: it has waited past UnpublishedBound(); its claim, whatever it is, is taken over.
+  Decision Consult(const Chunk& ch, bool may_defer, Clock::time_point load_began, bool overdue);
+  // How long a chunk waits on a claim whose holder publishes nothing (a node that died with it
+  // and whose claim someone keeps fresh, a claim that is no regular file, a torrent that cannot
+  // be read) before this node takes the claim over: six times stale_claim.
+  Clock::duration UnpublishedBound() const { return 6 * o.stale_claim; }
   void Decided(const ChunkPtr& ch, Decision d);
   // Lets go of a claim this node took but will not read (on a dir thread, or posted to one).
   void LetGo(const std::string& claim);

@@ -18,9 +18,9 @@ void SwarmReader::Impl::Tick() {
     uint64_t held = 0;
     const auto refresh = [&](Chunk& ch) {
       if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
-      dir_threads->Post([claim = ch.claim] {
+      dir_threads->Post([this, claim = ch.claim] {
         const SwarmDirThreads::Call call;
-        SwarmDir::Touch(claim);
+        dir->Touch(claim);
       });
     };
     for (auto& [name, ch] : chunks) {
@@ -137,11 +137,11 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
   bool claimed = false;
   {
     const SwarmDirThreads::Call call;
-    const std::optional<Clock::duration> age = SwarmDir::Age(chp->claim);
+    const std::optional<Clock::duration> age = dir->Age(chp->claim);
     if (!dir->Live(age) && (!age || dir->RetireStaleClaim(chp->claim)) &&
         dir->TakeClaim(chp->claim)) {
       claimed = true;
-      unlink(chp->torrent.c_str());  // published anew once read
+      dir->Remove(chp->torrent);  // published anew once read
     }
   }
   Later later;

@@ -4,6 +4,7 @@
 #include "cache/backend/swarm_reader.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -39,6 +40,7 @@
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/swarm_dir.h"
 #include "cache/block.h"
+#include "tests/support/as_user.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/test_data.h"
 
@@ -234,6 +236,78 @@ TEST_F(SwarmReaderTest, NodesReadingAtOnceReadTheStoreOnce) {
   EXPECT_EQ(store, kSize) << "the fleet read the store more than once";
 }
 
+// Another user may write the shared dir (mode 1777). A claim they make and keep fresh, with a
+// link to /dev/zero for its torrent, holds a chunk for UnpublishedBound() (6 s here) at most:
+// the node then takes the claim over and reads the chunk from its store, every byte right.
+TEST_F(SwarmReaderTest, AClaimKeptLiveWithNothingPublishedIsTakenOverWithinABound) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: the attack is made as another user";
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
+  ASSERT_EQ(chmod(shared_.c_str(), 01777), 0);
+  const std::string id = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces);
+  const std::string claim = shared_ + "/" + id + "/0.claim";
+  const std::string stop = dir_ / "stop";
+  ASSERT_EQ(RunAsUser(kNobody,
+                      [&] {
+                        const std::string file_dir = shared_ + "/" + id;
+                        if (mkdir(file_dir.c_str(), 0777) != 0) return 1;
+                        const int fd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+                        if (fd < 0) return 2;
+                        close(fd);
+                        return symlink("/dev/zero", (file_dir + "/0.torrent").c_str()) == 0 ? 0 : 3;
+                      }),
+            0);
+  // The attacker keeps the claim fresh until the test ends.
+  std::thread attacker([&] {
+    RunAsUser(kNobody, [&] {
+      for (int i = 0; i < 600 && access(stop.c_str(), F_OK) != 0; ++i) {
+        utimensat(AT_FDCWD, claim.c_str(), nullptr, 0);
+        usleep(100'000);
+      }
+      return 0;
+    });
+  });
+  auto b = Node(1);
+  ASSERT_TRUE(b);
+  const auto began = std::chrono::steady_clock::now();
+  Pending first = Read(*b, File(), 0);
+  ASSERT_NO_FATAL_FAILURE(Check(first));
+  std::printf("answered after %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - began)
+                                         .count()));
+  EXPECT_EQ(b->Stats().chunks_claimed, 1u);
+  std::ofstream(stop) << "stop";
+  attacker.join();
+}
+
+// The file's directory in the shared dir replaced, by another user, with a link to a directory
+// of root's: the node reads every byte right (from its store) and writes, touches and removes
+// nothing there.
+TEST_F(SwarmReaderTest, ALinkInTheSharedDirIsNeverFollowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: the attack is made as another user";
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
+  ASSERT_EQ(chmod(shared_.c_str(), 01777), 0);
+  const std::string victim = dir_ / "victim";
+  ASSERT_EQ(mkdir(victim.c_str(), 0755), 0);
+  for (const char* name : {"0.torrent", "0.claim", "1.torrent"}) {
+    std::ofstream(victim + "/" + name) << "root's";
+  }
+  const std::string id = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces);
+  ASSERT_EQ(
+      RunAsUser(kNobody, [&] { return symlink(victim.c_str(), (shared_ + "/" + id).c_str()); }), 0);
+  auto a = Node(0);
+  ASSERT_TRUE(a);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  EXPECT_EQ(a->Stats().store_bytes, kSize);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(victim)) {
+    names.push_back(entry.path().filename());
+    std::ifstream in(entry.path());
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "root's") << entry.path();
+  }
+  EXPECT_EQ(names.size(), 3u);
+}
+
 // The node that claimed a chunk dies before it has the chunk (its store hangs, its claim is not
 // refreshed): a node waiting on it takes the chunk over after stale_claim and reads it itself.
 TEST_F(SwarmReaderTest, AStaleClaimIsTakenOver) {
@@ -412,7 +486,7 @@ TEST_F(SwarmReaderTest, ANodeBehindAnotherReadsFromTheStoreOnlyWhatItsReadersWai
   std::atomic<bool> stop{false};
   std::thread third([&] {
     while (!stop) {
-      SwarmDir::Touch(claim2);
+      utimensat(AT_FDCWD, claim2.c_str(), nullptr, 0);
       std::this_thread::sleep_for(100ms);
     }
   });

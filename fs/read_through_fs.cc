@@ -513,9 +513,12 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
                     .changed = mode->changed,
                     .direct = mode->direct};
   auto [dir, name] = PlaceOf(*handle->inode);
-  // Started after the reply: a stream's first fetches (dozens of blocks) are no part of the open.
+  // A file the daemon serves starts its stream after the reply: the stream's first fetches
+  // (dozens of blocks) are no part of the open (time to first byte). One passed through or pinned
+  // whole only queues the next shard's open, cheap, before the reply as it always did.
   const StreamStart streams{handle->identity, handle->file, handle->safetensors,
                             /*served=*/handle->backing_id == 0 && handle->file != nullptr};
+  if (!streams.served) StartStreams(streams, dir, name, next_started);
   // A passed-through handle's reads never reach the daemon: its descriptor of the store's file
   // goes now, not at its RELEASE (which a mapping delays until it is unmapped): a file held open
   // costs some stores more than a descriptor (NextShardLead). After the reply: on a FUSE store the
@@ -529,7 +532,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
   done(out);
-  StartStreams(streams, dir, name, next_started);
+  if (streams.served) StartStreams(streams, dir, name, next_started);
   closed_after_reply.reset();
 }
 

@@ -122,15 +122,22 @@ std::chrono::nanoseconds SwarmDir::DirNow() const {
   return RealtimeNow() + clock_offset_;
 }
 
+std::optional<SwarmDir::Clock::duration> SwarmDir::AgeAt(int parent,
+                                                         const std::string& name) const {
+  struct stat st {};
+  if (fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+    return std::nullopt;
+  }
+  return std::chrono::duration_cast<Clock::duration>(DirNow() - MtimeOf(st));
+}
+
 std::optional<SwarmDir::Clock::duration> SwarmDir::Age(const std::string& path) const {
   std::string name;
   const int parent = OpenParent(path, &name);
   if (parent < 0) return std::nullopt;
-  struct stat st {};
-  const int r = fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW);
+  const std::optional<Clock::duration> age = AgeAt(parent, name);
   close(parent);
-  if (r != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return std::chrono::duration_cast<Clock::duration>(DirNow() - MtimeOf(st));
+  return age;
 }
 
 // Two nodes that found the claim stale at once may both rename: the second renames the first
@@ -142,11 +149,7 @@ bool SwarmDir::RetireStaleClaim(const std::string& claim, bool force) const {
   const std::string dead = name + ".dead." + Unguessable();
   bool stale = false;
   if (renameat(parent, name.c_str(), parent, dead.c_str()) == 0) {
-    struct stat st {};
-    const bool regular =
-        fstatat(parent, dead.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
-    stale = force || !regular ||
-            !Live(std::chrono::duration_cast<Clock::duration>(DirNow() - MtimeOf(st)));
+    stale = force || !Live(AgeAt(parent, dead));  // no regular file: no age, not live
     if (!stale) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
     unlinkat(parent, dead.c_str(), 0);
   }

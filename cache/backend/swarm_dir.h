@@ -85,6 +85,8 @@ class SwarmDir {
   // The directory of `path` (DIR/FILEID/NAME), opened without following a symbolic link, and NAME
   // into *name; -1 with errno set where `path` is not of that shape or FILEID is no directory.
   int OpenParent(const std::string& path, std::string* name) const;
+  // The age of NAME in the directory `parent` (OpenParent's); nothing where it is no regular file.
+  std::optional<Clock::duration> AgeAt(int parent, const std::string& name) const;
   // The dir's clock now, as far as it was last read (kClockRefresh), in CLOCK_REALTIME terms;
   // this node's own where it cannot be read.
   std::chrono::nanoseconds DirNow() const;

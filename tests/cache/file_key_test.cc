@@ -87,6 +87,17 @@ class FileKeyFileTest : public ::testing::Test {
     if (!backing.ok()) return backing.error();
     return IdentifyFile(reader, backing.value(), st, PlaceOfPath(Relative(path)));
   }
+  // A new file `prefix`SIZE of `size` bytes (seeded with its size), opened as the daemon opens
+  // one, sampled at its end only where `tail`. Use with ASSERT_NO_FATAL_FAILURE.
+  void OpenSized(const std::string& prefix, uint64_t size, bool tail, struct stat* st,
+                 std::shared_ptr<BackingFile>* file) {
+    const std::string path = dir_ / (prefix + std::to_string(size));
+    testing::WriteTestFile(path, size, size);
+    Result<std::shared_ptr<BackingFile>> opened = OpenBacking(AT_FDCWD, path.c_str(), 0, st);
+    ASSERT_TRUE(opened.ok());
+    opened.value()->SetTailSamples(tail);
+    *file = std::move(opened.value());
+  }
   std::string Relative(const std::string& path) const {
     return std::filesystem::path(path).lexically_relative(dir_);
   }
@@ -166,17 +177,14 @@ TEST_F(FileKeyFileTest, AFileReadWholeGetsTheKeyItsSamplesGiveInOneRequest) {
           uint64_t{12345}, uint64_t{100'000}, kWholeMax, kWholeMax + 1}) {
       SCOPED_TRACE("size " + std::to_string(size) + (tail ? ", tail samples" : ""));
       testing::FakeBackend backend;
-      const std::string path = dir_ / ("f" + std::to_string(size));
-      testing::WriteTestFile(path, size, size);
       struct stat st {};
-      Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
-      ASSERT_TRUE(file.ok());
-      file.value()->SetTailSamples(tail);
-      const Result<FileKey> sampled = IdentifyFile(backend, file.value(), st, Place{});
+      std::shared_ptr<BackingFile> file;
+      ASSERT_NO_FATAL_FAILURE(OpenSized("f", size, tail, &st, &file));
+      const Result<FileKey> sampled = IdentifyFile(backend, file, st, Place{});
       const uint64_t samples = backend.submitted();
       std::vector<std::byte> whole;
       const Result<FileKey> read_whole =
-          IdentifyFile(backend, file.value(), st, Place{}, {}, kWholeMax, &whole);
+          IdentifyFile(backend, file, st, Place{}, {}, kWholeMax, &whole);
       ASSERT_TRUE(sampled.ok());
       ASSERT_TRUE(read_whole.ok());
       EXPECT_EQ(read_whole.value(), sampled.value());
@@ -204,18 +212,15 @@ TEST_F(FileKeyFileTest, AHeadComesWithTheFirstPagesRequest) {
          {kWholeMax + 1, kWholeMax + 4096, 3 * kWholeMax + 5, uint64_t{5} << 20}) {
       SCOPED_TRACE("size " + std::to_string(size) + (tail ? ", tail samples" : ""));
       testing::FakeBackend backend;
-      const std::string path = dir_ / ("h" + std::to_string(size));
-      testing::WriteTestFile(path, size, size);
       struct stat st {};
-      Result<std::shared_ptr<BackingFile>> file = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
-      ASSERT_TRUE(file.ok());
-      file.value()->SetTailSamples(tail);
-      const Result<FileKey> sampled = IdentifyFile(backend, file.value(), st, Place{});
+      std::shared_ptr<BackingFile> file;
+      ASSERT_NO_FATAL_FAILURE(OpenSized("h", size, tail, &st, &file));
+      const Result<FileKey> sampled = IdentifyFile(backend, file, st, Place{});
       const uint64_t samples = backend.submitted();
       std::vector<std::byte> whole;
       std::vector<std::byte> head;
       const Result<FileKey> with_head =
-          IdentifyFile(backend, file.value(), st, Place{}, {}, kWholeMax, &whole, &head);
+          IdentifyFile(backend, file, st, Place{}, {}, kWholeMax, &whole, &head);
       ASSERT_TRUE(sampled.ok());
       ASSERT_TRUE(with_head.ok());
       EXPECT_EQ(with_head.value(), sampled.value());

@@ -12,9 +12,7 @@
 // - A .map/.data pair planted in the cache dir (by root here: anything that got in) with MACs not
 //   made with the directory's key: never served, in a tmpfs cache dir too.
 #include <fcntl.h>
-#include <grp.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "tests/mount/mount_fixture.h"
+#include "tests/support/as_user.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs::testing {
@@ -38,22 +37,13 @@ constexpr uid_t kAttacker = 4711;
 constexpr uint64_t kVictimSize = 4 << 20;
 constexpr uint64_t kPage = 4096;
 
-// Runs `body` in a child process as kAttacker (no groups), returns its exit code (0: it did all
-// it meant to; 100 + step where a step failed).
+// Runs `body` in a child process as kAttacker (no groups, umask 0), returns its exit code (0: it
+// did all it meant to; 100 + step where a step failed; RunAsUser's otherwise).
 int RunAsAttacker(const std::function<int()>& body) {
-  const pid_t child = fork();
-  if (child < 0) return -1;
-  if (child == 0) {
-    if (setgroups(0, nullptr) != 0 || setresgid(kAttacker, kAttacker, kAttacker) != 0 ||
-        setresuid(kAttacker, kAttacker, kAttacker) != 0) {
-      _exit(99);
-    }
+  return RunAsUser(kAttacker, [&] {
     umask(0);
-    _exit(body());
-  }
-  int status = 0;
-  if (waitpid(child, &status, 0) != child) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return body();
+  });
 }
 
 std::vector<uint8_t> ReadWhole(const std::string& path) {

@@ -1,7 +1,8 @@
 // Runs a test's step as another user: a forked child drops to `uid` (and gid, no supplementary
 // groups) and runs `body`, whose return value is its exit status. Tests of what a local user can do
 // to the daemon (trust, shared dirs) make their attacks so. Returns the child's exit status, 125
-// where it could not drop to the user, or -1 where it did not exit normally.
+// where it could not drop to the user, 128 + the signal that ended it, or -1 where it could not be
+// forked or waited for.
 #pragma once
 
 #include <grp.h>
@@ -26,8 +27,8 @@ inline int RunAsUser(uid_t uid, const std::function<int()>& body) {
     _exit(body());
   }
   int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace accelfs::testing

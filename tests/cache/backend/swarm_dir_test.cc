@@ -52,6 +52,12 @@ class SwarmDirTest : public ::testing::Test {
     dir_ = std::make_unique<SwarmDir>(shared_, 1000ms, "node-a");
   }
 
+  // DIR/kId, made by this node and writable by every user (sticky), as DIR is.
+  void MakeFileDirForAll() {
+    dir_->MakeFileDir(kId);
+    ASSERT_EQ(chmod((shared_ + "/" + kId).c_str(), 01777), 0);
+  }
+
   // `body` as another user; true when it returned 0.
   static bool AsAttacker(const std::function<int()>& body) { return RunAsUser(kNobody, body) == 0; }
 
@@ -96,8 +102,7 @@ TEST_F(SwarmDirTest, AFileDirThatIsALinkIsNeverFollowed) {
 // Links at a claim's or a torrent's own name: a torrent linked to root's file or to /dev/zero is
 // not read; the claim's link is neither touched through nor followed when it is moved away.
 TEST_F(SwarmDirTest, LinksAtAClaimOrTorrentAreNeverFollowed) {
-  dir_->MakeFileDir(kId);
-  ASSERT_EQ(chmod((shared_ + "/" + kId).c_str(), 01777), 0);
+  ASSERT_NO_FATAL_FAILURE(MakeFileDirForAll());
   const std::string torrent = dir_->Torrent(kId, 0);
   const std::string claim = dir_->Claim(kId, 0);
   const std::string zero = dir_->Torrent(kId, 1);
@@ -127,8 +132,7 @@ TEST_F(SwarmDirTest, LinksAtAClaimOrTorrentAreNeverFollowed) {
 // Only a regular file of at most kMaxTorrentBytes is read: a FIFO (opened without waiting for a
 // writer) and a huge file are refused at once.
 TEST_F(SwarmDirTest, OnlyASmallRegularFileIsRead) {
-  dir_->MakeFileDir(kId);
-  ASSERT_EQ(chmod((shared_ + "/" + kId).c_str(), 01777), 0);
+  ASSERT_NO_FATAL_FAILURE(MakeFileDirForAll());
   const std::string fifo = dir_->Torrent(kId, 0);
   const std::string huge = dir_->Torrent(kId, 1);
   ASSERT_TRUE(AsAttacker([&] {
@@ -150,8 +154,7 @@ TEST_F(SwarmDirTest, OnlyASmallRegularFileIsRead) {
 // A torrent is written under a name nobody can guess and renamed in: nothing of the write is
 // left beside it, and a file the attacker made at the old predictable name is not touched.
 TEST_F(SwarmDirTest, ATorrentIsWrittenUnderAnUnguessableNameAndRenamedIn) {
-  dir_->MakeFileDir(kId);
-  ASSERT_EQ(chmod((shared_ + "/" + kId).c_str(), 01777), 0);
+  ASSERT_NO_FATAL_FAILURE(MakeFileDirForAll());
   const std::string torrent = dir_->Torrent(kId, 0);
   const std::string old_tmp = torrent + ".tmp." + std::to_string(getpid());
   ASSERT_TRUE(

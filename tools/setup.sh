@@ -16,6 +16,7 @@ packages=(cmake ninja-build g++ pkg-config fuse3 libfuse3-dev liburing-dev libsp
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)
 # e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
+# openssl: the fleet's CA and node certificates of the TLS tests, made as README says.
 # The real stores of tests/rig (the realstore tier): sshd and sshfs, rclone and s3fs over the npm
 # package s3rver (nodejs, npm), zfs-fuse; iproute2 for their network namespaces and tbf.
 # (npm only where no npm is there: a nodejs from elsewhere brings its own, and Debian's npm would
@@ -24,7 +25,7 @@ rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs ip
 # prometheus: its promtool checks and unit-tests the alert rules of tools/monitoring (the server the
 # package also ships is not used).
 test_packages=(libgtest-dev googletest clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
-               "${rig_packages[@]}" prometheus)
+               openssl "${rig_packages[@]}" prometheus)
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]

@@ -112,13 +112,15 @@ void PrintSummary(const Sample& s) {
   if (st.swarm_on != 0) {
     std::printf(
         "  swarm      %llu peers; %s from peers, %s to peers, %s from SOURCE; %llu chunks read "
-        "for the fleet, %llu taken from it; %llu fallbacks to SOURCE, %llu hash failures\n",
+        "for the fleet, %llu taken from it; %llu fallbacks to SOURCE, %llu hash failures, %llu "
+        "unsigned torrents ignored\n",
         static_cast<unsigned long long>(st.swarm_peers), FormatBytes(st.swarm_peer_bytes).c_str(),
         FormatBytes(st.swarm_sent_bytes).c_str(), FormatBytes(st.swarm_store_bytes).c_str(),
         static_cast<unsigned long long>(st.swarm_chunks_claimed),
         static_cast<unsigned long long>(st.swarm_chunks_joined),
         static_cast<unsigned long long>(st.swarm_fallbacks),
-        static_cast<unsigned long long>(st.swarm_hash_failures));
+        static_cast<unsigned long long>(st.swarm_hash_failures),
+        static_cast<unsigned long long>(st.swarm_manifests_rejected));
   }
   // A lookup or open takes microseconds of a healthy store; one waiting a second is worth a line.
   if (st.store_calls > 0 && st.oldest_store_call_s >= 1) {

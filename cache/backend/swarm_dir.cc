@@ -92,10 +92,14 @@ int SwarmDir::OpenParent(const std::string& path, std::string* name) const {
   return openat(root_fd_, parent.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
+std::chrono::nanoseconds SwarmDir::NodeNow() const {
+  return RealtimeNow() + std::chrono::nanoseconds(skew_ns_.load(std::memory_order_relaxed));
+}
+
 std::chrono::nanoseconds SwarmDir::DirNow() const {
   std::lock_guard lock(clock_mu_);
   const Clock::time_point now = Clock::now();
-  if (clock_tried_ && now - clock_read_ < kClockRefresh) return RealtimeNow() + clock_offset_;
+  if (clock_tried_ && now - clock_read_ < kClockRefresh) return NodeNow() + clock_offset_;
   clock_read_ = now;
   if (!clock_tried_ && root_fd_ >= 0) {
     clock_tried_ = true;
@@ -113,13 +117,13 @@ std::chrono::nanoseconds SwarmDir::DirNow() const {
     }
   }
   struct stat st {};
-  const std::chrono::nanoseconds before = RealtimeNow();
+  const std::chrono::nanoseconds before = NodeNow();
   // Set to the server's time (NFS: SETATTR to server time), then read back.
   if (clock_fd_ >= 0 && futimens(clock_fd_, nullptr) == 0 && fstat(clock_fd_, &st) == 0) {
-    const std::chrono::nanoseconds after = RealtimeNow();
+    const std::chrono::nanoseconds after = NodeNow();
     clock_offset_ = MtimeOf(st) - (before + (after - before) / 2);
   }
-  return RealtimeNow() + clock_offset_;
+  return NodeNow() + clock_offset_;
 }
 
 std::optional<SwarmDir::Clock::duration> SwarmDir::AgeAt(int parent,

@@ -81,6 +81,9 @@ class SwarmDir {
   // Writes the torrent whole (a new file of this node's, renamed in); false and errno on failure.
   bool Write(const std::string& torrent, const std::vector<char>& bytes) const;
 
+  // Tests: this node's clock reads `by` off the true time (a node whose clock drifted).
+  void SkewNodeClock(std::chrono::nanoseconds by) { skew_ns_ = by.count(); }
+
  private:
   // The directory of `path` (DIR/FILEID/NAME), opened without following a symbolic link, and NAME
   // into *name; -1 with errno set where `path` is not of that shape or FILEID is no directory.
@@ -90,11 +93,13 @@ class SwarmDir {
   // The dir's clock now, as far as it was last read (kClockRefresh), in CLOCK_REALTIME terms;
   // this node's own where it cannot be read.
   std::chrono::nanoseconds DirNow() const;
+  std::chrono::nanoseconds NodeNow() const;  // CLOCK_REALTIME, skewed by SkewNodeClock
 
   const std::string dir_;
   const std::chrono::milliseconds stale_;
   const std::string who_;
   const int root_fd_;  // DIR, O_PATH; -1 when it could not be opened
+  std::atomic<int64_t> skew_ns_{0};
   mutable std::mutex clock_mu_;
   mutable int clock_fd_ = -1;                         // GUARDED_BY(clock_mu_) DIR/.clock-NODE
   mutable bool clock_tried_ = false;                  // GUARDED_BY(clock_mu_)

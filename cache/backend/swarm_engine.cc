@@ -241,9 +241,11 @@ void OnHandle(Call call) {
 }
 
 // The engine's settings for a cluster's own network.
-lt::settings_pack Settings(const std::string& listen) {
+lt::settings_pack Settings(const std::string& listen, bool tls) {
   lt::settings_pack s;
-  s.set_str(lt::settings_pack::listen_interfaces, listen);
+  // With TLS, the SSL listen socket only (an `s` after the port): a plain connection to an SSL
+  // torrent is refused anyway.
+  s.set_str(lt::settings_pack::listen_interfaces, tls ? listen + "s" : listen);
   s.set_str(lt::settings_pack::user_agent, "accelfs");
   s.set_bool(lt::settings_pack::enable_dht, false);
   s.set_bool(lt::settings_pack::enable_lsd, false);
@@ -265,6 +267,9 @@ lt::settings_pack Settings(const std::string& listen) {
   s.set_int(lt::settings_pack::connection_speed, 500);
   s.set_int(lt::settings_pack::peer_connect_timeout, 3);
   s.set_int(lt::settings_pack::min_reconnect_time, 1);
+  // A node is never dropped from a torrent's peers for failing (the default: after 3 failed
+  // connections, for good): a node that restarts is connected to again.
+  s.set_int(lt::settings_pack::max_failcount, 1000);
   s.set_int(lt::settings_pack::max_out_request_queue, 2000);
   s.set_int(lt::settings_pack::max_allowed_in_request_queue, 4000);
   s.set_int(lt::settings_pack::send_buffer_watermark, 8 << 20);
@@ -289,6 +294,7 @@ lt::settings_pack Settings(const std::string& listen) {
 
 struct SwarmEngine::Impl {
   std::shared_ptr<Registry> registry = std::make_shared<Registry>();
+  std::shared_ptr<const SwarmTrust> trust;  // none: plain peers and torrents
   std::unique_ptr<lt::session> session;
   std::vector<lt::tcp::endpoint> peers;
   int sent_metric = -1;
@@ -307,6 +313,13 @@ struct SwarmEngine::Impl {
     const auto it = handles.find(id);
     return it == handles.end() ? lt::torrent_handle() : it->second;
   }
+  // This node's certificate for an SSL torrent's connections (none where there is no trust).
+  void ShowCertificate(lt::torrent_handle handle) const {
+    if (!trust) return;
+    OnHandle([&] {
+      handle.set_ssl_certificate_buffer(trust->cert_pem(), trust->key_pem(), trust->dh_pem());
+    });
+  }
   TorrentId Id(const lt::torrent_handle& handle) {
     std::lock_guard lock(mu);
     const auto it = ids.find(handle);
@@ -317,6 +330,7 @@ struct SwarmEngine::Impl {
 Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
                                                         std::function<void()> on_alert) {
   auto impl = std::make_unique<Impl>();
+  impl->trust = o.trust;
   Result<Endpoint> listen = ParseEndpoint(o.listen, /*resolve=*/false);
   if (!listen.ok()) return Error(EINVAL, "--swarm-listen " + listen.error().Message());
   lt::ip_filter filter;
@@ -338,7 +352,7 @@ Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
     filter.add_rule(Address(net->first), Address(net->second), 0);
   }
 
-  lt::session_params params(Settings(o.listen));
+  lt::session_params params(Settings(o.listen, o.trust != nullptr));
   params.disk_io_constructor = [registry = impl->registry](lt::io_context& ioc,
                                                            const lt::settings_interface&,
                                                            lt::counters&) {
@@ -378,12 +392,14 @@ SwarmEngine::SwarmEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SwarmEngine::~SwarmEngine() = default;
 size_t SwarmEngine::static_peers() const { return impl_->peers.size(); }
 
-Result<std::vector<char>> SwarmEngine::MakeTorrent(ChunkData& data) {
+Result<std::vector<char>> SwarmEngine::MakeTorrent(ChunkData& data) const {
   lt::file_storage files;
   files.set_piece_length(static_cast<int>(data.piece_bytes));
-  files.add_file("chunk", static_cast<std::int64_t>(data.length));
+  // The name peers' certificates are checked against (libtorrent's verify_peer_cert).
+  files.add_file(std::string(SwarmTrust::kName), static_cast<std::int64_t>(data.length));
   lt::create_torrent t(files, static_cast<int>(data.piece_bytes), lt::create_torrent::v1_only);
   t.set_priv(true);
+  if (impl_->trust) t.set_root_cert(impl_->trust->ca_pem());
   for (int p = 0; p < data.count(); ++p) {
     const std::byte* bytes = data.Existing(p);
     if (bytes == nullptr) return Error(EINVAL, "piece " + std::to_string(p) + " missing");
@@ -405,6 +421,11 @@ Status SwarmEngine::Add(TorrentId id, const std::vector<char>& bytes,
       static_cast<uint64_t>(info->total_size()) != data->length) {
     return Error(EINVAL, "another chunk's size");
   }
+  const lt::string_view root = info->ssl_cert();
+  if (impl_->trust && root != impl_->trust->ca_pem()) {
+    return Error(EPERM, "not a torrent of the fleet's CA");
+  }
+  if (!impl_->trust && !root.empty()) return Error(EPERM, "a TLS torrent, and no --swarm-cert");
   const lt::sha1_hash hash = info->info_hashes().v1;
   impl_->registry->Put(hash, std::move(data));
   lt::add_torrent_params atp;
@@ -427,6 +448,7 @@ Status SwarmEngine::Add(TorrentId id, const std::vector<char>& bytes,
     impl_->registry->Take(hash);
     return Error(EIO, "the engine refused it: " + ec.message());
   }
+  impl_->ShowCertificate(handle);  // and at its torrent_need_cert_alert, whichever comes last
   std::lock_guard lock(impl_->mu);
   impl_->handles[id] = handle;
   impl_->ids[handle] = id;
@@ -439,8 +461,12 @@ void SwarmEngine::Want(TorrentId id, int piece) {
 }
 
 void SwarmEngine::Reconnect(TorrentId id) {
-  const lt::torrent_handle h = impl_->Handle(id);
+  lt::torrent_handle h = impl_->Handle(id);
+  // The peer list anew: an entry remembers each failed connection and waits (failcount + 1) s
+  // before the next; a node that restarted would wait that long.
   OnHandle([&] {
+    h.clear_peers();
+    for (const lt::tcp::endpoint& peer : impl_->peers) h.connect_peer(peer);
     h.pause();
     h.resume();
   });
@@ -481,6 +507,8 @@ size_t SwarmEngine::Poll(const SwarmEvents& events) {
       if (const TorrentId id = impl_->Id(done->handle)) {
         events.piece_in(id, static_cast<int>(done->piece_index));
       }
+    } else if (auto* need = lt::alert_cast<lt::torrent_need_cert_alert>(a)) {
+      impl_->ShowCertificate(need->handle);
     } else if (auto* checked = lt::alert_cast<lt::torrent_checked_alert>(a)) {
       OnHandle([&] { checked->handle.resume(); });
     } else if (auto* failed = lt::alert_cast<lt::hash_failed_alert>(a)) {

@@ -9,8 +9,11 @@
 // own, in memory). A piece from a peer is announced (SwarmEvents::piece_in) only once it matched
 // its SHA-1.
 //
-// Settings for a cluster's own network: no DHT, LSD, UPnP, NAT-PMP, uTP or encryption; peers
-// only from the static list and the allowed networks (an IP filter); every peer unchoked.
+// Settings for a cluster's own network: no DHT, LSD, UPnP, NAT-PMP, uTP or BitTorrent's own
+// obfuscation; peers only from the static list and the allowed networks (an IP filter); every
+// peer unchoked. With the fleet's trust (options.trust), every torrent is an SSL torrent carrying
+// the fleet's CA, the engine listens for TLS only and shows this node's certificate: a peer
+// without one the CA signed is refused both ways.
 #pragma once
 
 #include <atomic>
@@ -49,16 +52,20 @@ class SwarmEngine {
 
   size_t static_peers() const;
 
-  // The torrent of a whole chunk (every piece of `data` written): its pieces' hashes, bencoded.
-  static Result<std::vector<char>> MakeTorrent(ChunkData& data);
+  // The torrent of a whole chunk (every piece of `data` written): its pieces' hashes, bencoded;
+  // an SSL torrent of the fleet's CA where the engine has the fleet's trust.
+  Result<std::vector<char>> MakeTorrent(ChunkData& data) const;
 
   // Adds the torrent `bytes` under `id`. A seed has every piece in `data` and waits for peers; a
   // joiner takes every piece from its peers into `data`. An error says why the torrent cannot be
-  // used (it does not parse, it is another chunk's size, the engine refused it).
+  // used (it does not parse, it is another chunk's size, it is not an SSL torrent of the fleet's
+  // CA where the engine has the fleet's trust, or is one where it has none, the engine refused
+  // it).
   Status Add(TorrentId id, const std::vector<char>& bytes, std::shared_ptr<ChunkData> data,
              bool seed);
   void Want(TorrentId id, int piece);  // asked first
-  // Connects to the torrent's peers again at once (the engine does so once a second otherwise).
+  // Connects to the torrent's peers again at once, each as new (the engine waits longer after
+  // each connection that failed otherwise).
   void Reconnect(TorrentId id);
   // The pieces the engine holds checked (one flag a piece; empty when it has no such torrent):
   // one call, which waits on the engine's thread, for every piece of the torrent.

@@ -43,6 +43,9 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       later.to_store.push_back(std::move(r));
     } else if (ch->have[static_cast<size_t>(p)] != 0) {
       later.copies.emplace_back(std::move(r), ch->data);
+    } else if (ch->state == State::kSwarm && now < ch->store_until) {
+      fallbacks.fetch_add(1, std::memory_order_relaxed);  // its peers failed it just now
+      later.to_store.push_back(std::move(r));
     } else {
       ch->waiters[static_cast<size_t>(p)].push_back({std::move(r), Clock::now()});
       if (ch->state == State::kFetching) FetchRest(ch, p, later);
@@ -268,6 +271,7 @@ void SwarmReader::Impl::Stalled(const ChunkPtr& ch, int p) {
 
 void SwarmReader::Impl::ToStoreAll(Chunk& ch, Later& later) {
   ch.state = State::kStore;
+  ch.store_until = Clock::now() + kStoreRetry * o.peer_wait;
   ch.waited_since = {};
   for (auto& waiting : ch.waiters) {
     for (Waiter& w : waiting) later.to_store.push_back(std::move(w.request));
@@ -310,8 +314,19 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
     const SwarmDirThreads::Call call;  // on a dir thread (Decided)
     read = dir->Read(ch->torrent, bytes);
   }
-  const Status added = read ? engine->Add(ch->id, bytes, ch->data, /*seed=*/false)
-                            : Error(errno, "gone from the dir");
+  Status added = read ? Status::Ok() : Error(errno, "gone from the dir");
+  bool forged = false;
+  if (read && o.trust) {  // a manifest: the torrent, once signed by the fleet
+    Result<std::vector<char>> torrent = o.trust->Open(ch->name, bytes);
+    forged = !torrent.ok();
+    if (forged) {
+      added = torrent.error();
+      rejected.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      bytes = std::move(torrent.value());
+    }
+  }
+  if (added.ok()) added = engine->Add(ch->id, bytes, ch->data, /*seed=*/false);
   std::lock_guard lock(mu);
   if (!added.ok() || ch->state != State::kJoining) {
     by_id.erase(ch->id);
@@ -319,8 +334,8 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
     ch->id = 0;
     if (ch->state != State::kJoining) return;
     if (!read) return Wait(*ch);
-    spdlog::warn("swarm: {} unusable ({}); its reads go to the store", ch->torrent,
-                 added.error().Message());
+    spdlog::warn("swarm: {} {} ({}); its reads go to the store", ch->torrent,
+                 forged ? "ignored" : "unusable", added.error().Message());
     return ToStoreAll(*ch, later);
   }
   ch->state = State::kSwarm;
@@ -334,7 +349,17 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
 }
 
 void SwarmReader::Impl::Publish(const ChunkPtr& ch) {
-  Result<std::vector<char>> bytes = SwarmEngine::MakeTorrent(*ch->data);
+  Result<Manifest> made = Error(ECANCELED);
+  if (Result<std::vector<char>> torrent = engine->MakeTorrent(*ch->data); !torrent.ok()) {
+    made = torrent.error();
+  } else if (!o.trust) {
+    made = Manifest{torrent.value(), torrent.value()};
+  } else if (Result<std::vector<char>> sealed = o.trust->Seal(ch->name, torrent.value());
+             sealed.ok()) {
+    made = Manifest{std::move(torrent.value()), std::move(sealed.value())};
+  } else {
+    made = sealed.error();
+  }
   TorrentId id = 0;
   {
     std::lock_guard lock(mu);
@@ -343,23 +368,22 @@ void SwarmReader::Impl::Publish(const ChunkPtr& ch) {
     by_id[id] = ch;
   }
   dir_threads->Post(
-      [this, ch, id, bytes = std::move(bytes)]() mutable { Published(ch, id, std::move(bytes)); });
+      [this, ch, id, made = std::move(made)]() mutable { Published(ch, id, std::move(made)); });
 }
 
-void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id,
-                                  Result<std::vector<char>> bytes) {
+void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id, Result<Manifest> made) {
   std::string why;
   bool written = false;
-  if (bytes.ok()) {
+  if (made.ok()) {
     const SwarmDirThreads::Call call;
-    written = dir->Write(ch->torrent, *bytes);
+    written = dir->Write(ch->torrent, made->file);
     if (!written) why = std::strerror(errno);
   } else {
-    why = bytes.error().Message();
+    why = made.error().Message();
   }
   if (written) {
     std::shared_lock use(engine_use);
-    Status s = engine ? engine->Add(id, *bytes, ch->data, /*seed=*/true) : Error(ECANCELED);
+    Status s = engine ? engine->Add(id, made->torrent, ch->data, /*seed=*/true) : Error(ECANCELED);
     if (!s.ok()) why = s.error().Message();
   }
   bool remove = false;
@@ -368,6 +392,7 @@ void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id,
     if (why.empty() && !stopping && ch->state == State::kFetching) {
       ch->state = State::kSwarm;
       ch->progress = Clock::now();
+      published.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     by_id.erase(id);
@@ -469,6 +494,9 @@ void SwarmReader::Impl::PieceInLocked(Chunk& ch, int p, Later& later) {
   }
   ch.have[i] = 1;
   ch.progress = followed = Clock::now();
+  ch.store_until = {};  // its peers answer again
+  ch.store_window = {};
+  ch.extended = false;
   peer_bytes.fetch_add(ch.data->PieceSize(p), std::memory_order_relaxed);
   for (Waiter& w : ch.waiters[i]) later.copies.emplace_back(std::move(w.request), ch.data);
   ch.waiters[i].clear();
@@ -561,6 +589,8 @@ SwarmStats SwarmReader::Stats() const {
   s.hash_failures = i.hash_failures.load(std::memory_order_relaxed);
   s.chunks_claimed = i.claimed.load(std::memory_order_relaxed);
   s.chunks_joined = i.joined.load(std::memory_order_relaxed);
+  s.chunks_published = i.published.load(std::memory_order_relaxed);
+  s.manifests_rejected = i.rejected.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cache/backend/reader.h"
+#include "cache/backend/swarm_trust.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -52,6 +53,10 @@ struct SwarmOptions {
   std::chrono::milliseconds stale_claim{10000};
   std::chrono::milliseconds peer_wait{10000};
   std::chrono::milliseconds tick{20};  // how often claims and torrents in `dir` are looked at
+  // The fleet's CA and this node's certificate (swarm_trust.h): peers over mutual TLS, torrents
+  // in `dir` signed. None: plain connections and torrents, as any host and any writer of `dir`
+  // may make them.
+  std::shared_ptr<const SwarmTrust> trust;
 };
 
 struct SwarmStats {
@@ -63,6 +68,8 @@ struct SwarmStats {
   uint64_t hash_failures = 0;   // pieces from peers that did not match their hash
   uint64_t chunks_claimed = 0;  // chunks this node read from the store for the fleet
   uint64_t chunks_joined = 0;   // chunks this node took from the swarm
+  uint64_t chunks_published = 0;  // chunks this node read, published and seeds
+  uint64_t manifests_rejected = 0;  // torrents in the dir not signed by the fleet: not used
 };
 
 class SwarmReader final : public BackendReader {

@@ -65,6 +65,12 @@ struct SwarmReader::Impl {
     bool extended = false;        // given one more peer_wait (FallBackIfStuck)
     bool checking = false;        // its claim being looked at on the dir's threads (CheckStuck)
     bool deferred = false;        // kWaiting: nobody claimed it, and this node follows (Decide)
+    // Its peers failed its readers (GiveUpOn): until store_until, a read of a piece it does not
+    // have goes to the store at once, not to wait on them again; then the swarm is tried again.
+    // The window doubles at each failure in a row (up to kMaxStoreWindow), and ends when a
+    // piece comes in. kStore: when the chunk is tried in the swarm again (kStoreRetry).
+    Clock::time_point store_until{};
+    Clock::duration store_window{};
     // When it began waiting (kWaiting, and every Decide since); the epoch when it is not.
     Clock::time_point waited_since{};
     bool Whole() const { return std::count(have.begin(), have.end(), 1) == data->count(); }
@@ -98,6 +104,12 @@ struct SwarmReader::Impl {
   // wait on it, and of new chunks, go to the store.
   std::unique_ptr<SwarmDirThreads> dir_threads;
   static constexpr int kDirThreads = 4;
+  // A chunk whose peers failed its readers is read from the store for a window of peer_wait,
+  // doubled at each failure in a row up to this many peer_waits; one given up on (kStore: a
+  // torrent in error or not signed, a claim that could not be taken, the dir down) is tried in
+  // the swarm again after kStoreRetry peer_waits.
+  static constexpr int kMaxStoreWindow = 16;
+  static constexpr int kStoreRetry = 6;
   Clock::duration dir_timeout{};
   std::unique_ptr<SwarmEngine> engine;
   // Held shared by each call into the engine from a reader's thread, exclusively by Stop before
@@ -138,7 +150,7 @@ struct SwarmReader::Impl {
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
-      joined{0};
+      joined{0}, published{0}, rejected{0};
 
   // --- the read path ---
   void Submit(ReadRequest r);
@@ -197,15 +209,20 @@ struct SwarmReader::Impl {
   void ToStore(ReadRequest r);
   void Run(Later& later);
   // --- joining and publishing: calls into the engine and the dir, not under `mu` ---
+  struct Manifest {
+    std::vector<char> torrent;  // what the engine adds
+    std::vector<char> file;     // what the dir gets: the torrent, signed with the fleet's trust
+  };
   // Adds a published chunk's torrent to the engine (every piece wanted: a node that joins takes
   // the whole chunk); the pieces readers wait on are asked first. A torrent removed from the dir
   // since (its reader is at work again) sends the chunk back to waiting; one that cannot be used
-  // sends its reads to the store.
+  // (with the fleet's trust: one whose manifest does not verify, counted) sends its reads to the
+  // store.
   void Join(const ChunkPtr& ch, Later& later);
   // A claimed chunk is whole: its piece hashes (on the swarm's thread), then on a dir thread its
   // torrent into the dir and seeding it (Published).
   void Publish(const ChunkPtr& ch);
-  void Published(const ChunkPtr& ch, TorrentId id, Result<std::vector<char>> bytes);
+  void Published(const ChunkPtr& ch, TorrentId id, Result<Manifest> made);
   // --- the swarm's thread: the engine's alerts, claims and torrents in the dir ---
   void Loop();
   void PieceIn(TorrentId id, int p);

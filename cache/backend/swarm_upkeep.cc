@@ -10,6 +10,7 @@ namespace accelfs {
 void SwarmReader::Impl::Tick() {
   Later later;
   std::vector<Probe> probes;
+  std::vector<ChunkPtr> retry;
   {
     std::lock_guard lock(mu);
     const Clock::time_point now = Clock::now();
@@ -41,6 +42,11 @@ void SwarmReader::Impl::Tick() {
         case State::kJoining:
           followed = now;
           break;
+        case State::kStore:
+          // Tried in the swarm again (a new chunk at its next read): a torrent in error or not
+          // signed may have been published anew, a claim that could not be taken let go.
+          if (now >= ch->store_until) retry.push_back(ch);
+          break;
         case State::kSwarm:
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
@@ -58,6 +64,13 @@ void SwarmReader::Impl::Tick() {
       held += ch->data->allocated.load(std::memory_order_relaxed);
     }
     if (held > o.memory_bytes) Evict(held, later);
+    for (const ChunkPtr& ch : retry) {
+      if (ch->id != 0) {
+        later.removed.push_back(ch->id);
+        by_id.erase(ch->id);
+      }
+      chunks.erase(ch->name);
+    }
   }
   // Let go first: a reclaimed chunk's torrent is published anew on the next round.
   for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
@@ -222,23 +235,30 @@ void SwarmReader::Impl::GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Lat
     ch.progress = now;
     return;
   }
+  // Every reader of it to the store, the young ones too: its peers failed the old ones. Its
+  // next reads go there at once for a window, the engine still asking its peers meanwhile; after
+  // it a reader waits on them again (the first after a failure in a row: peer_wait at most).
   bool any = false;
   for (auto& waiting : ch.waiters) {
-    for (auto it = waiting.begin(); it != waiting.end();) {
-      if (now - it->since < o.peer_wait) {
-        ++it;
-        continue;
-      }
-      later.to_store.push_back(std::move(it->request));
-      it = waiting.erase(it);
-      fallbacks.fetch_add(1, std::memory_order_relaxed);
-      any = true;
-    }
+    for (Waiter& w : waiting) later.to_store.push_back(std::move(w.request));
+    fallbacks.fetch_add(waiting.size(), std::memory_order_relaxed);
+    any = any || !waiting.empty();
+    waiting.clear();
   }
-  if (any && !ch.fell_back) {
+  if (!any) return;
+  ch.store_window = ch.store_window == Clock::duration::zero()
+                        ? Clock::duration(o.peer_wait)
+                        : std::min<Clock::duration>(2 * ch.store_window, kMaxStoreWindow * o.peer_wait);
+  ch.store_until = now + ch.store_window;
+  ch.progress = ch.store_until;  // a reader after the window waits peer_wait, no longer
+  ch.kicked = false;             // and its peers are connected to again (CatchUp)
+  if (!ch.fell_back) {
     ch.fell_back = true;
-    spdlog::warn("swarm: no peer sent a piece of {} in {} ms; read from the store", ch.name,
-                 o.peer_wait.count());
+    spdlog::warn(
+        "swarm: no peer sent a piece of {} in {} ms; its reads go to the store for {} ms, then "
+        "to its peers again",
+        ch.name, o.peer_wait.count(),
+        std::chrono::duration_cast<std::chrono::milliseconds>(ch.store_window).count());
   }
 }
 

@@ -56,6 +56,7 @@ struct DaemonStats {
   uint64_t swarm_hash_failures = 0;   // pieces from peers that failed their hash check
   uint64_t swarm_chunks_claimed = 0;  // chunks this node read from SOURCE for the fleet
   uint64_t swarm_chunks_joined = 0;   // chunks this node took from the swarm
+  uint64_t swarm_manifests_rejected = 0;  // torrents in the dir not signed by the fleet
 };
 
 using StatsSource = std::function<DaemonStats()>;
@@ -248,6 +249,10 @@ inline constexpr std::array kStatsFields = [] {
       Row<&D::swarm_chunks_joined>("swarm_chunks_joined", kCounter, kCount,
                                    "accelfs_swarm_chunks_joined_total",
                                    "Chunks this node took from the swarm."),
+      Row<&D::swarm_manifests_rejected>(
+          "swarm_manifests_rejected", kCounter, kCount, "accelfs_swarm_manifests_rejected_total",
+          "Torrents in --swarm-dir not signed by a node of the fleet (--swarm-ca): not used, "
+          "their chunks read from SOURCE."),
       Row<&D::uptime_s>("uptime_s", kGauge, kSeconds, "accelfs_uptime_seconds",
                         "Seconds since the daemon started."),
   };

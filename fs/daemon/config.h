@@ -113,6 +113,9 @@ struct Config {
   std::string swarm_dir;
   std::vector<std::string> swarm_allow;  // CIDR
   uint64_t swarm_memory = 0;             // 0: a quarter of the cache budget
+  // The fleet's CA, this node's certificate and its key (PEM, absolute; all three or none):
+  // peers over mutual TLS, torrents in swarm_dir signed (cache/backend/swarm_trust.h).
+  std::string swarm_ca, swarm_cert, swarm_key;
 
   // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
   std::vector<std::string> fuse_options;

@@ -214,6 +214,18 @@ Status Daemon::MakeBackend() {
   swarm.dir = config_.swarm_dir;
   swarm.piece_bytes = config_.block_size;
   swarm.memory_bytes = config_.swarm_memory != 0 ? config_.swarm_memory : config_.cache_size / 4;
+  if (!config_.swarm_ca.empty()) {
+    Result<std::shared_ptr<const SwarmTrust>> trust =
+        SwarmTrust::Load(config_.swarm_ca, config_.swarm_cert, config_.swarm_key);
+    if (!trust.ok()) return Failure(trust.error().Message());
+    swarm.trust = std::move(trust.value());
+  } else {
+    spdlog::warn(
+        "swarm: no --swarm-ca/--swarm-cert/--swarm-key: peers are neither authenticated nor "
+        "encrypted (any host allowed to reach {} may fetch and serve chunks) and the torrents in "
+        "{} are not signed (whoever can write it chooses the bytes this node serves)",
+        config_.swarm_listen, config_.swarm_dir);
+  }
   Result<std::unique_ptr<SwarmReader>> made = SwarmReader::Create(std::move(reader_), swarm);
   if (!made.ok()) return Failure(made.error().Message());
   swarm_ = made.value().get();
@@ -326,6 +338,7 @@ DaemonStats Daemon::Snapshot() const {
     s.swarm_hash_failures = w.hash_failures;
     s.swarm_chunks_claimed = w.chunks_claimed;
     s.swarm_chunks_joined = w.chunks_joined;
+    s.swarm_manifests_rejected = w.manifests_rejected;
   }
   return s;
 }

@@ -50,6 +50,15 @@ Status ApplySwarmMemory(const std::string& text, Config& config, const ParseCont
   return v.value() > 0 ? Status::Ok() : Bad("--swarm-memory must be more than 0");
 }
 
+// A file the daemon reads once detached (its working directory then /): made absolute.
+Status ApplyAbsolute(const std::string& option, const std::string& text, std::string& into) {
+  if (text.empty()) return Bad("--" + option + " needs a file");
+  std::error_code ec;
+  into = std::filesystem::absolute(text, ec).lexically_normal().string();
+  if (ec) return Bad("--" + option + " " + Quoted(text) + ": " + ec.message());
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<OptionSpec> SwarmOptionSpecs() {
@@ -68,11 +77,7 @@ std::vector<OptionSpec> SwarmOptionSpecs() {
        [](C) { return std::string("none"); },
        [](const std::string& v, Config& c, const ParseContext&) {
          if (v.empty()) return Bad("--swarm-dir needs a directory");
-         // Absolute: the daemon works from / once detached.
-         std::error_code ec;
-         c.swarm_dir = std::filesystem::absolute(v, ec).lexically_normal().string();
-         if (ec) return Bad("--swarm-dir " + Quoted(v) + ": " + ec.message());
-         return Status::Ok();
+         return ApplyAbsolute("swarm-dir", v, c.swarm_dir);
        }},
       {"swarm-allow", "", "CIDR,...",
        "Networks peers may connect from, besides the hosts of --swarm-peers",
@@ -80,19 +85,46 @@ std::vector<OptionSpec> SwarmOptionSpecs() {
       {"swarm-memory", "", "SIZE",
        "Memory for chunks kept for the peers (beyond it the least recently read are dropped)",
        [](C) { return std::string("a quarter of the cache budget"); }, ApplySwarmMemory},
+      {"swarm-ca", "", "FILE",
+       "The fleet's CA certificate (PEM): only nodes whose certificate it signed take part "
+       "(mutual TLS between peers, signed torrents in --swarm-dir); needs --swarm-cert and "
+       "--swarm-key",
+       [](C) { return std::string("none: peers and the dir's torrents are not authenticated"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         return ApplyAbsolute("swarm-ca", v, c.swarm_ca);
+       }},
+      {"swarm-cert", "", "FILE",
+       "This node's certificate (PEM), signed by --swarm-ca, named accelfs (CN or DNS "
+       "subjectAltName) or *",
+       [](C) { return std::string("none"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         return ApplyAbsolute("swarm-cert", v, c.swarm_cert);
+       }},
+      {"swarm-key", "", "FILE", "The private key of --swarm-cert (PEM, no pass phrase)",
+       [](C) { return std::string("none"); },
+       [](const std::string& v, Config& c, const ParseContext&) {
+         return ApplyAbsolute("swarm-key", v, c.swarm_key);
+       }},
   };
 }
 
 Status FinishSwarm(const Config& config) {
   if (config.swarm_listen.empty()) {
     if (!config.swarm_peers.empty() || !config.swarm_dir.empty() || !config.swarm_allow.empty() ||
-        config.swarm_memory != 0) {
+        config.swarm_memory != 0 || !config.swarm_ca.empty() || !config.swarm_cert.empty() ||
+        !config.swarm_key.empty()) {
       return Bad("the --swarm-* options need --swarm-listen ADDR:PORT, which turns the swarm on");
     }
     return Status::Ok();
   }
   if (config.swarm_dir.empty()) {
     return Bad("--swarm-listen needs --swarm-dir DIR, a directory every node of the fleet shares");
+  }
+  const int given = int{!config.swarm_ca.empty()} + int{!config.swarm_cert.empty()} +
+                    int{!config.swarm_key.empty()};
+  if (given != 0 && given != 3) {
+    return Bad("--swarm-ca, --swarm-cert and --swarm-key come together: the fleet's CA, this "
+               "node's certificate signed by it, and that certificate's key");
   }
   return Status::Ok();
 }

@@ -9,7 +9,8 @@
 namespace accelfs {
 
 std::vector<OptionSpec> SwarmOptionSpecs();
-// The swarm's options need --swarm-listen, which needs --swarm-dir.
+// The swarm's options need --swarm-listen, which needs --swarm-dir; --swarm-ca, --swarm-cert
+// and --swarm-key come together.
 Status FinishSwarm(const Config& config);
 
 }  // namespace accelfs

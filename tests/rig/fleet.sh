@@ -20,8 +20,10 @@
 #
 # Options: --nodes N (4; test: 3)  --model-mib M (1024; test: 96)  --shards S (4; test: 3)
 #   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --runs LIST (bench: of
-#   off,on,staggered,kill,lone; "on" needs "off" for its ratios)  --dir DIR (/var/tmp/
-#   accelfs-fleet)  --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
+#   off,on,staggered,kill,lone; "on" needs "off" for its ratios)  --tls on|off (bench: the swarm
+#   with the fleet's CA, README "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
+#   --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
+# test runs its first load with TLS (node certificates made as README says), the rest without.
 set -euo pipefail
 
 mode=${1:-}
@@ -29,7 +31,7 @@ mode=${1:-}
 shift
 here=$(cd "$(dirname "$0")/../.." && pwd)
 nodes='' model_mib='' shards='' rate=400mbit stagger=10 dir=/var/tmp/accelfs-fleet
-runs=off,on,staggered,kill,lone
+runs=off,on,staggered,kill,lone tls=off
 accelfs=$here/build/accelfs stat_bin=$here/build/accelfs-stat
 while (($#)); do
   case $1 in
@@ -39,6 +41,7 @@ while (($#)); do
     --origin-rate) rate=$2 ;;
     --stagger) stagger=$2 ;;
     --runs) runs=$2 ;;
+    --tls) tls=$2 ;;
     --dir) dir=$2 ;;
     --accelfs) accelfs=$2 ;;
     --stat) stat_bin=$2 ;;
@@ -55,7 +58,7 @@ fi
 skip() { echo "fleet.sh: SKIP: $*" >&2; exit 77; }
 die() { echo "fleet.sh: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || skip "needs root (network namespaces, mounts)"
-for p in ip tc nsenter sshd ssh-keygen sshfs fusermount3 python3; do
+for p in ip tc nsenter sshd ssh-keygen sshfs fusermount3 python3 openssl; do
   command -v "$p" >/dev/null || skip "$p is missing"
 done
 [[ -x $accelfs && -x $stat_bin ]] || die "no $accelfs or $stat_bin: build first"
@@ -127,6 +130,18 @@ rm -f "$dir/ssh/"*
 ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/host_key"
 ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/client_key"
 cp "$dir/ssh/client_key.pub" "$dir/ssh/authorized_keys"
+rm -f "$dir"/n*/accelfs.log  # each node's log: this run's only
+# The fleet's CA and each node's certificate, as README ("Only the fleet") makes them.
+rm -rf "$dir/certs" && mkdir -p "$dir/certs"
+(cd "$dir/certs" &&
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
+    -out ca.pem -days 3650 -subj /CN=accelfs-fleet-ca &&
+  for n in $(seq 1 "$nodes"); do
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "node$n.key" \
+      -out "node$n.csr" -subj /CN=accelfs &&
+      openssl x509 -req -in "node$n.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 825 \
+        -out "node$n.pem" || exit 1
+  done) >"$dir/certs/openssl.log" 2>&1 || die "openssl could not make the fleet's certificates"
 use_pam=no
 [[ "$(awk -F: '$1 == "root" { print substr($2, 1, 1) }' /etc/shadow)" == "!" ]] && use_pam=yes
 cat >"$dir/ssh/sshd_config" <<EOF
@@ -166,6 +181,8 @@ start_node() {
   local args=("$d/store" "$d/mnt")
   [[ $swarm == on ]] && args+=(--swarm-listen "$(addr "$n"):7000" --swarm-peers "$peers"
     --swarm-dir "$shared")
+  [[ $swarm == on && $tls == on ]] && args+=(--swarm-ca "$dir/certs/ca.pem"
+    --swarm-cert "$dir/certs/node$n.pem" --swarm-key "$dir/certs/node$n.key")
   args+=("${extra[@]}")
   # In the foreground (its log: the file), in the background of this script.
   setsid nsenter --net="/run/netns/$(ns "$n")" "$accelfs" -f "${args[@]}" </dev/null \
@@ -258,11 +275,21 @@ slowest() { printf '%s\n' "${times[@]}" | sort -g | tail -1; }
 
 if [[ $mode == test ]]; then
   fail=0
+  tls=on
   fleet on 0
+  tls=off
+  shared_bytes=0
   for n in $(seq 1 "$nodes"); do
-    [[ ${results[n]} == OK ]] || { echo "swarm, at once: node $n: ${results[n]}"; fail=1; }
+    [[ ${results[n]} == OK ]] || { echo "swarm over TLS, at once: node $n: ${results[n]}"; fail=1; }
+    shared_bytes=$((shared_bytes + peers[n]))
+    if grep -q "are not signed" "$dir/n$n/accelfs.log"; then
+      echo "node $n warned of an unauthenticated swarm with --swarm-ca"; fail=1
+    fi
   done
-  echo "swarm, $nodes nodes at once: origin sent $(ratio "$origin" "$model_bytes")x the model, slowest node $(slowest) s"
+  echo "swarm over TLS, $nodes nodes at once: origin sent $(ratio "$origin" "$model_bytes")x the model, slowest node $(slowest) s, the nodes took $(ratio "$shared_bytes" "$model_bytes")x the model from peers"
+  # What the origin did not send each node, peers did: about (N - 1) models.
+  ((shared_bytes * 10 >= (nodes - 1) * model_bytes * 9)) ||
+    { echo "over TLS the nodes took $shared_bytes bytes from peers"; fail=1; }
   # The store sends the model about once (SSH and TCP headers, sshfs's own reads: ~3 %).
   ((origin * 100 <= model_bytes * 125)) || { echo "the origin sent $origin bytes for $model_bytes"; fail=1; }
   fleet on 0 kill

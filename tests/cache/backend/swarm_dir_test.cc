@@ -192,6 +192,31 @@ TEST_F(SwarmDirTest, AgesComeFromTheDirsClock) {
   EXPECT_TRUE(S_ISREG(st.st_mode));
 }
 
+// A node whose clock is a minute off either way (NTP down, a VM restored) judges claims by the
+// dir's clock all the same: a claim another node touched just now is live, one it last touched
+// 20 s ago (2x stale_claim) is not.
+TEST_F(SwarmDirTest, ANodeWhoseClockIsAMinuteOffJudgesClaimsRight) {
+  dir_->MakeFileDir(kId);
+  const std::string claim = dir_->Claim(kId, 0);
+  ASSERT_TRUE(dir_->TakeClaim(claim));  // as another node's: its mtime is the dir's clock
+  for (const auto skew : {60s, -60s}) {
+    SCOPED_TRACE(skew.count());
+    SwarmDir node(shared_, 10s, "node-" + std::to_string(skew.count()));
+    node.SkewNodeClock(skew);
+    ASSERT_EQ(utimensat(AT_FDCWD, claim.c_str(), nullptr, 0), 0);  // touched now
+    const auto fresh = node.Age(claim);
+    ASSERT_TRUE(fresh.has_value());
+    EXPECT_TRUE(node.Live(fresh)) << "a claim touched now is "
+                                  << std::chrono::duration<double>(*fresh).count() << " s old";
+    const struct timespec old[2] = {{0, UTIME_OMIT}, {time(nullptr) - 20, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, claim.c_str(), old, 0), 0);
+    const auto stale = node.Age(claim);
+    ASSERT_TRUE(stale.has_value());
+    EXPECT_FALSE(node.Live(stale)) << "a claim last touched 20 s ago is "
+                                   << std::chrono::duration<double>(*stale).count() << " s old";
+  }
+}
+
 // A clock file that another user put there first (a link to root's file) is not used, and not
 // followed: ages then come from this node's clock.
 TEST_F(SwarmDirTest, AClockFileThatIsALinkIsNotFollowed) {

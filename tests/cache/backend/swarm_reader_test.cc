@@ -40,6 +40,8 @@
 #include "cache/backend/pread_reader.h"
 #include "cache/backend/swarm_dir.h"
 #include "cache/block.h"
+#include "tests/cache/backend/swarm_fixture.h"
+#include "tests/cache/backend/swarm_outsider.h"
 #include "tests/support/as_user.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/test_data.h"
@@ -48,151 +50,6 @@ namespace accelfs::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr uint32_t kPiece = 64 * 1024;
-constexpr uint32_t kChunkPieces = 4;
-// Five chunks, the last one short and ending inside a piece.
-constexpr uint64_t kSize = 4 * kChunkPieces * kPiece + 2 * kPiece + 1000;
-
-// A port nothing listens on now (bound and let go).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
-
-class SwarmReaderTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_EQ(mkdir(shared_.c_str(), 0755), 0);
-    WriteTestFile(path_, kSize, 77);
-    for (int& port : ports_) port = FreePort();
-  }
-
-  SwarmOptions Options(int node) const {
-    SwarmOptions o;
-    o.listen = Loopback(ports_[static_cast<size_t>(node)]);
-    for (int port : ports_) o.peers.push_back(Loopback(port));  // itself too, as a fleet's list
-    o.dir = shared_;
-    o.piece_bytes = kPiece;
-    o.chunk_pieces = kChunkPieces;
-    o.stale_claim = 1s;
-    o.peer_wait = 2s;
-    return o;
-  }
-
-  std::unique_ptr<SwarmReader> Node(SwarmOptions o) {
-    Result<std::unique_ptr<SwarmReader>> r =
-        SwarmReader::Create(std::make_unique<PreadReader>(2), std::move(o));
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().Message());
-    return r.ok() ? std::move(r.value()) : nullptr;
-  }
-  std::unique_ptr<SwarmReader> Node(int node) { return Node(Options(node)); }
-
-  // A BackingFile of the model, its identity known as the daemon's open leaves it.
-  std::shared_ptr<BackingFile> File() const {
-    auto file = OpenBackingFile(path_);
-    file->SetIdentity(KeyOfPath(path_));
-    return file;
-  }
-
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  // A read of one block through a reader, answered or not yet (Check).
-  struct Pending {
-    uint64_t index = 0;
-    std::unique_ptr<std::byte, Free> buffer;
-    std::future<Result<size_t>> got;
-  };
-  Pending Read(SwarmReader& reader, const std::shared_ptr<BackingFile>& file, uint64_t index,
-               bool demand = true) const {
-    Pending pending;
-    pending.index = index;
-    pending.buffer.reset(static_cast<std::byte*>(std::aligned_alloc(4096, kPiece)));
-    auto promise = std::make_shared<std::promise<Result<size_t>>>();
-    pending.got = promise->get_future();
-    ReadRequest r;
-    r.file = file;
-    r.offset = index * kPiece;
-    r.buffer = pending.buffer.get();
-    r.capacity = kPiece;
-    r.expected = BlockBytes(index, kSize, kPiece);
-    r.demand = demand;
-    r.done = [promise](Result<size_t> n) { promise->set_value(std::move(n)); };
-    reader.Submit(std::move(r));
-    return pending;
-  }
-  // Waits for the answer (up to 60 s); ASSERTs it is the file's bytes.
-  void Check(Pending& pending) const {
-    const uint64_t index = pending.index;
-    ASSERT_EQ(pending.got.wait_for(60s), std::future_status::ready) << "block " << index;
-    const Result<size_t> n = pending.got.get();
-    const size_t expected = BlockBytes(index, kSize, kPiece);
-    ASSERT_TRUE(n.ok()) << "block " << index << ": " << n.error().Message();
-    ASSERT_EQ(n.value(), expected) << "block " << index;
-    const std::vector<uint8_t> want = PreadBytes(path_, index * kPiece, expected);
-    ASSERT_EQ(std::memcmp(pending.buffer.get(), want.data(), expected), 0)
-        << "a wrong byte in block " << index;
-  }
-
-  // Every block of the file through `reader`, all submitted at once in `order` (block indexes);
-  // ASSERTs each to be the file's bytes.
-  void ReadAll(SwarmReader& reader, std::vector<uint64_t> order) {
-    const std::shared_ptr<BackingFile> file = File();
-    std::vector<Pending> reads;
-    for (uint64_t index : order) reads.push_back(Read(reader, file, index));
-    for (Pending& pending : reads) ASSERT_NO_FATAL_FAILURE(Check(pending));
-  }
-
-  // Waits (up to 10 s) until the shared dir holds `n` torrents: a claimer publishes a chunk on
-  // its own thread once the chunk's last read is answered. The count found.
-  int WaitForTorrents(int n) const {
-    int found = 0;
-    for (int i = 0; i < 500 && found < n; ++i) {
-      found = 0;
-      for (const auto& entry : std::filesystem::recursive_directory_iterator(shared_)) {
-        found += entry.path().extension() == ".torrent";
-      }
-      if (found < n) std::this_thread::sleep_for(20ms);
-    }
-    return found;
-  }
-
-  // Node 0 reads the whole file (it claims and publishes every chunk) and goes: its torrents
-  // stay in the dir, its claims are no longer refreshed. Use with ASSERT_NO_FATAL_FAILURE.
-  void PublishedByAGoneNode() {
-    auto a = Node(0);
-    ASSERT_TRUE(a);
-    ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
-    ASSERT_EQ(WaitForTorrents(5), 5);
-  }
-
-  static std::vector<uint64_t> InOrder() {
-    std::vector<uint64_t> order((kSize + kPiece - 1) / kPiece);
-    std::iota(order.begin(), order.end(), 0);
-    return order;
-  }
-  static std::vector<uint64_t> Shuffled(uint64_t seed) {
-    std::vector<uint64_t> order = InOrder();
-    std::printf("shuffle seed %llu\n", static_cast<unsigned long long>(seed));
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
-    return order;
-  }
-
-  TempDir dir_{"accelfs-swarm"};
-  const std::string shared_ = dir_ / "shared";
-  const std::string path_ = dir_ / "model.bin";
-  std::array<int, 3> ports_{};
-};
 
 // One node alone reads every chunk from the store, once; a second node then gets every byte
 // from it and none from its store.
@@ -203,7 +60,7 @@ TEST_F(SwarmReaderTest, ASecondNodeGetsEveryByteFromTheFirst) {
   ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
   EXPECT_EQ(a->Stats().store_bytes, kSize);
   EXPECT_EQ(a->Stats().chunks_claimed, 5u);
-  ASSERT_EQ(WaitForTorrents(5), 5);
+  ASSERT_EQ(WaitForPublished(*a, 5), 5);
 
   ASSERT_NO_FATAL_FAILURE(ReadAll(*b, Shuffled(std::random_device{}())));
   EXPECT_EQ(b->Stats().store_bytes, 0u) << "the second node read its store";
@@ -411,6 +268,41 @@ TEST_F(SwarmReaderTest, AFrozenSharedDirCostsAFallbackNeverAHang) {
   a.reset();
 }
 
+// A chunk whose peers failed its reader (node 0 published it and went; its claims still live):
+// the next read of it goes to the store at once, not to wait on them again (counted as it is
+// submitted). A seed of it comes back at node 0's address: once the window is over, reads of the
+// chunk wait on peers again and get its pieces.
+TEST_F(SwarmReaderTest, AChunkWhosePeersFailedGoesToTheStoreAtOnceThenToPeersAgain) {
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
+  const std::string name = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces) + "/0";
+  std::ifstream in(shared_ + "/" + name + ".torrent", std::ios::binary);
+  const std::vector<char> torrent(std::istreambuf_iterator<char>(in), {});
+  SwarmOptions o = Options(1);
+  o.stale_claim = 60s;
+  o.peer_wait = 1s;
+  auto b = Node(o);
+  ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> file = File();
+  Pending first = Read(*b, file, 0);
+  ASSERT_NO_FATAL_FAILURE(Check(first));
+  EXPECT_EQ(b->Stats().fallbacks, 1u);
+  Pending second = Read(*b, file, 1);
+  EXPECT_EQ(b->Stats().fallbacks, 2u) << "a read of a chunk whose peers just failed waited on them";
+  ASSERT_NO_FATAL_FAILURE(Check(second));
+  EXPECT_EQ(b->Stats().peer_bytes, 0u);
+
+  TempDir save("accelfs-seed");
+  WriteChunkZero(path_, save.path());
+  Outsider seed(ports_[0], nullptr);
+  seed.Add(torrent, save.path(), /*seed=*/true, 0);
+  std::this_thread::sleep_for(o.peer_wait + 200ms);  // the window: one peer_wait
+  Pending third = Read(*b, file, 2);
+  Pending fourth = Read(*b, file, 3);
+  ASSERT_NO_FATAL_FAILURE(Check(third));
+  ASSERT_NO_FATAL_FAILURE(Check(fourth));
+  EXPECT_GT(b->Stats().peer_bytes, 0u) << "the chunk was given up on for good";
+}
+
 // The chunk's torrent is in the dir but no peer holds it any more (its node is gone): readers
 // wait peer_wait, then read the store, counted as fallbacks.
 TEST_F(SwarmReaderTest, ReadersFallBackToTheStoreWhenNoPeerHasTheChunk) {
@@ -456,7 +348,7 @@ TEST_F(SwarmReaderTest, ChunksNoLiveNodeHoldsAreReadAgainAndSharedAgain) {
   EXPECT_EQ(b->Stats().store_bytes, kSize);
   EXPECT_EQ(b->Stats().chunks_claimed, 5u);
   EXPECT_EQ(b->Stats().fallbacks, 0u) << "a reader waited on peers nobody was";
-  ASSERT_EQ(WaitForTorrents(5), 5);
+  ASSERT_EQ(WaitForPublished(*b, 5), 5);
   auto c = Node(2);
   ASSERT_TRUE(c);
   ASSERT_NO_FATAL_FAILURE(ReadAll(*c, Shuffled(std::random_device{}())));
@@ -473,7 +365,7 @@ TEST_F(SwarmReaderTest, ANodeBehindAnotherReadsFromTheStoreOnlyWhatItsReadersWai
   auto a = Node(0);
   ASSERT_TRUE(a);
   ASSERT_NO_FATAL_FAILURE(ReadAll(*a, {0, 1, 2, 3, 4, 5, 6, 7}));  // chunks 0 and 1
-  ASSERT_EQ(WaitForTorrents(2), 2);
+  ASSERT_EQ(WaitForPublished(*a, 2), 2);
   // ... 10 s before b starts (their mtimes), as a's lead in a fleet started 10 s apart.
   const std::string id = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces);
   for (const char* torrent : {"/0.torrent", "/1.torrent"}) {
@@ -639,16 +531,7 @@ class LyingDisk final : public lt::disk_interface, public lt::buffer_allocator_i
 TEST_F(SwarmReaderTest, ALyingPeerCostsAFallbackNeverAWrongByte) {
   ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   LyingDisk* disk = nullptr;
-  lt::settings_pack pack;
-  pack.set_str(lt::settings_pack::listen_interfaces, Loopback(ports_[0]));  // node 0's place
-  pack.set_bool(lt::settings_pack::enable_dht, false);
-  pack.set_bool(lt::settings_pack::enable_lsd, false);
-  pack.set_bool(lt::settings_pack::enable_upnp, false);
-  pack.set_bool(lt::settings_pack::enable_natpmp, false);
-  pack.set_bool(lt::settings_pack::allow_multiple_connections_per_ip, true);
-  pack.set_int(lt::settings_pack::out_enc_policy, lt::settings_pack::pe_disabled);
-  pack.set_int(lt::settings_pack::in_enc_policy, lt::settings_pack::pe_disabled);
-  lt::session_params params(std::move(pack));
+  lt::session_params params(LoopbackSettings(Loopback(ports_[0])));  // node 0's place
   params.disk_io_constructor = [&disk](lt::io_context& ioc, const lt::settings_interface&,
                                        lt::counters&) {
     auto d = std::make_unique<LyingDisk>(ioc);

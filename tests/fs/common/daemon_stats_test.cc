@@ -37,7 +37,7 @@ DaemonStats Distinct() {
          timed_out, waiting, open_files, passthrough_files, filling_opens, trusted_opens,
          pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer,
          swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed,
-         swarm_joined] = s;
+         swarm_joined, swarm_rejected] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
@@ -48,7 +48,8 @@ DaemonStats Distinct() {
   for (uint64_t* field : {&stuck, &timed_out, &waiting, &open_files, &passthrough_files,
                           &filling_opens, &trusted_opens, &pushed_bytes, &store_calls, &swarm_on,
                           &swarm_store, &swarm_peer, &swarm_sent, &swarm_peers, &swarm_fallbacks,
-                          &swarm_hash_failures, &swarm_claimed, &swarm_joined}) {
+                          &swarm_hash_failures, &swarm_claimed, &swarm_joined,
+                          &swarm_rejected}) {
     *field = next++;
   }
   depth = static_cast<uint32_t>(next++);
@@ -64,7 +65,7 @@ DaemonStats Distinct() {
   }
   return s;
 }
-constexpr size_t kNumericFields = 22 + 19;  // DaemonStats' own numbers, CacheStats'
+constexpr size_t kNumericFields = 23 + 19;  // DaemonStats' own numbers, CacheStats'
 
 double AsDouble(StatValue v) {
   return std::visit([](auto x) { return static_cast<double>(x); }, v);

@@ -140,7 +140,10 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
                                                       {"swarm-peers", "10.0.0.2:6881,node3:6881"},
                                                       {"swarm-dir", "/srv/fleet"},
                                                       {"swarm-allow", "10.0.0.0/24"},
-                                                      {"swarm-memory", "2G"}};
+                                                      {"swarm-memory", "2G"},
+                                                      {"swarm-ca", "/etc/accelfs/ca.pem"},
+                                                      {"swarm-cert", "/etc/accelfs/node.pem"},
+                                                      {"swarm-key", "/etc/accelfs/node.key"}};
   // What an option needs beside it: the swarm's options need --swarm-listen, which needs
   // --swarm-dir. Given the same way as the option itself, so that each way is tested alone.
   const auto needs = [](const std::string& name, bool as_key) -> std::vector<std::string> {
@@ -150,6 +153,13 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
       args.push_back(as_key ? "-oswarm_listen=10.0.0.9:7000" : "--swarm-listen=10.0.0.9:7000");
     }
     if (name != "swarm-dir") args.push_back(as_key ? "-oswarm_dir=/srv/x" : "--swarm-dir=/srv/x");
+    // --swarm-ca, --swarm-cert and --swarm-key come together.
+    if (name == "swarm-ca" || name == "swarm-cert" || name == "swarm-key") {
+      for (const std::string other : {"ca", "cert", "key"}) {
+        if (name == "swarm-" + other) continue;
+        args.push_back(as_key ? "-oswarm_" + other + "=/x/" + other : "--swarm-" + other + "=/x/" + other);
+      }
+    }
     return args;
   };
   for (const OptionSpec& o : Options()) {

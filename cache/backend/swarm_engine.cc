@@ -3,6 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -241,7 +244,21 @@ void OnHandle(Call call) {
 }
 
 // The engine's settings for a cluster's own network.
-lt::settings_pack Settings(const std::string& listen, bool tls) {
+// How many peer connections the engine holds: each chunk's torrent connects to each peer, and
+// the chunks held (memory_bytes) are the torrents; at least libtorrent's default, and a quarter
+// of the descriptors the daemon may open at most.
+int ConnectionsLimit(const SwarmOptions& o, size_t per_torrent) {
+  const uint64_t chunk = uint64_t{o.piece_bytes} * std::max<uint32_t>(o.chunk_pieces, 1);
+  const uint64_t torrents = std::max<uint64_t>(1, o.memory_bytes / std::max<uint64_t>(chunk, 1));
+  uint64_t limit = std::clamp<uint64_t>(torrents * per_torrent, 200, 10000);
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    limit = std::min<uint64_t>(limit, std::max<uint64_t>(files.rlim_cur / 4, 16));
+  }
+  return static_cast<int>(limit);
+}
+
+lt::settings_pack Settings(const std::string& listen, bool tls, bool same_host, int connections) {
   lt::settings_pack s;
   // With TLS, the SSL listen socket only (an `s` after the port): a plain connection to an SSL
   // torrent is refused anyway.
@@ -253,7 +270,10 @@ lt::settings_pack Settings(const std::string& listen, bool tls) {
   s.set_bool(lt::settings_pack::enable_natpmp, false);
   s.set_bool(lt::settings_pack::enable_incoming_utp, false);
   s.set_bool(lt::settings_pack::enable_outgoing_utp, false);
-  s.set_bool(lt::settings_pack::allow_multiple_connections_per_ip, true);
+  // One connection per address and torrent: a host cannot take a torrent's slots. Unless the
+  // fleet's own list has nodes that share an address (several daemons on one host).
+  s.set_bool(lt::settings_pack::allow_multiple_connections_per_ip, same_host);
+  s.set_int(lt::settings_pack::connections_limit, connections);
   s.set_bool(lt::settings_pack::smooth_connects, false);
   // A cluster's own network: no obfuscation to pay for (the pieces are hash checked).
   s.set_int(lt::settings_pack::out_enc_policy, lt::settings_pack::pe_disabled);
@@ -295,6 +315,7 @@ lt::settings_pack Settings(const std::string& listen, bool tls) {
 struct SwarmEngine::Impl {
   std::shared_ptr<Registry> registry = std::make_shared<Registry>();
   std::shared_ptr<const SwarmTrust> trust;  // none: plain peers and torrents
+  int per_torrent = 8;                      // connections a torrent holds at most
   std::unique_ptr<lt::session> session;
   std::vector<lt::tcp::endpoint> peers;
   int sent_metric = -1;
@@ -352,7 +373,27 @@ Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
     filter.add_rule(Address(net->first), Address(net->second), 0);
   }
 
-  lt::session_params params(Settings(o.listen, o.trust != nullptr));
+  // Nodes of the fleet's own list that share an address (the listen address among them).
+  bool same_host = false;
+  std::vector<IpAddress> hosts = {listen->address};
+  for (const lt::tcp::endpoint& peer : impl->peers) {
+    IpAddress a;
+    a.v6 = peer.address().is_v6();
+    if (a.v6) {
+      const auto b = peer.address().to_v6().to_bytes();
+      std::copy(b.begin(), b.end(), a.bytes.begin());
+    } else {
+      const auto b = peer.address().to_v4().to_bytes();
+      std::copy(b.begin(), b.end(), a.bytes.begin());
+    }
+    same_host = same_host || std::find(hosts.begin(), hosts.end(), a) != hosts.end();
+    hosts.push_back(a);
+  }
+  // A torrent's connections: one per node of the list, and room for as many from the allowed
+  // networks.
+  impl->per_torrent = std::max<int>(8, 2 * static_cast<int>(impl->peers.size() + 1));
+  lt::session_params params(Settings(o.listen, o.trust != nullptr, same_host,
+                                     ConnectionsLimit(o, static_cast<size_t>(impl->per_torrent))));
   params.disk_io_constructor = [registry = impl->registry](lt::io_context& ioc,
                                                            const lt::settings_interface&,
                                                            lt::counters&) {
@@ -443,6 +484,7 @@ Status SwarmEngine::Add(TorrentId id, const std::vector<char>& bytes,
   // only once a reader asks waits for the engine's next round of requests (measured: 0.5 s).
   if (seed) atp.flags |= lt::torrent_flags::seed_mode;
   atp.peers = impl_->peers;
+  atp.max_connections = impl_->per_torrent;
   const lt::torrent_handle handle = impl_->session->add_torrent(std::move(atp), ec);
   if (ec) {
     impl_->registry->Take(hash);

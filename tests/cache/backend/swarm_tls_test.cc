@@ -1,6 +1,7 @@
 // The fleet with --swarm-ca/--swarm-cert/--swarm-key: nodes of the fleet share over mutual TLS;
 // a host without a certificate the fleet's CA signed can neither fetch a chunk from a node nor
 // serve one to it, and a torrent in the shared dir that no node of the fleet signed is not used.
+// And what any host may do: one connection per torrent.
 // Every byte compared with the file. Outsiders are libtorrent sessions of the test's own, with
 // the same torrents (the dir is readable) and a certificate of another CA; the same session with
 // a fleet certificate is each test's control.
@@ -38,6 +39,31 @@
 
 namespace accelfs::testing {
 namespace {
+
+// A TCP connection from `from` to `port` on 127.0.0.1 that sent a BitTorrent handshake in the
+// clear for `torrent`; -1 where it could not be made.
+int Hello(const std::vector<char>& torrent, const char* from, int port) {
+  const lt::torrent_info info(torrent, lt::from_span);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in source{};
+  source.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &source.sin_addr);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::string hello("\x13" "BitTorrent protocol");
+  hello.append(8, '\0');
+  hello.append(info.info_hashes().v1.data(), 20);
+  hello.append("-XX0000-outsider0000", 20);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      write(fd, hello.data(), hello.size()) != static_cast<ssize_t>(hello.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 std::vector<char> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -133,25 +159,51 @@ TEST_F(SwarmTlsTest, AHostWithoutAFleetCertificateFetchesNothing) {
       << "the control: a fleet certificate gets the chunk";
 
   // No TLS at all: a BitTorrent handshake in the clear.
-  const lt::torrent_info info(torrent, lt::from_span);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(ports_[0]));
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  std::string hello("\x13" "BitTorrent protocol");
-  hello.append(8, '\0');
-  hello.append(info.info_hashes().v1.data(), 20);
-  hello.append("-XX0000-outsider0000", 20);
-  ASSERT_EQ(write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+  const int fd = Hello(torrent, "127.0.0.1", ports_[0]);
+  ASSERT_GE(fd, 0);
   const timeval timeout{3, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   char answer[68] = {};
   const ssize_t n = read(fd, answer, sizeof(answer));
   close(fd);
-  EXPECT_FALSE(n >= 20 && std::memcmp(answer, hello.data(), 20) == 0)
+  EXPECT_FALSE(n >= 20 && std::memcmp(answer, "\x13" "BitTorrent protocol", 20) == 0)
       << "a plain BitTorrent handshake was answered";
+}
+
+// A host holds one connection per torrent: ten connections from one address, each with a
+// BitTorrent handshake for one chunk's torrent, leave at most one open (the fleet's list has no
+// two nodes on one address). The first is answered: the control.
+TEST_F(SwarmTlsTest, AHostHoldsOneConnectionPerTorrent) {
+  SwarmOptions o = Options(0);  // plain: the handshakes in the clear
+  o.peers = {Loopback(ports_[0]), "127.0.0.2:" + std::to_string(ports_[1])};
+  o.allow = {"127.0.0.0/8"};
+  auto a = Node(o);
+  ASSERT_NO_FATAL_FAILURE(PublishAll(a));
+  const std::vector<char> torrent = ReadWhole(shared_ + "/" + ChunkName(0) + ".torrent");
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) {
+    fds.push_back(Hello(torrent, "127.0.0.3", ports_[0]));
+    ASSERT_GE(fds.back(), 0);
+  }
+  // Each drained for 2 s: open while it answers or waits, closed once it reads its end.
+  std::vector<bool> open(fds.size(), true), answered(fds.size(), false);
+  for (auto end = std::chrono::steady_clock::now() + 2s; std::chrono::steady_clock::now() < end;) {
+    for (size_t i = 0; i < fds.size(); ++i) {
+      char buffer[4096];
+      for (ssize_t n; open[i] && (n = recv(fds[i], buffer, sizeof(buffer), MSG_DONTWAIT)) != 0;) {
+        if (n < 0) {
+          open[i] = errno == EAGAIN;
+          break;
+        }
+        answered[i] = true;
+      }
+      if (open[i] && recv(fds[i], buffer, 1, MSG_DONTWAIT | MSG_PEEK) == 0) open[i] = false;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  for (int fd : fds) close(fd);
+  EXPECT_LE(std::count(open.begin(), open.end(), true), 1) << "one host held several connections";
+  EXPECT_GE(std::count(answered.begin(), answered.end(), true), 1) << "no handshake was answered";
 }
 
 // Node 0 published the chunks and went; the only host that seeds chunk 0 now is an outsider with

@@ -20,7 +20,8 @@
 #
 # Options: --nodes N (4; test: 3)  --model-mib M (1024; test: 96)  --shards S (4; test: 3)
 #   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --runs LIST (bench: of
-#   off,on,staggered,kill,lone; "on" needs "off" for its ratios)  --tls on|off (bench: the swarm
+#   off,on,tls,staggered,kill,lone; "on" and "tls" need "off" for their ratios; tls: "on" over
+#   TLS)  --tls on|off (bench: the swarm
 #   with the fleet's CA, README "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
 #   --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
 # test runs its first load with TLS (node certificates made as README says), the rest without.
@@ -387,6 +388,16 @@ if want on; then
   ((${#off_times[@]})) && each=$(for n in $(seq 1 "$nodes"); do
     printf '%s ' "$(ratio "${times[n]}" "${off_times[n - 1]}")"; done)
   echo "| $nodes at once, swarm on | ${times[*]} | $each | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
+fi
+if want tls; then
+  saved_tls=$tls
+  tls=on
+  fleet on 0
+  tls=$saved_tls
+  each=–
+  ((${#off_times[@]})) && each=$(for n in $(seq 1 "$nodes"); do
+    printf '%s ' "$(ratio "${times[n]}" "${off_times[n - 1]}")"; done)
+  echo "| $nodes at once, swarm on over TLS (--swarm-ca) | ${times[*]} | $each | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
 fi
 if want staggered; then
   fleet on "$stagger"

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -88,17 +89,37 @@ void MakePayload(const std::string& path, uint64_t size) {
   }
 }
 
-// The child's CPU seconds over its serving, through a pipe: written by the child when the parent
-// closes its end of the other pipe (the transfer is over).
-struct Side {
-  int done[2];    // parent -> child: closed when the transfer is over
-  int report[2];  // child -> parent: its CPU seconds, then "ready" before
-};
-
-void WaitForClose(int fd) {
-  char c;
-  while (read(fd, &c, 1) > 0) {
+// A transfer between two processes: `serve` runs in a child (the peer that sends) until it is
+// ready, then serves until the parent's `receive` is over. Returns whether `receive` succeeded,
+// with the child's CPU seconds from ready to the end in *send_cpu.
+bool Transfer(const std::function<bool()>& serve, const std::function<bool()>& receive,
+              double* send_cpu) {
+  int done[2], report[2];  // parent -> child: closed at the end; child -> parent: ready, CPU
+  if (pipe(done) != 0 || pipe(report) != 0) return false;
+  const pid_t child = fork();
+  if (child == 0) {
+    close(done[1]);
+    close(report[0]);
+    if (!serve()) _exit(1);
+    const double cpu0 = CpuSeconds();
+    (void)!write(report[1], "r", 1);
+    char c;
+    while (read(done[0], &c, 1) > 0) {
+    }
+    const double cpu = CpuSeconds() - cpu0;
+    (void)!write(report[1], &cpu, sizeof(cpu));
+    _exit(0);
   }
+  close(done[0]);
+  close(report[1]);
+  char ready;
+  bool ok = read(report[0], &ready, 1) == 1 && receive();
+  close(done[1]);
+  ok = read(report[0], send_cpu, sizeof(*send_cpu)) == sizeof(*send_cpu) && ok;
+  if (!ok) kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(report[0]);
+  return ok;
 }
 
 // The fleet's CA and a node's certificate in DIR/certs (made by `openssl` the first time).
@@ -172,57 +193,44 @@ int Engine(const std::string& dir, uint64_t size, int piece_mib, int hashing, in
   std::vector<char> bytes;
   lt::bencode(std::back_inserter(bytes), t.generate());
   const int seed_port = FreePort(), leech_port = FreePort();
-  Side side{};
-  if (pipe(side.done) != 0 || pipe(side.report) != 0) return 1;
-  const pid_t child = fork();
-  if (child == 0) {  // the seed
-    close(side.done[1]);
-    close(side.report[0]);
-    lt::session session(Pack(seed_port, hashing, aio, tls != nullptr));
+  std::unique_ptr<lt::session> seeder;
+  const auto serve = [&] {
+    seeder = std::make_unique<lt::session>(Pack(seed_port, hashing, aio, tls != nullptr));
     lt::add_torrent_params atp;
     atp.ti = std::make_shared<lt::torrent_info>(bytes, lt::from_span);
     atp.save_path = seed_dir;
     atp.flags |= lt::torrent_flags::seed_mode;
     atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
-    lt::torrent_handle seed = session.add_torrent(std::move(atp));
+    lt::torrent_handle seed = seeder->add_torrent(std::move(atp));
     if (tls) seed.set_ssl_certificate_buffer(tls->cert_pem(), tls->key_pem(), tls->dh_pem());
+    return true;
+  };
+  double seconds = 0, recv_cpu = 0, send_cpu = 0;
+  const auto receive = [&] {
+    lt::session session(Pack(leech_port, hashing, aio, tls != nullptr));
+    lt::add_torrent_params atp;
+    atp.ti = std::make_shared<lt::torrent_info>(bytes, lt::from_span);
+    atp.save_path = leech_dir;
+    atp.flags &= ~lt::torrent_flags::auto_managed;
+    atp.flags |= lt::torrent_flags::paused;  // resumed once it shows its certificate
+    atp.peers.emplace_back(lt::make_address("127.0.0.1"), seed_port);
     const double cpu0 = CpuSeconds();
-    (void)!write(side.report[1], "r", 1);
-    WaitForClose(side.done[0]);
-    const double cpu = CpuSeconds() - cpu0;
-    (void)!write(side.report[1], &cpu, sizeof(cpu));
-    _exit(0);
-  }
-  close(side.done[0]);
-  close(side.report[1]);
-  char ready;
-  if (read(side.report[0], &ready, 1) != 1) return 1;
-  lt::session session(Pack(leech_port, hashing, aio, tls != nullptr));
-  lt::add_torrent_params atp;
-  atp.ti = std::make_shared<lt::torrent_info>(bytes, lt::from_span);
-  atp.save_path = leech_dir;
-  atp.flags &= ~lt::torrent_flags::auto_managed;
-  atp.flags |= lt::torrent_flags::paused;  // resumed once it shows its certificate
-  atp.peers.emplace_back(lt::make_address("127.0.0.1"), seed_port);
-  const double cpu0 = CpuSeconds();
-  const Clock::time_point t0 = Clock::now();
-  lt::torrent_handle h = session.add_torrent(std::move(atp));
-  if (tls) h.set_ssl_certificate_buffer(tls->cert_pem(), tls->key_pem(), tls->dh_pem());
-  h.resume();
-  for (const Clock::time_point end = t0 + std::chrono::minutes(5); !h.status().is_seeding;) {
-    if (Clock::now() > end) {
-      std::fprintf(stderr, "accelfs_swarm_bench: no transfer in 5 minutes\n");
-      kill(child, SIGKILL);
-      return 1;
+    const Clock::time_point t0 = Clock::now();
+    lt::torrent_handle h = session.add_torrent(std::move(atp));
+    if (tls) h.set_ssl_certificate_buffer(tls->cert_pem(), tls->key_pem(), tls->dh_pem());
+    h.resume();
+    for (const Clock::time_point end = t0 + std::chrono::minutes(5); !h.status().is_seeding;) {
+      if (Clock::now() > end) {
+        std::fprintf(stderr, "accelfs_swarm_bench: no transfer in 5 minutes\n");
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double recv_cpu = CpuSeconds() - cpu0;
-  close(side.done[1]);
-  double send_cpu = 0;
-  if (read(side.report[0], &send_cpu, sizeof(send_cpu)) != sizeof(send_cpu)) return 1;
-  waitpid(child, nullptr, 0);
+    seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    recv_cpu = CpuSeconds() - cpu0;
+    return true;
+  };
+  if (!Transfer(serve, receive, &send_cpu)) return 1;
   char mode[64];
   std::snprintf(mode, sizeof(mode), "engine-piece-%dMiB%s", piece_mib, tls ? "-tls" : "");
   Print(mode, size, seconds, recv_cpu, send_cpu);
@@ -300,40 +308,29 @@ int Swarm(const std::string& dir, uint64_t size,
   MakePayload(payload, size);
   const uint32_t block = 4 << 20;
   const int port_a = FreePort(), port_b = FreePort();
-  Side side{};
-  if (pipe(side.done) != 0 || pipe(side.report) != 0) return 1;
-  const pid_t child = fork();
-  if (child == 0) {  // node A: reads the file from its store, publishes and seeds every chunk
-    close(side.done[1]);
-    close(side.report[0]);
-    auto a = Node(port_a, port_b, shared, tls);
-    if (!ReadAll(*a, payload, size, block, 16)) _exit(1);
+  std::unique_ptr<accelfs::SwarmReader> a;
+  const auto serve = [&] {  // node A: reads the file from its store, publishes, seeds every chunk
+    a = Node(port_a, port_b, shared, tls);
+    if (!ReadAll(*a, payload, size, block, 16)) return false;
     const uint64_t chunks = (size + 16ull * block - 1) / (16ull * block);
     while (a->Stats().chunks_published < chunks) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    return true;
+  };
+  double seconds = 0, recv_cpu = 0, send_cpu = 0;
+  accelfs::SwarmStats stats;
+  const auto receive = [&] {  // node B, made after the fork (no process forks with its threads)
+    auto b = Node(port_b, port_a, shared, tls);
     const double cpu0 = CpuSeconds();
-    (void)!write(side.report[1], "r", 1);
-    WaitForClose(side.done[0]);
-    const double cpu = CpuSeconds() - cpu0;
-    (void)!write(side.report[1], &cpu, sizeof(cpu));
-    _exit(0);
-  }
-  close(side.done[0]);
-  close(side.report[1]);
-  auto b = Node(port_b, port_a, shared, tls);
-  char ready;
-  if (read(side.report[0], &ready, 1) != 1) return 1;
-  const double cpu0 = CpuSeconds();
-  const Clock::time_point t0 = Clock::now();
-  const bool ok = ReadAll(*b, payload, size, block, 16);
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double recv_cpu = CpuSeconds() - cpu0;
-  const accelfs::SwarmStats stats = b->Stats();
-  close(side.done[1]);
-  double send_cpu = 0;
-  if (read(side.report[0], &send_cpu, sizeof(send_cpu)) != sizeof(send_cpu)) return 1;
-  waitpid(child, nullptr, 0);
+    const Clock::time_point t0 = Clock::now();
+    const bool read = ReadAll(*b, payload, size, block, 16);
+    seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    recv_cpu = CpuSeconds() - cpu0;
+    stats = b->Stats();
+    return read;
+  };
+  const bool ok = Transfer(serve, receive, &send_cpu);
   if (!ok || stats.peer_bytes != size) {
     std::fprintf(stderr, "accelfs_swarm_bench: %llu of %llu bytes from the peer, %s\n",
                  static_cast<unsigned long long>(stats.peer_bytes),

@@ -144,9 +144,9 @@ class MemoryDisk final : public lt::disk_interface, public lt::buffer_allocator_
         error.ec = boost::asio::error::eof;
         error.operation = lt::operation_t::file_read;
       } else {
-        hash = lt::hasher(reinterpret_cast<const char*>(bytes),
-                          static_cast<int>(data->PieceSize(p)))
-                   .final();
+        hash =
+            lt::hasher(reinterpret_cast<const char*>(bytes), static_cast<int>(data->PieceSize(p)))
+                .final();
       }
       post(ioc_,
            [handler = std::move(handler), piece, hash, error] { handler(piece, hash, error); });

@@ -13,9 +13,9 @@
 // obfuscation; peers only from the static list and the allowed networks (an IP filter); every
 // peer unchoked; one connection per address and torrent (unless the fleet's own list has nodes
 // on one address), and as many connections in all as the torrents held need, at most a quarter
-// of the daemon's descriptors. With the fleet's trust (options.trust), every torrent is an SSL torrent carrying
-// the fleet's CA, the engine listens for TLS only and shows this node's certificate: a peer
-// without one the CA signed is refused both ways.
+// of the daemon's descriptors. With the fleet's trust (options.trust), every torrent is an SSL
+// torrent carrying the fleet's CA, the engine listens for TLS only and shows this node's
+// certificate: a peer without one the CA signed is refused both ways.
 #pragma once
 
 #include <atomic>

@@ -60,15 +60,15 @@ struct SwarmOptions {
 };
 
 struct SwarmStats {
-  uint64_t store_bytes = 0;     // read from the store through this reader
-  uint64_t peer_bytes = 0;      // pieces got from peers, hash checked
-  uint64_t sent_bytes = 0;      // payload sent to peers
-  uint64_t peers = 0;           // peer connections now
-  uint64_t fallbacks = 0;       // reads that waited on peers in vain and went to the store
-  uint64_t hash_failures = 0;   // pieces from peers that did not match their hash
-  uint64_t chunks_claimed = 0;  // chunks this node read from the store for the fleet
-  uint64_t chunks_joined = 0;   // chunks this node took from the swarm
-  uint64_t chunks_published = 0;  // chunks this node read, published and seeds
+  uint64_t store_bytes = 0;         // read from the store through this reader
+  uint64_t peer_bytes = 0;          // pieces got from peers, hash checked
+  uint64_t sent_bytes = 0;          // payload sent to peers
+  uint64_t peers = 0;               // peer connections now
+  uint64_t fallbacks = 0;           // reads sent to the store after peers failed them
+  uint64_t hash_failures = 0;       // pieces from peers that did not match their hash
+  uint64_t chunks_claimed = 0;      // chunks this node read from the store for the fleet
+  uint64_t chunks_joined = 0;       // chunks this node took from the swarm
+  uint64_t chunks_published = 0;    // chunks this node read, published and seeds
   uint64_t manifests_rejected = 0;  // torrents in the dir not signed by the fleet: not used
 };
 

@@ -102,8 +102,8 @@ std::string VerifyChain(X509_STORE* store, X509* cert) {
 // The names libtorrent matches against a torrent's name: DNS subjectAltNames and the last CN.
 std::vector<std::string> Names(X509* cert) {
   std::vector<std::string> names;
-  Owned<GENERAL_NAMES> alt(static_cast<GENERAL_NAMES*>(
-      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr)));
+  Owned<GENERAL_NAMES> alt(
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr)));
   for (int i = 0; alt && i < sk_GENERAL_NAME_num(alt.get()); ++i) {
     const GENERAL_NAME* g = sk_GENERAL_NAME_value(alt.get(), i);
     if (g->type != GEN_DNS) continue;
@@ -142,7 +142,8 @@ std::string Message(std::string_view name, std::string_view cert_pem, const char
 }
 
 void PutLength(std::vector<char>& out, size_t n) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
+  for (int shift = 24; shift >= 0; shift -= 8)
+    out.push_back(static_cast<char>((n >> shift) & 0xff));
 }
 
 // A length-prefixed field of `in` at `*at`, at most `max` bytes; false where it runs out.
@@ -230,8 +231,7 @@ Result<std::shared_ptr<const SwarmTrust>> SwarmTrust::Load(const std::string& ca
   }
   if (X509_check_private_key(k.cert.get(), k.key.get()) != 1) {
     ERR_clear_error();
-    return Error(EINVAL,
-                 "--swarm-key " + key_file + ": not the key of --swarm-cert " + cert_file);
+    return Error(EINVAL, "--swarm-key " + key_file + ": not the key of --swarm-cert " + cert_file);
   }
   bool named = false;
   for (const std::string& n : Names(k.cert.get())) named = named || n == kName || n == "*";
@@ -295,8 +295,7 @@ Result<std::vector<char>> SwarmTrust::Open(std::string_view name,
     return Error(EPERM, "signed by a certificate that is not the fleet's (" + why + ")");
   }
   EVP_PKEY* key = X509_get0_pubkey(cert.get());
-  const std::string message =
-      Message(name, cert_pem, manifest.data() + at, manifest.size() - at);
+  const std::string message = Message(name, cert_pem, manifest.data() + at, manifest.size() - at);
   Owned<EVP_MD_CTX> ctx(EVP_MD_CTX_new());
   const bool good =
       key != nullptr && ctx &&

@@ -246,9 +246,10 @@ void SwarmReader::Impl::GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Lat
     waiting.clear();
   }
   if (!any) return;
-  ch.store_window = ch.store_window == Clock::duration::zero()
-                        ? Clock::duration(o.peer_wait)
-                        : std::min<Clock::duration>(2 * ch.store_window, kMaxStoreWindow * o.peer_wait);
+  ch.store_window =
+      ch.store_window == Clock::duration::zero()
+          ? Clock::duration(o.peer_wait)
+          : std::min<Clock::duration>(2 * ch.store_window, kMaxStoreWindow * o.peer_wait);
   ch.store_until = now + ch.store_window;
   ch.progress = ch.store_until;  // a reader after the window waits peer_wait, no longer
   ch.kicked = false;             // and its peers are connected to again (CatchUp)

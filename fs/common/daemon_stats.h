@@ -47,15 +47,15 @@ struct DaemonStats {
   uint64_t store_calls = 0;
   double oldest_store_call_s = 0;
   // The fleet (--swarm-listen): 0 everywhere when the swarm is off.
-  uint64_t swarm_on = 0;              // 1 when the daemon is in a swarm
-  uint64_t swarm_store_bytes = 0;     // read from SOURCE, through the swarm's reader
-  uint64_t swarm_peer_bytes = 0;      // got from peers, hash checked
-  uint64_t swarm_sent_bytes = 0;      // sent to peers
-  uint64_t swarm_peers = 0;           // peer connections now
-  uint64_t swarm_fallbacks = 0;       // reads that waited on peers in vain, then read SOURCE
-  uint64_t swarm_hash_failures = 0;   // pieces from peers that failed their hash check
-  uint64_t swarm_chunks_claimed = 0;  // chunks this node read from SOURCE for the fleet
-  uint64_t swarm_chunks_joined = 0;   // chunks this node took from the swarm
+  uint64_t swarm_on = 0;                  // 1 when the daemon is in a swarm
+  uint64_t swarm_store_bytes = 0;         // read from SOURCE, through the swarm's reader
+  uint64_t swarm_peer_bytes = 0;          // got from peers, hash checked
+  uint64_t swarm_sent_bytes = 0;          // sent to peers
+  uint64_t swarm_peers = 0;               // peer connections now
+  uint64_t swarm_fallbacks = 0;           // reads that waited on peers in vain, then read SOURCE
+  uint64_t swarm_hash_failures = 0;       // pieces from peers that failed their hash check
+  uint64_t swarm_chunks_claimed = 0;      // chunks this node read from SOURCE for the fleet
+  uint64_t swarm_chunks_joined = 0;       // chunks this node took from the swarm
   uint64_t swarm_manifests_rejected = 0;  // torrents in the dir not signed by the fleet
 };
 

@@ -123,8 +123,9 @@ Status FinishSwarm(const Config& config) {
   const int given = int{!config.swarm_ca.empty()} + int{!config.swarm_cert.empty()} +
                     int{!config.swarm_key.empty()};
   if (given != 0 && given != 3) {
-    return Bad("--swarm-ca, --swarm-cert and --swarm-key come together: the fleet's CA, this "
-               "node's certificate signed by it, and that certificate's key");
+    return Bad(
+        "--swarm-ca, --swarm-cert and --swarm-key come together: the fleet's CA, this "
+        "node's certificate signed by it, and that certificate's key");
   }
   return Status::Ok();
 }

@@ -29,8 +29,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -128,7 +128,8 @@ std::shared_ptr<const accelfs::SwarmTrust> Certs(const std::string& dir) {
   if (!std::filesystem::exists(certs + "/node.pem")) {
     std::filesystem::create_directories(certs);
     const std::string make =
-        "cd '" + certs + "' && (openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+        "cd '" + certs +
+        "' && (openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
         "-nodes -keyout ca.key -out ca.pem -days 3650 -subj /CN=accelfs-fleet-ca && openssl req "
         "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout node.key -out node.csr -subj "
         "/CN=accelfs && openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
@@ -239,8 +240,8 @@ int Engine(const std::string& dir, uint64_t size, int piece_mib, int hashing, in
 }
 
 // Every block of `path` through `reader`, `depth` in flight; false on a read that failed.
-bool ReadAll(accelfs::SwarmReader& reader, const std::string& path, uint64_t size,
-             uint32_t block, int depth) {
+bool ReadAll(accelfs::SwarmReader& reader, const std::string& path, uint64_t size, uint32_t block,
+             int depth) {
   auto file = accelfs::testing::OpenBackingFile(path);
   file->SetIdentity(accelfs::testing::KeyOfPath(path));
   std::mutex mu;
@@ -348,7 +349,9 @@ int main(int argc, char** argv) {
   std::string mode, dir;
   uint64_t size_mib = 1024;
   int piece_mib = 4, hashing = 2, aio = 4;
-  app.add_option("mode", mode, "engine or swarm")->required()->check(CLI::IsMember({"engine", "swarm"}));
+  app.add_option("mode", mode, "engine or swarm")
+      ->required()
+      ->check(CLI::IsMember({"engine", "swarm"}));
   app.add_option("dir", dir, "a directory on tmpfs (/dev/shm/...)")->required();
   app.add_option("--size-mib", size_mib, "the payload");
   app.add_option("--piece-mib", piece_mib, "engine: the torrent's piece size");

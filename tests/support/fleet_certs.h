@@ -34,9 +34,10 @@ inline std::string MakeNode(const std::string& dir, const FleetCerts& ca, const 
   out.ca_key = ca.ca_key;
   out.cert = dir + "/" + name + ".pem";
   out.key = dir + "/" + name + ".key";
-  if (std::string failed = OpenSsl(dir, "req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-                                        "-keyout " + name + ".key -out " + name + ".csr -subj /CN=" +
-                                        cn);
+  if (std::string failed = OpenSsl(dir,
+                                   "req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+                                   "-keyout " +
+                                       name + ".key -out " + name + ".csr -subj /CN=" + cn);
       !failed.empty()) {
     return failed;
   }

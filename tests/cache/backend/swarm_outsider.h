@@ -40,7 +40,8 @@ inline lt::settings_pack LoopbackSettings(const std::string& listen) {
 inline void WriteChunkZero(const std::string& model, const std::string& save) {
   const std::vector<uint8_t> bytes = PreadBytes(model, 0, kChunkPieces * kPiece);
   std::ofstream(save + "/" + std::string(SwarmTrust::kName), std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 // A BitTorrent session that is no node: it listens on `port` (for TLS where it has `certs`, whose

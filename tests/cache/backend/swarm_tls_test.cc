@@ -21,8 +21,8 @@
 #include <vector>
 
 #include <libtorrent/alert_types.hpp>
-#include <libtorrent/create_torrent.hpp>
 #include <libtorrent/bencode.hpp>
+#include <libtorrent/create_torrent.hpp>
 #include <libtorrent/hasher.hpp>
 #include <libtorrent/session.hpp>
 #include <libtorrent/session_params.hpp>
@@ -52,7 +52,9 @@ int Hello(const std::vector<char>& torrent, const char* from, int port) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  std::string hello("\x13" "BitTorrent protocol");
+  std::string hello(
+      "\x13"
+      "BitTorrent protocol");
   hello.append(8, '\0');
   hello.append(info.info_hashes().v1.data(), 20);
   hello.append("-XX0000-outsider0000", 20);
@@ -166,7 +168,10 @@ TEST_F(SwarmTlsTest, AHostWithoutAFleetCertificateFetchesNothing) {
   char answer[68] = {};
   const ssize_t n = read(fd, answer, sizeof(answer));
   close(fd);
-  EXPECT_FALSE(n >= 20 && std::memcmp(answer, "\x13" "BitTorrent protocol", 20) == 0)
+  EXPECT_FALSE(n >= 20 && std::memcmp(answer,
+                                      "\x13"
+                                      "BitTorrent protocol",
+                                      20) == 0)
       << "a plain BitTorrent handshake was answered";
 }
 
@@ -251,7 +256,8 @@ TEST_F(SwarmTlsTest, ATorrentTheFleetDidNotSignIsNeverUsed) {
   const std::string id = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces);
   std::vector<std::vector<char>> forged;
   for (uint64_t c = 0; c < 5; ++c) {
-    const uint64_t length = std::min<uint64_t>(kChunkPieces * kPiece, kSize - c * kChunkPieces * kPiece);
+    const uint64_t length =
+        std::min<uint64_t>(kChunkPieces * kPiece, kSize - c * kChunkPieces * kPiece);
     lt::file_storage files;
     files.set_piece_length(kPiece);
     files.add_file(std::string(SwarmTrust::kName), static_cast<std::int64_t>(length));
@@ -260,9 +266,9 @@ TEST_F(SwarmTlsTest, ATorrentTheFleetDidNotSignIsNeverUsed) {
     t.set_root_cert(nodes_[0]->ca_pem());
     const std::vector<char> zeros(kPiece, 0);
     for (int p = 0; p < t.num_pieces(); ++p) {
-      t.set_hash(lt::piece_index_t{p},
-                 lt::hasher(zeros.data(), static_cast<int>(t.piece_size(lt::piece_index_t{p})))
-                     .final());
+      t.set_hash(
+          lt::piece_index_t{p},
+          lt::hasher(zeros.data(), static_cast<int>(t.piece_size(lt::piece_index_t{p}))).final());
     }
     std::vector<char> torrent;
     lt::bencode(std::back_inserter(torrent), t.generate());
@@ -274,16 +280,18 @@ TEST_F(SwarmTlsTest, ATorrentTheFleetDidNotSignIsNeverUsed) {
       forged.push_back(sealed.value());
     }
   }
-  ASSERT_EQ(RunAsUser(kNobody, [&] {
-              if (mkdir((shared_ + "/" + id).c_str(), 0755) != 0) return 1;
-              for (uint64_t c = 0; c < 5; ++c) {
-                const std::string base = shared_ + "/" + id + "/" + std::to_string(c);
-                std::ofstream(base + ".claim") << "attacker\n";
-                std::ofstream(base + ".torrent", std::ios::binary)
-                    .write(forged[c].data(), static_cast<std::streamsize>(forged[c].size()));
-              }
-              return 0;
-            }),
+  ASSERT_EQ(RunAsUser(kNobody,
+                      [&] {
+                        if (mkdir((shared_ + "/" + id).c_str(), 0755) != 0) return 1;
+                        for (uint64_t c = 0; c < 5; ++c) {
+                          const std::string base = shared_ + "/" + id + "/" + std::to_string(c);
+                          std::ofstream(base + ".claim") << "attacker\n";
+                          std::ofstream(base + ".torrent", std::ios::binary)
+                              .write(forged[c].data(),
+                                     static_cast<std::streamsize>(forged[c].size()));
+                        }
+                        return 0;
+                      }),
             0);
   std::atomic<bool> done{false};
   std::thread keeper([&] {  // the attacker keeps the claims fresh

@@ -56,8 +56,7 @@ TEST_F(SwarmTrustTest, LoadsTheFleetsFilesAndNamesTheOneThatIsWrong) {
       << error;
   EXPECT_NE(LoadError(a_.ca, a_.cert, b_.key).find("--swarm-key " + b_.key + ": not the key of"),
             std::string::npos);
-  EXPECT_NE(LoadError(dir_ / "none.pem", a_.cert, a_.key).find("No such file"),
-            std::string::npos);
+  EXPECT_NE(LoadError(dir_ / "none.pem", a_.cert, a_.key).find("No such file"), std::string::npos);
   EXPECT_NE(LoadError(a_.ca, a_.cert, fleet_dir_).find("not a regular file"), std::string::npos);
   EXPECT_NE(LoadError(a_.ca, a_.key, a_.key).find("--swarm-cert " + a_.key + ": not a PEM"),
             std::string::npos);

@@ -36,8 +36,8 @@ DaemonStats Distinct() {
   auto& [source, mountpoint, store, passthrough, uptime_s, cache, depth, depth_limit, stuck,
          timed_out, waiting, open_files, passthrough_files, filling_opens, trusted_opens,
          pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer,
-         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed,
-         swarm_joined, swarm_rejected] = s;
+         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed, swarm_joined,
+         swarm_rejected] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
@@ -48,8 +48,7 @@ DaemonStats Distinct() {
   for (uint64_t* field : {&stuck, &timed_out, &waiting, &open_files, &passthrough_files,
                           &filling_opens, &trusted_opens, &pushed_bytes, &store_calls, &swarm_on,
                           &swarm_store, &swarm_peer, &swarm_sent, &swarm_peers, &swarm_fallbacks,
-                          &swarm_hash_failures, &swarm_claimed, &swarm_joined,
-                          &swarm_rejected}) {
+                          &swarm_hash_failures, &swarm_claimed, &swarm_joined, &swarm_rejected}) {
     *field = next++;
   }
   depth = static_cast<uint32_t>(next++);

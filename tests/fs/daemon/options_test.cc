@@ -157,7 +157,8 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     if (name == "swarm-ca" || name == "swarm-cert" || name == "swarm-key") {
       for (const std::string other : {"ca", "cert", "key"}) {
         if (name == "swarm-" + other) continue;
-        args.push_back(as_key ? "-oswarm_" + other + "=/x/" + other : "--swarm-" + other + "=/x/" + other);
+        args.push_back(as_key ? "-oswarm_" + other + "=/x/" + other
+                              : "--swarm-" + other + "=/x/" + other);
       }
     }
     return args;

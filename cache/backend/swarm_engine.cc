@@ -11,11 +11,9 @@
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
-#include <boost/asio/thread_pool.hpp>
 #include <libtorrent/alert_types.hpp>
 #include <libtorrent/bencode.hpp>
 #include <libtorrent/create_torrent.hpp>
@@ -127,30 +125,27 @@ class MemoryDisk final : public lt::disk_interface, public lt::buffer_allocator_
     return false;
   }
 
-  // A piece's SHA-1 on the hashing threads, not the engine's one network thread (which every
-  // peer's messages wait on); its answer posted back to that thread.
+  // On the engine's network thread. (Hashing on threads of its own measured 1.12x the rate,
+  // within this VM's noise, and its answer handed back through libtorrent's io_context is a
+  // hand-off ThreadSanitizer cannot see: docs/BENCHMARKS.md, "Issue 51, second stop".)
   void async_hash(
       lt::storage_index_t storage, lt::piece_index_t piece, lt::span<lt::sha256_hash>,
       lt::disk_job_flags_t,
       std::function<void(lt::piece_index_t, const lt::sha1_hash&, const lt::storage_error&)>
           handler) override {
-    std::shared_ptr<ChunkData> data = storages_[Slot(storage)];  // alive until hashed
-    post(hashing_, [this, data = std::move(data), piece, handler = std::move(handler)]() mutable {
-      lt::storage_error error;
-      lt::sha1_hash hash;
-      const int p = static_cast<int>(piece);
-      std::byte* bytes = data != nullptr ? data->Existing(p) : nullptr;
-      if (bytes == nullptr) {
-        error.ec = boost::asio::error::eof;
-        error.operation = lt::operation_t::file_read;
-      } else {
-        hash =
-            lt::hasher(reinterpret_cast<const char*>(bytes), static_cast<int>(data->PieceSize(p)))
-                .final();
-      }
-      post(ioc_,
-           [handler = std::move(handler), piece, hash, error] { handler(piece, hash, error); });
-    });
+    lt::storage_error error;
+    lt::sha1_hash hash;
+    ChunkData* data = storages_[Slot(storage)].get();
+    const int p = static_cast<int>(piece);
+    std::byte* bytes = data != nullptr ? data->Existing(p) : nullptr;
+    if (bytes == nullptr) {
+      error.ec = boost::asio::error::eof;
+      error.operation = lt::operation_t::file_read;
+    } else {
+      hash = lt::hasher(reinterpret_cast<const char*>(bytes), static_cast<int>(data->PieceSize(p)))
+                 .final();
+    }
+    post(ioc_, [handler = std::move(handler), piece, hash, error] { handler(piece, hash, error); });
   }
   void async_hash2(
       lt::storage_index_t, lt::piece_index_t piece, int, lt::disk_job_flags_t,
@@ -213,7 +208,7 @@ class MemoryDisk final : public lt::disk_interface, public lt::buffer_allocator_
   }
   void update_stats_counters(lt::counters&) const override {}
   std::vector<lt::open_file_state> get_status(lt::storage_index_t) const override { return {}; }
-  void abort(bool) override { hashing_.join(); }  // every hash asked for answered
+  void abort(bool) override {}
   void submit_jobs() override {}
   void settings_updated() override {}
 
@@ -225,8 +220,6 @@ class MemoryDisk final : public lt::disk_interface, public lt::buffer_allocator_
   }
 
   lt::io_context& ioc_;
-  // Half the CPUs, one at least: the other half for the network thread, the daemon's readers.
-  boost::asio::thread_pool hashing_{std::max(1u, std::thread::hardware_concurrency() / 2)};
   std::shared_ptr<Registry> registry_;
   std::vector<std::shared_ptr<ChunkData>> storages_;  // the engine's thread only
   std::vector<lt::storage_index_t> free_;

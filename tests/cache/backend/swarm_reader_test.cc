@@ -273,6 +273,7 @@ TEST_F(SwarmReaderTest, AFrozenSharedDirCostsAFallbackNeverAHang) {
 // submitted). A seed of it comes back at node 0's address: once the window is over, reads of the
 // chunk wait on peers again and get its pieces.
 TEST_F(SwarmReaderTest, AChunkWhosePeersFailedGoesToTheStoreAtOnceThenToPeersAgain) {
+  ACCELFS_SKIP_WITH_AN_OUTSIDER();
   ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   const std::string name = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces) + "/0";
   std::ifstream in(shared_ + "/" + name + ".torrent", std::ios::binary);

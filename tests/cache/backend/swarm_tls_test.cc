@@ -145,6 +145,7 @@ TEST_F(SwarmTlsTest, NodesOfTheFleetShareEveryByteOverTls) {
 // from a node of the fleet; the same host with a fleet certificate gets every one. A plain
 // BitTorrent handshake to the node's port gets no BitTorrent answer.
 TEST_F(SwarmTlsTest, AHostWithoutAFleetCertificateFetchesNothing) {
+  ACCELFS_SKIP_WITH_AN_OUTSIDER();
   auto a = Node(Fleet(0));
   ASSERT_NO_FATAL_FAILURE(PublishAll(a));
   const std::vector<char> torrent = TorrentOf(0);
@@ -215,6 +216,7 @@ TEST_F(SwarmTlsTest, AHostHoldsOneConnectionPerTorrent) {
 // the right bytes. Node 1 takes nothing from it where its certificate is another CA's (its
 // readers go to the store after peer_wait), and the whole chunk where it is the fleet's.
 TEST_F(SwarmTlsTest, AHostWithoutAFleetCertificateServesNothing) {
+  ACCELFS_SKIP_WITH_AN_OUTSIDER();
   {
     auto a = Node(Fleet(0));
     ASSERT_NO_FATAL_FAILURE(PublishAll(a));

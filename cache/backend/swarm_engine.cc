@@ -363,10 +363,15 @@ Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
   filter.add_rule(lt::make_address("::"),
                   lt::make_address("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
                   lt::ip_filter::blocked);
+  // Whether nodes of the fleet's own list share an address (the listen address among them).
+  bool same_host = false;
+  std::vector<IpAddress> hosts = {listen->address};
   for (const std::string& text : o.peers) {
     Result<Endpoint> peer = ParseEndpoint(text, /*resolve=*/true);
     if (!peer.ok()) return Error(EINVAL, "--swarm-peers " + peer.error().Message());
     if (*peer == *listen) continue;  // this node, in a list shared by every node
+    same_host = same_host || std::find(hosts.begin(), hosts.end(), peer->address) != hosts.end();
+    hosts.push_back(peer->address);
     impl->peers.emplace_back(Address(peer->address), peer->port);
     filter.add_rule(Address(peer->address), Address(peer->address), 0);
   }
@@ -376,22 +381,6 @@ Result<std::unique_ptr<SwarmEngine>> SwarmEngine::Start(const SwarmOptions& o,
     filter.add_rule(Address(net->first), Address(net->second), 0);
   }
 
-  // Nodes of the fleet's own list that share an address (the listen address among them).
-  bool same_host = false;
-  std::vector<IpAddress> hosts = {listen->address};
-  for (const lt::tcp::endpoint& peer : impl->peers) {
-    IpAddress a;
-    a.v6 = peer.address().is_v6();
-    if (a.v6) {
-      const auto b = peer.address().to_v6().to_bytes();
-      std::copy(b.begin(), b.end(), a.bytes.begin());
-    } else {
-      const auto b = peer.address().to_v4().to_bytes();
-      std::copy(b.begin(), b.end(), a.bytes.begin());
-    }
-    same_host = same_host || std::find(hosts.begin(), hosts.end(), a) != hosts.end();
-    hosts.push_back(a);
-  }
   // A torrent's connections: one per node of the list, and room for as many from the allowed
   // networks.
   impl->per_torrent = std::max<int>(8, 2 * static_cast<int>(impl->peers.size() + 1));

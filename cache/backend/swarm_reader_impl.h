@@ -255,6 +255,9 @@ struct SwarmReader::Impl {
   void ToStoreForDir(Chunk& ch, Later& later);
   // Drops the least recently read chunks nobody waits on until the swarm's memory fits.
   void Evict(uint64_t held, Later& later);
+  // Drops a chunk nobody waits on: its torrent leaves the engine, its next read makes it anew.
+  // REQUIRES: mu.
+  void Forget(Chunk& ch, Later& later);
 
   Status Start();
   void Stop();

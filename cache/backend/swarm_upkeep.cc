@@ -64,13 +64,7 @@ void SwarmReader::Impl::Tick() {
       held += ch->data->allocated.load(std::memory_order_relaxed);
     }
     if (held > o.memory_bytes) Evict(held, later);
-    for (const ChunkPtr& ch : retry) {
-      if (ch->id != 0) {
-        later.removed.push_back(ch->id);
-        by_id.erase(ch->id);
-      }
-      chunks.erase(ch->name);
-    }
+    for (const ChunkPtr& ch : retry) Forget(*ch, later);
   }
   // Let go first: a reclaimed chunk's torrent is published anew on the next round.
   for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
@@ -275,13 +269,18 @@ void SwarmReader::Impl::Evict(uint64_t held, Later& later) {
   for (const ChunkPtr& ch : candidates) {
     if (held <= o.memory_bytes) break;
     held -= std::min(held, ch->data->allocated.load());
-    if (ch->id != 0) {  // a torrent in error (kStore) too
-      later.removed.push_back(ch->id);
-      by_id.erase(ch->id);
-      ch->id = 0;
-    }
-    chunks.erase(ch->name);
+    Forget(*ch, later);
   }
+}
+
+void SwarmReader::Impl::Forget(Chunk& ch, Later& later) {
+  if (ch.id != 0) {  // a torrent in error (kStore) too
+    later.removed.push_back(ch.id);
+    by_id.erase(ch.id);
+    ch.id = 0;
+  }
+  const std::string name = ch.name;  // `ch` may go with its entry
+  chunks.erase(name);
 }
 
 }  // namespace accelfs

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -51,6 +53,12 @@ inline int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+// The whole of a file of the shared dir (a torrent, a manifest).
+inline std::vector<char> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
 }
 
 inline std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }

@@ -276,8 +276,7 @@ TEST_F(SwarmReaderTest, AChunkWhosePeersFailedGoesToTheStoreAtOnceThenToPeersAga
   ACCELFS_SKIP_WITH_AN_OUTSIDER();
   ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
   const std::string name = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces) + "/0";
-  std::ifstream in(shared_ + "/" + name + ".torrent", std::ios::binary);
-  const std::vector<char> torrent(std::istreambuf_iterator<char>(in), {});
+  const std::vector<char> torrent = ReadWhole(shared_ + "/" + name + ".torrent");
   SwarmOptions o = Options(1);
   o.stale_claim = 60s;
   o.peer_wait = 1s;

@@ -67,11 +67,6 @@ int Hello(const std::vector<char>& torrent, const char* from, int port) {
   return fd;
 }
 
-std::vector<char> ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
-}
-
 class SwarmTlsTest : public SwarmReaderTest {
  protected:
   void SetUp() override {

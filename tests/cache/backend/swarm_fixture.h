@@ -160,6 +160,17 @@ class SwarmReaderTest : public ::testing::Test {
     return static_cast<int>(found);
   }
 
+  // Waits (up to 10 s) until `node` has taken `n` bytes from peers: a node that joins a chunk
+  // takes its pieces no reader waits on too, after its readers were answered. The bytes taken.
+  static uint64_t WaitForPeerBytes(const SwarmReader& node, uint64_t n) {
+    uint64_t got = 0;
+    for (int i = 0; i < 500 && got < n; ++i) {
+      got = node.Stats().peer_bytes;
+      if (got < n) std::this_thread::sleep_for(20ms);
+    }
+    return got;
+  }
+
   // Node 0 reads the whole file (it claims and publishes every chunk) and goes: its torrents
   // stay in the dir, its claims are no longer refreshed. Use with ASSERT_NO_FATAL_FAILURE.
   void PublishedByAGoneNode() {

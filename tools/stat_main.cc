@@ -112,13 +112,14 @@ void PrintSummary(const Sample& s) {
   if (st.swarm_on != 0) {
     std::printf(
         "  swarm      %llu peers; %s from peers, %s to peers, %s from SOURCE; %llu chunks read "
-        "for the fleet, %llu taken from it; %llu fallbacks to SOURCE, %llu hash failures, %llu "
-        "unsigned torrents ignored\n",
+        "for the fleet, %llu taken from it; %llu fallbacks to SOURCE, %llu reads to SOURCE as "
+        "it answers sooner than peers, %llu hash failures, %llu unsigned torrents ignored\n",
         static_cast<unsigned long long>(st.swarm_peers), FormatBytes(st.swarm_peer_bytes).c_str(),
         FormatBytes(st.swarm_sent_bytes).c_str(), FormatBytes(st.swarm_store_bytes).c_str(),
         static_cast<unsigned long long>(st.swarm_chunks_claimed),
         static_cast<unsigned long long>(st.swarm_chunks_joined),
         static_cast<unsigned long long>(st.swarm_fallbacks),
+        static_cast<unsigned long long>(st.swarm_hedges),
         static_cast<unsigned long long>(st.swarm_hash_failures),
         static_cast<unsigned long long>(st.swarm_manifests_rejected));
   }

@@ -43,6 +43,9 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       later.to_store.push_back(std::move(r));
     } else if (ch->have[static_cast<size_t>(p)] != 0) {
       later.copies.emplace_back(std::move(r), ch->data);
+    } else if (ch->state == State::kSwarm && ch->store_faster) {
+      hedges.fetch_add(1, std::memory_order_relaxed);  // its peers fell behind the store
+      later.to_store.push_back(std::move(r));
     } else if (ch->state == State::kSwarm && now < ch->store_until) {
       fallbacks.fetch_add(1, std::memory_order_relaxed);  // its peers failed it just now
       later.to_store.push_back(std::move(r));
@@ -222,7 +225,10 @@ void SwarmReader::Impl::FetchRest(const ChunkPtr& ch, int demand, Later& later) 
     f.capacity = ch->data->Capacity(p);
     f.expected = ch->data->PieceSize(p);
     f.demand = p == demand || !ch->waiters[static_cast<size_t>(p)].empty();
-    f.done = [this, ch, p](Result<size_t> n) { Fetched(ch, p, std::move(n)); };
+    f.done = [this, ch, p, asked = Clock::now()](Result<size_t> n) {
+      if (n.ok()) NoteStore(asked, n.value());
+      Fetched(ch, p, std::move(n));
+    };
     f.stalled = [this, ch, p] { Stalled(ch, p); };
     later.fetches.push_back(std::move(f));
   }
@@ -281,8 +287,11 @@ void SwarmReader::Impl::ToStoreAll(Chunk& ch, Later& later) {
 
 void SwarmReader::Impl::ToStore(ReadRequest r) {
   auto done = std::move(r.done);
-  r.done = [this, done = std::move(done)](Result<size_t> n) {
-    if (n.ok()) store_bytes.fetch_add(n.value(), std::memory_order_relaxed);
+  r.done = [this, done = std::move(done), asked = Clock::now()](Result<size_t> n) {
+    if (n.ok()) {
+      store_bytes.fetch_add(n.value(), std::memory_order_relaxed);
+      NoteStore(asked, n.value());
+    }
     done(std::move(n));
   };
   inner->Submit(std::move(r));
@@ -340,7 +349,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   }
   ch->state = State::kSwarm;
   ch->waited_since = {};  // not at StartJoining: a torrent that cannot be read waits on
-  ch->progress = Clock::now();
+  ch->progress = ch->joined_at = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
   for (int p = 0; p < ch->data->count(); ++p) {
@@ -586,6 +595,7 @@ SwarmStats SwarmReader::Stats() const {
     }
   }
   s.fallbacks = i.fallbacks.load(std::memory_order_relaxed);
+  s.hedges = i.hedges.load(std::memory_order_relaxed);
   s.hash_failures = i.hash_failures.load(std::memory_order_relaxed);
   s.chunks_claimed = i.claimed.load(std::memory_order_relaxed);
   s.chunks_joined = i.joined.load(std::memory_order_relaxed);

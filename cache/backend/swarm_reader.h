@@ -53,6 +53,12 @@ struct SwarmOptions {
   std::chrono::milliseconds stale_claim{10000};
   std::chrono::milliseconds peer_wait{10000};
   std::chrono::milliseconds tick{20};  // how often claims and torrents in `dir` are looked at
+  // Never slower than the store: a read that has waited on the peers of a joined chunk for
+  // twice as long as this node's store takes to answer one (measured: each of its store reads
+  // of a piece; before the first, a tenth of peer_wait) goes to the store, and so do the
+  // chunk's later reads of pieces it does not hold (SwarmStats::hedges). Off: reads wait on
+  // peers up to peer_wait (tests of sharing whose store is a local file).
+  bool hedge = true;
   // The fleet's CA and this node's certificate (swarm_trust.h): peers over mutual TLS, torrents
   // in `dir` signed. None: plain connections and torrents, as any host and any writer of `dir`
   // may make them.
@@ -65,6 +71,7 @@ struct SwarmStats {
   uint64_t sent_bytes = 0;          // payload sent to peers
   uint64_t peers = 0;               // peer connections now
   uint64_t fallbacks = 0;           // reads sent to the store after peers failed them
+  uint64_t hedges = 0;              // reads sent to the store because it answers sooner than peers
   uint64_t hash_failures = 0;       // pieces from peers that did not match their hash
   uint64_t chunks_claimed = 0;      // chunks this node read from the store for the fleet
   uint64_t chunks_joined = 0;       // chunks this node took from the swarm

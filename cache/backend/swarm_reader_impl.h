@@ -65,6 +65,10 @@ struct SwarmReader::Impl {
     bool extended = false;        // given one more peer_wait (FallBackIfStuck)
     bool checking = false;        // its claim being looked at on the dir's threads (CheckStuck)
     bool deferred = false;        // kWaiting: nobody claimed it, and this node follows (Decide)
+    // kSwarm: its peers fell behind the store (Hedge): a read of a piece it does not hold goes
+    // to the store at once, for as long as the chunk is held.
+    bool store_faster = false;
+    Clock::time_point joined_at{};  // kSwarm: since when its torrent is in the engine
     // Its peers failed its readers (GiveUpOn): until store_until, a read of a piece it does not
     // have goes to the store at once, not to wait on them again; then the swarm is tried again.
     // The window doubles at each failure in a row (up to kMaxStoreWindow), and ends when a
@@ -150,7 +154,11 @@ struct SwarmReader::Impl {
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
-      joined{0}, published{0}, rejected{0};
+      joined{0}, published{0}, rejected{0}, hedges{0};
+  // How long this node's store takes to answer a read of a piece: a moving average of each store
+  // read of at least half a piece (scaled to a piece), in ns; 0 before the first.
+  std::atomic<int64_t> store_piece_ns{0};
+  std::atomic<bool> hedge_logged{false};
 
   // --- the read path ---
   void Submit(ReadRequest r);
@@ -247,6 +255,17 @@ struct SwarmReader::Impl {
   void Reclaim(const ChunkPtr& chp, Later& later);
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
+  // Notes a store read of `bytes` asked for at `asked` (store_piece_ns). Any thread.
+  void NoteStore(Clock::time_point asked, size_t bytes);
+  // How long a reader waits on the peers of a joined chunk before it goes to the store: twice
+  // the store's time for a piece (at least kHedgeFloor), a tenth of peer_wait before the store
+  // was measured. Never more than peer_wait.
+  static constexpr std::chrono::milliseconds kHedgeFloor{20};
+  Clock::duration HedgeAfter() const;
+  // A joined chunk a reader has waited on longer than HedgeAfter() since it was joined: its
+  // readers, and its later reads of pieces it does not hold, go to the store (hedges). The
+  // engine goes on fetching it for the fleet. REQUIRES: mu.
+  void Hedge(Chunk& ch, Clock::time_point now, Later& later);
   // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
   void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.

@@ -55,6 +55,7 @@ void SwarmReader::Impl::Tick() {
           } else {
             followed = now;
           }
+          Hedge(*ch, now, later);
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;
@@ -254,6 +255,49 @@ void SwarmReader::Impl::GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Lat
         "to its peers again",
         ch.name, o.peer_wait.count(),
         std::chrono::duration_cast<std::chrono::milliseconds>(ch.store_window).count());
+  }
+}
+
+void SwarmReader::Impl::NoteStore(Clock::time_point asked, size_t bytes) {
+  if (bytes < o.piece_bytes / 2) return;  // a file's tail: its time is mostly the trip
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - asked);
+  const auto sample = static_cast<int64_t>(static_cast<double>(ns.count()) * o.piece_bytes /
+                                           static_cast<double>(bytes));
+  int64_t old = store_piece_ns.load(std::memory_order_relaxed);
+  int64_t next = 0;
+  do {
+    next = old == 0 ? std::max<int64_t>(sample, 1) : old + (sample - old) / 4;
+  } while (!store_piece_ns.compare_exchange_weak(old, next, std::memory_order_relaxed));
+}
+
+SwarmReader::Impl::Clock::duration SwarmReader::Impl::HedgeAfter() const {
+  const int64_t ns = store_piece_ns.load(std::memory_order_relaxed);
+  const Clock::duration after =
+      ns == 0 ? Clock::duration(o.peer_wait) / 10
+              : std::max<Clock::duration>(2 * std::chrono::nanoseconds(ns), kHedgeFloor);
+  return std::min<Clock::duration>(after, o.peer_wait);
+}
+
+void SwarmReader::Impl::Hedge(Chunk& ch, Clock::time_point now, Later& later) {
+  if (!o.hedge || ch.store_faster) return;
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const auto& waiting : ch.waiters) {
+    if (!waiting.empty()) oldest = std::min(oldest, waiting.front().since);
+  }
+  if (oldest == Clock::time_point::max()) return;
+  const Clock::duration after = HedgeAfter();
+  if (now - std::max(oldest, ch.joined_at) < after) return;
+  ch.store_faster = true;
+  for (auto& waiting : ch.waiters) {
+    for (Waiter& w : waiting) later.to_store.push_back(std::move(w.request));
+    hedges.fetch_add(waiting.size(), std::memory_order_relaxed);
+    waiting.clear();
+  }
+  if (!hedge_logged.exchange(true)) {
+    spdlog::info(
+        "swarm: a reader waited {} ms on the peers of {}, longer than this node's store takes; "
+        "the rest of such a chunk is read from the store (swarm_hedges counts the reads)",
+        std::chrono::duration_cast<std::chrono::milliseconds>(after).count(), ch.name);
   }
 }
 

@@ -54,6 +54,7 @@ struct DaemonStats {
   uint64_t swarm_peers = 0;               // peer connections now
   uint64_t swarm_fallbacks = 0;           // reads that waited on peers in vain, then read SOURCE
   uint64_t swarm_hash_failures = 0;       // pieces from peers that failed their hash check
+  uint64_t swarm_hedges = 0;              // reads sent to SOURCE: it answers sooner than peers
   uint64_t swarm_chunks_claimed = 0;      // chunks this node read from SOURCE for the fleet
   uint64_t swarm_chunks_joined = 0;       // chunks this node took from the swarm
   uint64_t swarm_manifests_rejected = 0;  // torrents in the dir not signed by the fleet
@@ -243,6 +244,8 @@ inline constexpr std::array kStatsFields = [] {
                                    "accelfs_swarm_hash_failures_total",
                                    "Pieces from peers that failed their hash check (fetched "
                                    "again, never served)."),
+      Row<&D::swarm_hedges>("swarm_hedges", kCounter, kCount, "accelfs_swarm_hedges_total",
+                            "Reads of chunks whose peers fell behind SOURCE, read from SOURCE."),
       Row<&D::swarm_chunks_claimed>("swarm_chunks_claimed", kCounter, kCount,
                                     "accelfs_swarm_chunks_claimed_total",
                                     "Chunks this node read from SOURCE for the fleet."),

@@ -336,6 +336,7 @@ DaemonStats Daemon::Snapshot() const {
     s.swarm_peers = w.peers;
     s.swarm_fallbacks = w.fallbacks;
     s.swarm_hash_failures = w.hash_failures;
+    s.swarm_hedges = w.hedges;
     s.swarm_chunks_claimed = w.chunks_claimed;
     s.swarm_chunks_joined = w.chunks_joined;
     s.swarm_manifests_rejected = w.manifests_rejected;

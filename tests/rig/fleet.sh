@@ -19,9 +19,11 @@
 # node's sshfs and daemon are new and the page cache is dropped.
 #
 # Options: --nodes N (4; test: 3)  --model-mib M (1024; test: 96)  --shards S (4; test: 3)
-#   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --stagger S (10)  --runs LIST (bench: of
-#   off,on,tls,staggered,kill,lone; "on" and "tls" need "off" for their ratios; tls: "on" over
-#   TLS)  --tls on|off (bench: the swarm
+#   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --peer-rate RATE (what each node sends, to
+#   peers: its link's egress, tbf; none)  --stagger S (10)  --runs LIST (bench: of
+#   off,on,tls,staggered,kill,lone,late; "on" and "tls" need "off" for their ratios; tls: "on"
+#   over TLS; late: node N loads after nodes 1..N-1 hold the model, against node N alone with
+#   the swarm off)  --tls on|off (bench: the swarm
 #   with the fleet's CA, README "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
 #   --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
 # test runs its first load with TLS (node certificates made as README says), the rest without.
@@ -31,7 +33,7 @@ mode=${1:-}
 [[ $mode == test || $mode == bench ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 shift
 here=$(cd "$(dirname "$0")/../.." && pwd)
-nodes='' model_mib='' shards='' rate=400mbit stagger=10 dir=/var/tmp/accelfs-fleet
+nodes='' model_mib='' shards='' rate=400mbit peer_rate='' stagger=10 dir=/var/tmp/accelfs-fleet
 runs=off,on,staggered,kill,lone tls=off
 accelfs=$here/build/accelfs stat_bin=$here/build/accelfs-stat
 while (($#)); do
@@ -40,6 +42,7 @@ while (($#)); do
     --model-mib) model_mib=$2 ;;
     --shards) shards=$2 ;;
     --origin-rate) rate=$2 ;;
+    --peer-rate) peer_rate=$2 ;;
     --stagger) stagger=$2 ;;
     --runs) runs=$2 ;;
     --tls) tls=$2 ;;
@@ -123,6 +126,12 @@ for n in o $(seq 1 "$nodes"); do
   ip -n "$(ns "$n")" link set lo up
 done
 ip netns exec "$(ns o)" tc qdisc add dev afl-o-n root tbf rate "$rate" burst 256kb latency 50ms
+if [[ -n $peer_rate ]]; then  # a node's egress: pieces to peers (its requests to the origin: bytes)
+  for n in $(seq 1 "$nodes"); do
+    ip netns exec "$(ns "$n")" tc qdisc add dev "afl-$n-n" root tbf rate "$peer_rate" burst 256kb \
+      latency 50ms
+  done
+fi
 origin_tx() { ip netns exec "$(ns o)" cat /sys/class/net/afl-o-n/statistics/tx_bytes; }
 
 # --- the store: sshd in the origin ---------------------------------------------------------
@@ -373,7 +382,7 @@ fi
 want() { [[ ,$runs, == *,$1,* ]]; }
 per_node() { for n in $(seq 1 "$nodes"); do printf '%s ' "$("$@" "$n")"; done; }
 peer_share() { ratio "${peers[$1]}" "$model_bytes"; }
-echo "fleet bench: $nodes nodes, $(ratio "$model_bytes" 1048576) MiB in $shards shards, origin $rate, $(nproc) CPUs"
+echo "fleet bench: $nodes nodes, $(ratio "$model_bytes" 1048576) MiB in $shards shards, origin $rate${peer_rate:+, each node sends peers $peer_rate}, $(nproc) CPUs"
 echo "| run | seconds per node | each node ÷ without the swarm | origin bytes ÷ model | from peers ÷ model, per node | bytes |"
 echo "|---|---|---|---|---|---|"
 declare -a off_times=()
@@ -406,6 +415,30 @@ fi
 if want kill; then
   fleet on 0 kill
   echo "| $nodes at once, node 1 killed once it had $(ratio "$killed_had" "$model_bytes") of the model, swarm on | ${times[*]} | – | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
+fi
+if want late; then
+  # Node N alone with the swarm off (the store alone); then nodes 1..N-1 load the model with the
+  # swarm on, and node N, started with them, loads it once they hold it (a restart, a replica
+  # added), page caches dropped first.
+  saved=$nodes
+  nodes=1
+  fleet off 0
+  alone=${times[1]}
+  nodes=$saved
+  run=$((run + 1))
+  stop_nodes
+  rm -rf "$dir/shared-$run" && mkdir -p "$dir/shared-$run"
+  sync && echo 3 >/proc/sys/vm/drop_caches
+  for n in $(seq 1 "$nodes"); do start_node "$n" on "$dir/shared-$run"; done
+  for n in $(seq 1 $((nodes - 1))); do load "$n" >"$dir/late$n" & loaders[n]=$!; done
+  for n in $(seq 1 $((nodes - 1))); do wait "${loaders[n]}" || true; done
+  sync && echo 3 >/proc/sys/vm/drop_caches
+  before=$(origin_tx)
+  read -r t r < <(load "$nodes")
+  origin=$(($(origin_tx) - before))
+  got=$(peer_bytes "$nodes")
+  stop_nodes
+  echo "| node $nodes late: nodes 1..$((nodes - 1)) hold the model${peer_rate:+, each sends peers $peer_rate}; swarm on (node $nodes alone, swarm off) | $t ($alone) | $(ratio "$t" "$alone") | $(ratio "$origin" "$model_bytes") | $(ratio "$got" "$model_bytes") | $r |"
 fi
 if want lone; then
   saved=$nodes

@@ -80,12 +80,16 @@ class SwarmReaderTest : public ::testing::Test {
     o.chunk_pieces = kChunkPieces;
     o.stale_claim = 1s;
     o.peer_wait = 2s;
+    // The store is a local file, which answers sooner than any peer: the tests of sharing wait
+    // on peers (swarm_hedge_test.cc tests the hedge).
+    o.hedge = false;
     return o;
   }
 
-  std::unique_ptr<SwarmReader> Node(SwarmOptions o) {
-    Result<std::unique_ptr<SwarmReader>> r =
-        SwarmReader::Create(std::make_unique<PreadReader>(2), std::move(o));
+  std::unique_ptr<SwarmReader> Node(SwarmOptions o,
+                                    std::unique_ptr<BackendReader> store = nullptr) {
+    if (!store) store = std::make_unique<PreadReader>(2);
+    Result<std::unique_ptr<SwarmReader>> r = SwarmReader::Create(std::move(store), std::move(o));
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().Message());
     return r.ok() ? std::move(r.value()) : nullptr;
   }

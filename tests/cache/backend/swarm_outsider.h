@@ -67,7 +67,9 @@ class Outsider {
   }
 
   // The torrent, fetched from `peer` or seeded (its one file, SwarmTrust::kName, in `save`).
-  void Add(const std::vector<char>& torrent, const std::string& save, bool seed, int peer) {
+  // `upload_limit`: bytes per second it sends at most (0: no limit).
+  void Add(const std::vector<char>& torrent, const std::string& save, bool seed, int peer,
+           int upload_limit = 0) {
     lt::add_torrent_params atp;
     atp.ti = std::make_shared<lt::torrent_info>(torrent, lt::from_span);
     atp.save_path = save;
@@ -75,6 +77,7 @@ class Outsider {
     if (seed) atp.flags |= lt::torrent_flags::seed_mode;
     if (peer != 0) atp.peers.emplace_back(lt::make_address("127.0.0.1"), peer);
     handle_ = session_->add_torrent(std::move(atp));
+    if (upload_limit > 0) handle_.set_upload_limit(upload_limit);  // local peers too
     if (certs_) {
       handle_.set_ssl_certificate_buffer(certs_->cert_pem(), certs_->key_pem(), certs_->dh_pem());
     }

@@ -36,8 +36,8 @@ DaemonStats Distinct() {
   auto& [source, mountpoint, store, passthrough, uptime_s, cache, depth, depth_limit, stuck,
          timed_out, waiting, open_files, passthrough_files, filling_opens, trusted_opens,
          pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer,
-         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_claimed, swarm_joined,
-         swarm_rejected] = s;
+         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_hedges, swarm_claimed,
+         swarm_joined, swarm_rejected] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
@@ -45,10 +45,26 @@ DaemonStats Distinct() {
   uptime_s = 12.5;
   oldest_store_call_s = 3.25;
   uint64_t next = 1001;
-  for (uint64_t* field : {&stuck, &timed_out, &waiting, &open_files, &passthrough_files,
-                          &filling_opens, &trusted_opens, &pushed_bytes, &store_calls, &swarm_on,
-                          &swarm_store, &swarm_peer, &swarm_sent, &swarm_peers, &swarm_fallbacks,
-                          &swarm_hash_failures, &swarm_claimed, &swarm_joined, &swarm_rejected}) {
+  for (uint64_t* field : {&stuck,
+                          &timed_out,
+                          &waiting,
+                          &open_files,
+                          &passthrough_files,
+                          &filling_opens,
+                          &trusted_opens,
+                          &pushed_bytes,
+                          &store_calls,
+                          &swarm_on,
+                          &swarm_store,
+                          &swarm_peer,
+                          &swarm_sent,
+                          &swarm_peers,
+                          &swarm_fallbacks,
+                          &swarm_hash_failures,
+                          &swarm_hedges,
+                          &swarm_claimed,
+                          &swarm_joined,
+                          &swarm_rejected}) {
     *field = next++;
   }
   depth = static_cast<uint32_t>(next++);
@@ -64,7 +80,7 @@ DaemonStats Distinct() {
   }
   return s;
 }
-constexpr size_t kNumericFields = 23 + 19;  // DaemonStats' own numbers, CacheStats'
+constexpr size_t kNumericFields = 24 + 19;  // DaemonStats' own numbers, CacheStats'
 
 double AsDouble(StatValue v) {
   return std::visit([](auto x) { return static_cast<double>(x); }, v);

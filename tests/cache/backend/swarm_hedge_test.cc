@@ -1,0 +1,140 @@
+// Never slower than the store (SwarmOptions::hedge): a reader that has waited on the peers of a
+// joined chunk longer than this node's store takes goes to the store, and so do the chunk's later
+// reads; where peers answer sooner than the store, they keep every read. Nodes on loopback as in
+// swarm_reader_test.cc; a peer made slow is a seed of the test's own (an Outsider) with an upload
+// limit, a store made slow answers each read after a delay. Every byte compared with the file.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cache/backend/pread_reader.h"
+#include "cache/backend/swarm_dir.h"
+#include "tests/cache/backend/swarm_fixture.h"
+#include "tests/cache/backend/swarm_outsider.h"
+
+namespace accelfs::testing {
+namespace {
+
+// A store that answers each read `delay` after it was asked (a pread of the file then).
+class SlowStore final : public BackendReader {
+ public:
+  explicit SlowStore(std::chrono::milliseconds delay)
+      : delay_(delay), thread_([this] { Loop(); }) {}
+  ~SlowStore() override { Stop(); }
+  void Submit(ReadRequest request) override {
+    {
+      std::lock_guard lock(mu_);
+      queue_.emplace_back(std::chrono::steady_clock::now() + delay_, std::move(request));
+    }
+    cv_.notify_one();
+  }
+  void Stop() override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    inner_.Stop();
+  }
+  unsigned CurrentDepth() const override { return inner_.CurrentDepth(); }
+
+ private:
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (queue_.empty()) {
+        if (stopping_) return;
+        cv_.wait(lock);
+        continue;
+      }
+      // Stopping: what is queued is asked at once (every read answered).
+      if (!stopping_ && std::chrono::steady_clock::now() < queue_.front().first) {
+        cv_.wait_until(lock, queue_.front().first);
+        continue;
+      }
+      ReadRequest r = std::move(queue_.front().second);
+      queue_.pop_front();
+      lock.unlock();
+      inner_.Submit(std::move(r));
+      lock.lock();
+    }
+  }
+
+  const std::chrono::milliseconds delay_;
+  PreadReader inner_{2};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, ReadRequest>> queue_;  // mu_
+  bool stopping_ = false;                                                            // mu_
+  std::thread thread_;
+};
+
+class SwarmHedgeTest : public SwarmReaderTest {};
+
+// Node 0 published every chunk and went; a seed of chunk 0 that sends 8 KiB/s (a 64 KiB piece in
+// 8 s) is at its address; node 1, which has never read its store, joins chunk 0. Its readers wait
+// a tenth of peer_wait, then read the store; so does its next read of the chunk, at once.
+TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
+  ACCELFS_SKIP_WITH_AN_OUTSIDER();
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
+  const std::string name = SwarmDir::FileId(KeyOfPath(path_), kPiece, kChunkPieces) + "/0";
+  const std::vector<char> torrent = ReadWhole(shared_ + "/" + name + ".torrent");
+  TempDir save("accelfs-seed");
+  WriteChunkZero(path_, save.path());
+  Outsider seed(ports_[0], nullptr);
+  seed.Add(torrent, save.path(), /*seed=*/true, 0, /*upload_limit=*/8 * 1024);
+  SwarmOptions o = Options(1);
+  o.stale_claim = 60s;  // node 0's claims count as live: node 1 joins
+  o.hedge = true;
+  auto b = Node(o);
+  ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> file = File();
+  std::vector<Pending> reads;
+  for (uint64_t i = 0; i < kChunkPieces; ++i) reads.push_back(Read(*b, file, i));
+  for (Pending& p : reads) ASSERT_NO_FATAL_FAILURE(Check(p));
+  EXPECT_EQ(b->Stats().chunks_joined, 1u);
+  EXPECT_EQ(b->Stats().hedges, kChunkPieces);
+  EXPECT_EQ(b->Stats().fallbacks, 0u) << "its readers waited peer_wait on the slow peer";
+  EXPECT_EQ(b->Stats().store_bytes, kChunkPieces * kPiece);
+  Pending again = Read(*b, file, 0);
+  EXPECT_EQ(b->Stats().hedges, kChunkPieces + 1) << "a later read of the chunk waited on peers";
+  ASSERT_NO_FATAL_FAILURE(Check(again));
+}
+
+// The control: node 1's store answers a read in 1 s (it read a file outside the swarm first, so
+// it knows); chunk 0's peer, node 0, answers on loopback: node 1 takes the chunk from its peer and
+// sends no read of it to the store.
+TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
+  auto a = Node(0);
+  ASSERT_TRUE(a);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  ASSERT_EQ(WaitForPublished(*a, 5), 5);
+  SwarmOptions o = Options(1);
+  o.hedge = true;
+  auto b = Node(o, std::make_unique<SlowStore>(1s));
+  ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> outside = OpenBackingFile(path_);  // no identity: no chunk
+  Pending first = Read(*b, outside, 4 * kChunkPieces);
+  ASSERT_NO_FATAL_FAILURE(Check(first));
+  ASSERT_EQ(b->Stats().store_bytes, kPiece);
+  const std::shared_ptr<BackingFile> file = File();
+  std::vector<Pending> reads;
+  for (uint64_t i = 0; i < kChunkPieces; ++i) reads.push_back(Read(*b, file, i));
+  for (Pending& p : reads) ASSERT_NO_FATAL_FAILURE(Check(p));
+  EXPECT_EQ(b->Stats().hedges, 0u);
+  EXPECT_EQ(b->Stats().peer_bytes, kChunkPieces * kPiece);
+  EXPECT_EQ(b->Stats().store_bytes, kPiece);
+}
+
+}  // namespace
+}  // namespace accelfs::testing

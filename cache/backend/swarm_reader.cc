@@ -43,7 +43,7 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       later.to_store.push_back(std::move(r));
     } else if (ch->have[static_cast<size_t>(p)] != 0) {
       later.copies.emplace_back(std::move(r), ch->data);
-    } else if (ch->state == State::kSwarm && ch->store_faster) {
+    } else if (ch->state == State::kSwarm && (ch->store_faster || prefer_store)) {
       hedges.fetch_add(1, std::memory_order_relaxed);  // its peers fell behind the store
       later.to_store.push_back(std::move(r));
     } else if (ch->state == State::kSwarm && now < ch->store_until) {
@@ -225,8 +225,8 @@ void SwarmReader::Impl::FetchRest(const ChunkPtr& ch, int demand, Later& later) 
     f.capacity = ch->data->Capacity(p);
     f.expected = ch->data->PieceSize(p);
     f.demand = p == demand || !ch->waiters[static_cast<size_t>(p)].empty();
-    f.done = [this, ch, p, asked = Clock::now()](Result<size_t> n) {
-      if (n.ok()) NoteStore(asked, n.value());
+    f.done = [this, ch, p](Result<size_t> n) {
+      store_in_flight.fetch_sub(1, std::memory_order_relaxed);
       Fetched(ch, p, std::move(n));
     };
     f.stalled = [this, ch, p] { Stalled(ch, p); };
@@ -287,11 +287,10 @@ void SwarmReader::Impl::ToStoreAll(Chunk& ch, Later& later) {
 
 void SwarmReader::Impl::ToStore(ReadRequest r) {
   auto done = std::move(r.done);
-  r.done = [this, done = std::move(done), asked = Clock::now()](Result<size_t> n) {
-    if (n.ok()) {
-      store_bytes.fetch_add(n.value(), std::memory_order_relaxed);
-      NoteStore(asked, n.value());
-    }
+  store_in_flight.fetch_add(1, std::memory_order_relaxed);
+  r.done = [this, done = std::move(done)](Result<size_t> n) {
+    if (n.ok()) store_bytes.fetch_add(n.value(), std::memory_order_relaxed);
+    store_in_flight.fetch_sub(1, std::memory_order_relaxed);
     done(std::move(n));
   };
   inner->Submit(std::move(r));
@@ -313,7 +312,10 @@ void SwarmReader::Impl::Run(Later& later) {
     }
   }
   for (ReadRequest& r : later.to_store) ToStore(std::move(r));
-  for (ReadRequest& r : later.fetches) inner->Submit(std::move(r));
+  for (ReadRequest& r : later.fetches) {
+    store_in_flight.fetch_add(1, std::memory_order_relaxed);
+    inner->Submit(std::move(r));
+  }
 }
 
 void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
@@ -352,6 +354,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   ch->progress = ch->joined_at = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
+  if (MeterByChunk(*ch, later)) return;
   for (int p = 0; p < ch->data->count(); ++p) {
     if (!ch->waiters[static_cast<size_t>(p)].empty()) later.wanted.emplace_back(ch->id, p);
   }
@@ -502,7 +505,7 @@ void SwarmReader::Impl::PieceInLocked(Chunk& ch, int p, Later& later) {
     return;
   }
   ch.have[i] = 1;
-  ch.progress = followed = Clock::now();
+  ch.progress = followed = peer_piece_at = Clock::now();
   ch.store_until = {};  // its peers answer again
   ch.store_window = {};
   ch.extended = false;
@@ -596,6 +599,11 @@ SwarmStats SwarmReader::Stats() const {
   }
   s.fallbacks = i.fallbacks.load(std::memory_order_relaxed);
   s.hedges = i.hedges.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(i.mu);
+    s.store_rate = i.store_meter.rate;
+    s.peer_rate = i.peer_meter.rate;
+  }
   s.hash_failures = i.hash_failures.load(std::memory_order_relaxed);
   s.chunks_claimed = i.claimed.load(std::memory_order_relaxed);
   s.chunks_joined = i.joined.load(std::memory_order_relaxed);

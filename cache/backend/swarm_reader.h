@@ -72,6 +72,8 @@ struct SwarmStats {
   uint64_t peers = 0;               // peer connections now
   uint64_t fallbacks = 0;           // reads sent to the store after peers failed them
   uint64_t hedges = 0;              // reads sent to the store because it answers sooner than peers
+  double store_rate = 0;            // bytes/s the store sends this node when asked (0: not known)
+  double peer_rate = 0;             // bytes/s peers send this node when asked (0: not known)
   uint64_t hash_failures = 0;       // pieces from peers that did not match their hash
   uint64_t chunks_claimed = 0;      // chunks this node read from the store for the fleet
   uint64_t chunks_joined = 0;       // chunks this node took from the swarm

@@ -155,10 +155,30 @@ struct SwarmReader::Impl {
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
       joined{0}, published{0}, rejected{0}, hedges{0};
-  // How long this node's store takes to answer a read of a piece: a moving average of each store
-  // read of at least half a piece (scaled to a piece), in ns; 0 before the first.
-  std::atomic<int64_t> store_piece_ns{0};
-  std::atomic<bool> hedge_logged{false};
+  // A source's rate as this node gets it when it asks: the bytes that came over windows of
+  // kWindow that began with something asked of it (not its idle time); a new figure once a
+  // piece's worth (or 2 s) of such windows is in, averaged with the last. Bytes per second, 0
+  // before it is known. Each tick, on the swarm's thread (under `mu`).
+  struct RateMeter {
+    static constexpr std::chrono::milliseconds kWindow{250};
+    double rate = 0;
+    Clock::time_point began;
+    bool busy = false;  // something asked at the window's start
+    uint64_t at = 0;    // the bytes counter then
+    uint64_t bytes = 0;
+    Clock::duration time{};  // bytes and time of busy windows not yet in `rate`
+    void Tick(Clock::time_point now, uint64_t total, bool busy_now, uint64_t enough);
+  };
+  std::atomic<int> store_in_flight{0};
+  RateMeter store_meter;  // GUARDED_BY(mu): store_bytes while a store read is in flight
+  RateMeter peer_meter;   // GUARDED_BY(mu): peer_bytes while a joined chunk is not whole
+  // The store sends this node more than kStoreMargin times what its peers do (each measured):
+  // reads of joined chunks go to the store (Hedge).
+  static constexpr double kStoreMargin = 1.25;
+  bool prefer_store = false;        // GUARDED_BY(mu)
+  bool store_probed = false;        // GUARDED_BY(mu): a chunk read from the store to meter it
+  Clock::time_point peer_piece_at;  // GUARDED_BY(mu) the last piece got from peers
+  bool hedge_logged = false;        // GUARDED_BY(mu)
 
   // --- the read path ---
   void Submit(ReadRequest r);
@@ -255,17 +275,25 @@ struct SwarmReader::Impl {
   void Reclaim(const ChunkPtr& chp, Later& later);
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
-  // Notes a store read of `bytes` asked for at `asked` (store_piece_ns). Any thread.
-  void NoteStore(Clock::time_point asked, size_t bytes);
-  // How long a reader waits on the peers of a joined chunk before it goes to the store: twice
-  // the store's time for a piece (at least kHedgeFloor), a tenth of peer_wait before the store
-  // was measured. Never more than peer_wait.
+  // How long readers of a joined chunk wait on peers that send no piece (to any of this node's
+  // chunks) before they go to the store: twice the store's time for a piece at its rate (at
+  // least kHedgeFloor); a tenth of peer_wait before the store's rate is known. Never more than
+  // peer_wait. REQUIRES: mu.
   static constexpr std::chrono::milliseconds kHedgeFloor{20};
   Clock::duration HedgeAfter() const;
-  // A joined chunk a reader has waited on longer than HedgeAfter() since it was joined: its
-  // readers, and its later reads of pieces it does not hold, go to the store (hedges). The
-  // engine goes on fetching it for the fleet. REQUIRES: mu.
+  // Each tick, for a joined chunk with readers: to the store (ToStoreFaster) where
+  //   - the store sends this node more than kStoreMargin times what peers do (prefer_store);
+  //   - or a reader has waited HedgeAfter() since the chunk was joined with no piece from
+  //     peers meanwhile (peers that stall, or send at half the store's rate or less).
+  // REQUIRES: mu.
   void Hedge(Chunk& ch, Clock::time_point now, Later& later);
+  // Its readers, and its later reads of pieces it does not hold, go to the store (hedges); the
+  // engine goes on fetching it for the fleet. REQUIRES: mu.
+  void ToStoreFaster(Chunk& ch, Later& later);
+  // At its join: a node that does not know its store's rate does not know whether its peers are
+  // faster; the first chunk it joins is read from the store to meter it (ToStoreFaster), once.
+  // A node that has claimed chunks meters the store with those. REQUIRES: mu.
+  bool MeterByChunk(Chunk& ch, Later& later);
   // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
   void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.

@@ -14,6 +14,10 @@ void SwarmReader::Impl::Tick() {
   {
     std::lock_guard lock(mu);
     const Clock::time_point now = Clock::now();
+    store_meter.Tick(now, store_bytes.load(std::memory_order_relaxed),
+                     store_in_flight.load(std::memory_order_relaxed) > 0, o.piece_bytes);
+    prefer_store = store_meter.rate > kStoreMargin * peer_meter.rate && peer_meter.rate > 0;
+    bool peers_asked = false;  // a joined chunk not whole: the engine asks peers for pieces
     WatchDir(now, later);
     Follow(now);
     uint64_t held = 0;
@@ -54,6 +58,7 @@ void SwarmReader::Impl::Tick() {
             refresh(*ch);
           } else {
             followed = now;
+            peers_asked = true;
           }
           Hedge(*ch, now, later);
           CatchUp(ch, now, probes);
@@ -64,6 +69,7 @@ void SwarmReader::Impl::Tick() {
       }
       held += ch->data->allocated.load(std::memory_order_relaxed);
     }
+    peer_meter.Tick(now, peer_bytes.load(std::memory_order_relaxed), peers_asked, o.piece_bytes);
     if (held > o.memory_bytes) Evict(held, later);
     for (const ChunkPtr& ch : retry) Forget(*ch, later);
   }
@@ -258,23 +264,32 @@ void SwarmReader::Impl::GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Lat
   }
 }
 
-void SwarmReader::Impl::NoteStore(Clock::time_point asked, size_t bytes) {
-  if (bytes < o.piece_bytes / 2) return;  // a file's tail: its time is mostly the trip
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - asked);
-  const auto sample = static_cast<int64_t>(static_cast<double>(ns.count()) * o.piece_bytes /
-                                           static_cast<double>(bytes));
-  int64_t old = store_piece_ns.load(std::memory_order_relaxed);
-  int64_t next = 0;
-  do {
-    next = old == 0 ? std::max<int64_t>(sample, 1) : old + (sample - old) / 4;
-  } while (!store_piece_ns.compare_exchange_weak(old, next, std::memory_order_relaxed));
+void SwarmReader::Impl::RateMeter::Tick(Clock::time_point now, uint64_t total, bool busy_now,
+                                        uint64_t enough) {
+  if (now - began < kWindow) return;
+  if (busy && began != Clock::time_point{}) {
+    bytes += total - at;
+    time += now - began;
+    if (bytes >= enough || (bytes > 0 && time >= std::chrono::seconds(2))) {
+      const double r = static_cast<double>(bytes) / std::chrono::duration<double>(time).count();
+      rate = rate == 0 ? r : (rate + r) / 2;
+      bytes = 0;
+      time = {};
+    }
+  }
+  began = now;
+  at = total;
+  busy = busy_now;
 }
 
 SwarmReader::Impl::Clock::duration SwarmReader::Impl::HedgeAfter() const {
-  const int64_t ns = store_piece_ns.load(std::memory_order_relaxed);
+  const double rate = store_meter.rate;
   const Clock::duration after =
-      ns == 0 ? Clock::duration(o.peer_wait) / 10
-              : std::max<Clock::duration>(2 * std::chrono::nanoseconds(ns), kHedgeFloor);
+      rate == 0 ? Clock::duration(o.peer_wait) / 10
+                : std::max<Clock::duration>(
+                      std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(2.0 * o.piece_bytes / rate)),
+                      kHedgeFloor);
   return std::min<Clock::duration>(after, o.peer_wait);
 }
 
@@ -286,19 +301,44 @@ void SwarmReader::Impl::Hedge(Chunk& ch, Clock::time_point now, Later& later) {
   }
   if (oldest == Clock::time_point::max()) return;
   const Clock::duration after = HedgeAfter();
-  if (now - std::max(oldest, ch.joined_at) < after) return;
+  const bool stalled = now - std::max({oldest, ch.joined_at, peer_piece_at}) >= after;
+  if (!prefer_store && !stalled) return;
+  ToStoreFaster(ch, later);
+  if (!hedge_logged) {
+    hedge_logged = true;
+    spdlog::info(
+        "swarm: the peers of {} are slower than the store ({}); such chunks are read from the "
+        "store (swarm_hedges counts the reads)",
+        ch.name,
+        prefer_store
+            ? fmt::format("{:.0f} MB/s from peers, {:.0f} MB/s from the store",
+                          peer_meter.rate / 1e6, store_meter.rate / 1e6)
+            : fmt::format("a reader waited {} ms with no piece",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(after).count()));
+  }
+}
+
+void SwarmReader::Impl::ToStoreFaster(Chunk& ch, Later& later) {
   ch.store_faster = true;
   for (auto& waiting : ch.waiters) {
     for (Waiter& w : waiting) later.to_store.push_back(std::move(w.request));
     hedges.fetch_add(waiting.size(), std::memory_order_relaxed);
     waiting.clear();
   }
-  if (!hedge_logged.exchange(true)) {
-    spdlog::info(
-        "swarm: a reader waited {} ms on the peers of {}, longer than this node's store takes; "
-        "the rest of such a chunk is read from the store (swarm_hedges counts the reads)",
-        std::chrono::duration_cast<std::chrono::milliseconds>(after).count(), ch.name);
+}
+
+bool SwarmReader::Impl::MeterByChunk(Chunk& ch, Later& later) {
+  // Not by the store's bytes: a node's first reads of a file's header go there, too small to
+  // meter it.
+  if (!o.hedge || store_probed || store_meter.rate != 0 ||
+      claimed.load(std::memory_order_relaxed) != 0) {
+    return false;
   }
+  store_probed = true;
+  spdlog::info("swarm: {} is read from the store, to know the store's rate against its peers'",
+               ch.name);
+  ToStoreFaster(ch, later);
+  return true;
 }
 
 void SwarmReader::Impl::Evict(uint64_t held, Later& later) {

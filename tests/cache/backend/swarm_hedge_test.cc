@@ -82,8 +82,10 @@ class SlowStore final : public BackendReader {
 class SwarmHedgeTest : public SwarmReaderTest {};
 
 // Node 0 published every chunk and went; a seed of chunk 0 that sends 8 KiB/s (a 64 KiB piece in
-// 8 s) is at its address; node 1, which has never read its store, joins chunk 0. Its readers wait
-// a tenth of peer_wait, then read the store; so does its next read of the chunk, at once.
+// 8 s) is at its address; node 1, which has read its store (a file outside the swarm), joins
+// chunk 0. Its readers wait on the peer no longer than peer_wait/10 (the store's rate unknown:
+// that read was too short to meter) or twice the store's time for a piece, then read the store;
+// so does its next read of the chunk, at once.
 TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
   ACCELFS_SKIP_WITH_AN_OUTSIDER();
   ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
@@ -98,6 +100,9 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
   o.hedge = true;
   auto b = Node(o);
   ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> outside = OpenBackingFile(path_);  // no identity: no chunk
+  Pending first = Read(*b, outside, 4 * kChunkPieces);
+  ASSERT_NO_FATAL_FAILURE(Check(first));
   const std::shared_ptr<BackingFile> file = File();
   std::vector<Pending> reads;
   for (uint64_t i = 0; i < kChunkPieces; ++i) reads.push_back(Read(*b, file, i));
@@ -105,15 +110,15 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
   EXPECT_EQ(b->Stats().chunks_joined, 1u);
   EXPECT_EQ(b->Stats().hedges, kChunkPieces);
   EXPECT_EQ(b->Stats().fallbacks, 0u) << "its readers waited peer_wait on the slow peer";
-  EXPECT_EQ(b->Stats().store_bytes, kChunkPieces * kPiece);
+  EXPECT_EQ(b->Stats().store_bytes, (kChunkPieces + 1) * kPiece);
   Pending again = Read(*b, file, 0);
   EXPECT_EQ(b->Stats().hedges, kChunkPieces + 1) << "a later read of the chunk waited on peers";
   ASSERT_NO_FATAL_FAILURE(Check(again));
 }
 
-// The control: node 1's store answers a read in 1 s (it read a file outside the swarm first, so
-// it knows); chunk 0's peer, node 0, answers on loopback: node 1 takes the chunk from its peer and
-// sends no read of it to the store.
+// The control: node 1's store answers a read in 1 s (it read a file outside the swarm first and
+// metered it); chunk 0's peer, node 0, answers on loopback: node 1 takes the chunk from its peer
+// and sends no read of it to the store.
 TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
   auto a = Node(0);
   ASSERT_TRUE(a);
@@ -127,6 +132,9 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
   Pending first = Read(*b, outside, 4 * kChunkPieces);
   ASSERT_NO_FATAL_FAILURE(Check(first));
   ASSERT_EQ(b->Stats().store_bytes, kPiece);
+  for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
+  EXPECT_LT(b->Stats().store_rate, 2.0 * kPiece) << "a piece a second";
   const std::shared_ptr<BackingFile> file = File();
   std::vector<Pending> reads;
   for (uint64_t i = 0; i < kChunkPieces; ++i) reads.push_back(Read(*b, file, i));
@@ -134,6 +142,34 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
   EXPECT_EQ(b->Stats().hedges, 0u);
   EXPECT_EQ(b->Stats().peer_bytes, kChunkPieces * kPiece);
   EXPECT_EQ(b->Stats().store_bytes, kPiece);
+}
+
+// A node that has never read its store does not know whether its peers are faster: node 1 (whose
+// store answers a read in 4 s) reads the first chunk it joins from the store, to meter it; the
+// next chunk it takes from its peer, node 0, which answers sooner.
+TEST_F(SwarmHedgeTest, ANodeThatNeverReadItsStoreReadsOneChunkFromItThenTakesTheFasterPeers) {
+  auto a = Node(0);
+  ASSERT_TRUE(a);
+  ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
+  ASSERT_EQ(WaitForPublished(*a, 5), 5);
+  SwarmOptions o = Options(1);
+  o.hedge = true;
+  auto b = Node(o, std::make_unique<SlowStore>(4s));
+  ASSERT_TRUE(b);
+  const std::shared_ptr<BackingFile> file = File();
+  for (uint64_t chunk = 0; chunk < 2; ++chunk) {
+    std::vector<Pending> reads;
+    for (uint64_t i = 0; i < kChunkPieces; ++i) {
+      reads.push_back(Read(*b, file, chunk * kChunkPieces + i));
+    }
+    for (Pending& p : reads) ASSERT_NO_FATAL_FAILURE(Check(p));
+    EXPECT_EQ(b->Stats().hedges, kChunkPieces) << "chunk " << chunk;
+    EXPECT_EQ(b->Stats().store_bytes, kChunkPieces * kPiece) << "chunk " << chunk;
+    // Metered: its next chunk's readers wait on peers twice the store's time for a piece (8 s).
+    for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
+    ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
+  }
+  EXPECT_EQ(b->Stats().fallbacks, 0u);
 }
 
 }  // namespace

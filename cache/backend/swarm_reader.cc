@@ -354,7 +354,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   ch->progress = ch->joined_at = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
-  if (MeterByChunk(*ch, later)) return;
+  MeterByPieces(*ch, later);
   for (int p = 0; p < ch->data->count(); ++p) {
     if (!ch->waiters[static_cast<size_t>(p)].empty()) later.wanted.emplace_back(ch->id, p);
   }

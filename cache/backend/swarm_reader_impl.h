@@ -162,6 +162,7 @@ struct SwarmReader::Impl {
   struct RateMeter {
     static constexpr std::chrono::milliseconds kWindow{250};
     double rate = 0;
+    int samples = 0;  // figures averaged into `rate`
     Clock::time_point began;
     bool busy = false;  // something asked at the window's start
     uint64_t at = 0;    // the bytes counter then
@@ -172,11 +173,14 @@ struct SwarmReader::Impl {
   std::atomic<int> store_in_flight{0};
   RateMeter store_meter;  // GUARDED_BY(mu): store_bytes while a store read is in flight
   RateMeter peer_meter;   // GUARDED_BY(mu): peer_bytes while a joined chunk is not whole
-  // The store sends this node more than kStoreMargin times what its peers do (each measured):
-  // reads of joined chunks go to the store (Hedge).
+  // The store sends this node more than kStoreMargin times what its peers do (each measured,
+  // the peers over at least kPeerSamples figures): reads of joined chunks go to the store (Hedge).
   static constexpr double kStoreMargin = 1.25;
-  bool prefer_store = false;        // GUARDED_BY(mu)
-  bool store_probed = false;        // GUARDED_BY(mu): a chunk read from the store to meter it
+  static constexpr int kPeerSamples = 4;
+  bool prefer_store = false;          // GUARDED_BY(mu)
+  bool store_probed = false;          // GUARDED_BY(mu): pieces read from the store to meter it
+  std::atomic<double> probe_rate{0};  // their bytes over their time, once all answered
+  static constexpr int kProbePieces = 4;
   Clock::time_point peer_piece_at;  // GUARDED_BY(mu) the last piece got from peers
   bool hedge_logged = false;        // GUARDED_BY(mu)
 
@@ -276,10 +280,8 @@ struct SwarmReader::Impl {
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
   void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
   // How long readers of a joined chunk wait on peers that send no piece (to any of this node's
-  // chunks) before they go to the store: twice the store's time for a piece at its rate (at
-  // least kHedgeFloor); a tenth of peer_wait before the store's rate is known. Never more than
-  // peer_wait. REQUIRES: mu.
-  static constexpr std::chrono::milliseconds kHedgeFloor{20};
+  // chunks) before they go to the store: twice the store's time for a piece at its rate, and at
+  // least a tenth of peer_wait (a torrent's first piece waits on its connections). REQUIRES: mu.
   Clock::duration HedgeAfter() const;
   // Each tick, for a joined chunk with readers: to the store (ToStoreFaster) where
   //   - the store sends this node more than kStoreMargin times what peers do (prefer_store);
@@ -290,10 +292,13 @@ struct SwarmReader::Impl {
   // Its readers, and its later reads of pieces it does not hold, go to the store (hedges); the
   // engine goes on fetching it for the fleet. REQUIRES: mu.
   void ToStoreFaster(Chunk& ch, Later& later);
-  // At its join: a node that does not know its store's rate does not know whether its peers are
-  // faster; the first chunk it joins is read from the store to meter it (ToStoreFaster), once.
-  // A node that has claimed chunks meters the store with those. REQUIRES: mu.
-  bool MeterByChunk(Chunk& ch, Later& later);
+  // At its join: a node that started after others held the model (`behind`: a late node, a
+  // restarted one) and has not read its store does not know whether its peers are faster; up to
+  // kProbePieces pieces readers wait on in the first chunk it joins are read from the store at
+  // once to meter it (probe_rate: their bytes over their time; one piece alone says less than
+  // the store gives a node), once. Nodes that start together meter the store with the chunks
+  // they claim. REQUIRES: mu.
+  void MeterByPieces(Chunk& ch, Later& later);
   // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
   void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.

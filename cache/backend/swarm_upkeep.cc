@@ -16,7 +16,9 @@ void SwarmReader::Impl::Tick() {
     const Clock::time_point now = Clock::now();
     store_meter.Tick(now, store_bytes.load(std::memory_order_relaxed),
                      store_in_flight.load(std::memory_order_relaxed) > 0, o.piece_bytes);
-    prefer_store = store_meter.rate > kStoreMargin * peer_meter.rate && peer_meter.rate > 0;
+    if (store_meter.rate == 0) store_meter.rate = probe_rate.load(std::memory_order_relaxed);
+    prefer_store =
+        peer_meter.samples >= kPeerSamples && store_meter.rate > kStoreMargin * peer_meter.rate;
     bool peers_asked = false;  // a joined chunk not whole: the engine asks peers for pieces
     WatchDir(now, later);
     Follow(now);
@@ -273,6 +275,7 @@ void SwarmReader::Impl::RateMeter::Tick(Clock::time_point now, uint64_t total, b
     if (bytes >= enough || (bytes > 0 && time >= std::chrono::seconds(2))) {
       const double r = static_cast<double>(bytes) / std::chrono::duration<double>(time).count();
       rate = rate == 0 ? r : (rate + r) / 2;
+      ++samples;
       bytes = 0;
       time = {};
     }
@@ -284,12 +287,11 @@ void SwarmReader::Impl::RateMeter::Tick(Clock::time_point now, uint64_t total, b
 
 SwarmReader::Impl::Clock::duration SwarmReader::Impl::HedgeAfter() const {
   const double rate = store_meter.rate;
-  const Clock::duration after =
-      rate == 0 ? Clock::duration(o.peer_wait) / 10
-                : std::max<Clock::duration>(
-                      std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(2.0 * o.piece_bytes / rate)),
-                      kHedgeFloor);
+  Clock::duration after = Clock::duration(o.peer_wait) / 10;
+  if (rate > 0) {
+    after = std::max(after, std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(2.0 * o.piece_bytes / rate)));
+  }
   return std::min<Clock::duration>(after, o.peer_wait);
 }
 
@@ -327,18 +329,48 @@ void SwarmReader::Impl::ToStoreFaster(Chunk& ch, Later& later) {
   }
 }
 
-bool SwarmReader::Impl::MeterByChunk(Chunk& ch, Later& later) {
+void SwarmReader::Impl::MeterByPieces(Chunk& ch, Later& later) {
   // Not by the store's bytes: a node's first reads of a file's header go there, too small to
   // meter it.
-  if (!o.hedge || store_probed || store_meter.rate != 0 ||
+  if (!o.hedge || !behind || store_probed || store_meter.rate != 0 ||
       claimed.load(std::memory_order_relaxed) != 0) {
-    return false;
+    return;
   }
+  struct Probe {
+    std::atomic<int> left{0};
+    std::atomic<uint64_t> bytes{0};
+    Clock::time_point asked = Clock::now();
+  };
+  auto probe = std::make_shared<Probe>();
+  int pieces = 0;
+  for (auto& waiting : ch.waiters) {
+    if (waiting.empty() || pieces == kProbePieces) continue;
+    ++pieces;
+    for (Waiter& w : waiting) {
+      probe->left.fetch_add(1, std::memory_order_relaxed);
+      auto done = std::move(w.request.done);
+      w.request.done = [this, probe, done = std::move(done)](Result<size_t> n) {
+        if (n.ok()) probe->bytes.fetch_add(n.value(), std::memory_order_relaxed);
+        if (probe->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          const double s = std::chrono::duration<double>(Clock::now() - probe->asked).count();
+          const uint64_t bytes = probe->bytes.load(std::memory_order_relaxed);
+          if (bytes > 0 && s > 0) {
+            probe_rate.store(static_cast<double>(bytes) / s, std::memory_order_relaxed);
+          }
+        }
+        done(std::move(n));
+      };
+      later.to_store.push_back(std::move(w.request));
+    }
+    hedges.fetch_add(waiting.size(), std::memory_order_relaxed);
+    waiting.clear();
+  }
+  if (pieces == 0) return;
   store_probed = true;
-  spdlog::info("swarm: {} is read from the store, to know the store's rate against its peers'",
-               ch.name);
-  ToStoreFaster(ch, later);
-  return true;
+  spdlog::info(
+      "swarm: this node joined after others held the model, its store's rate unknown: {} "
+      "pieces of {} are read from the store to know it against its peers'",
+      pieces, ch.name);
 }
 
 void SwarmReader::Impl::Evict(uint64_t held, Later& later) {

@@ -84,6 +84,10 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   [[ -f $dir/sshd.pid ]] && kill "$(cat "$dir/sshd.pid")" 2>/dev/null
   for n in o $(seq 1 "$nodes"); do ip netns del "$(ns "$n")" 2>/dev/null; done
+  # A veth goes with its namespace, later: gone now, or the next run's `ip link add` finds it.
+  for link in $(ip -o link show | sed -n 's/^[0-9]*: \(afl-[^@:]*\)@.*/\1/p'); do
+    ip link del "$link" 2>/dev/null
+  done
   ip link del "$br" 2>/dev/null
   return 0
 }

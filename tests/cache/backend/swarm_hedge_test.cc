@@ -144,14 +144,16 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
   EXPECT_EQ(b->Stats().store_bytes, kPiece);
 }
 
-// A node that has never read its store does not know whether its peers are faster: node 1 (whose
-// store answers a read in 4 s) reads the first chunk it joins from the store, to meter it; the
-// next chunk it takes from its peer, node 0, which answers sooner.
-TEST_F(SwarmHedgeTest, ANodeThatNeverReadItsStoreReadsOneChunkFromItThenTakesTheFasterPeers) {
+// A node that starts after another holds the model and has never read its store does not know
+// whether its peers are faster: node 1 (whose store answers a read in 4 s) reads the pieces its
+// readers wait on in the first chunk it joins (up to four) from the store, to meter it; the next
+// chunk it takes from its peer, node 0, which answers sooner.
+TEST_F(SwarmHedgeTest, ALateNodeReadsPiecesFromItsStoreToMeterItThenTakesTheFasterPeers) {
   auto a = Node(0);
   ASSERT_TRUE(a);
   ASSERT_NO_FATAL_FAILURE(ReadAll(*a, InOrder()));
   ASSERT_EQ(WaitForPublished(*a, 5), 5);
+  std::this_thread::sleep_for(3s);  // node 1 starts after node 0 holds the model (kAhead, 2 s)
   SwarmOptions o = Options(1);
   o.hedge = true;
   auto b = Node(o, std::make_unique<SlowStore>(4s));
@@ -169,6 +171,7 @@ TEST_F(SwarmHedgeTest, ANodeThatNeverReadItsStoreReadsOneChunkFromItThenTakesThe
     for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
     ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
   }
+  EXPECT_EQ(WaitForPeerBytes(*b, 2 * kChunkPieces * kPiece), 2 * kChunkPieces * kPiece);
   EXPECT_EQ(b->Stats().fallbacks, 0u);
 }
 

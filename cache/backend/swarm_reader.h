@@ -53,11 +53,12 @@ struct SwarmOptions {
   std::chrono::milliseconds stale_claim{10000};
   std::chrono::milliseconds peer_wait{10000};
   std::chrono::milliseconds tick{20};  // how often claims and torrents in `dir` are looked at
-  // Never slower than the store: a read that has waited on the peers of a joined chunk for
-  // twice as long as this node's store takes to answer one (measured: each of its store reads
-  // of a piece; before the first, a tenth of peer_wait) goes to the store, and so do the
-  // chunk's later reads of pieces it does not hold (SwarmStats::hedges). Off: reads wait on
-  // peers up to peer_wait (tests of sharing whose store is a local file).
+  // Never slower than the store: the node meters its store's rate and its peers'; reads of a
+  // joined chunk go to the store where it sends more than 1.25x what peers do, or where peers
+  // sent nothing for twice the store's time for a piece (at least peer_wait/10), and so do the
+  // chunk's later reads of pieces it does not hold (SwarmStats::hedges; swarm_reader_impl.h,
+  // Hedge). Off: reads wait on peers up to peer_wait (tests of sharing whose store is a local
+  // file, faster than any peer).
   bool hedge = true;
   // The fleet's CA and this node's certificate (swarm_trust.h): peers over mutual TLS, torrents
   // in `dir` signed. None: plain connections and torrents, as any host and any writer of `dir`

@@ -480,16 +480,24 @@ Status SwarmEngine::Add(TorrentId id, const std::vector<char>& bytes,
   if (seed) atp.flags |= lt::torrent_flags::seed_mode;
   atp.peers = impl_->peers;
   atp.max_connections = impl_->per_torrent;
-  const lt::torrent_handle handle = impl_->session->add_torrent(std::move(atp), ec);
+  lt::torrent_handle handle;
+  {
+    // Named before Poll can see its first piece: its alerts are looked up by handle (Id), and
+    // one of a piece no reader waits on, dropped for want of the name, was never caught up
+    // (CatchUp asks the engine only for waited pieces). No thread of the engine takes `mu`.
+    std::lock_guard lock(impl_->mu);
+    handle = impl_->session->add_torrent(std::move(atp), ec);
+    if (!ec) {
+      impl_->handles[id] = handle;
+      impl_->ids[handle] = id;
+    }
+  }
   if (ec) {
     impl_->registry->Take(hash);
     return Error(EIO, "the engine refused it: " + ec.message());
   }
   impl_->ShowCertificate(handle);  // and at its torrent_need_cert_alert, whichever comes last
   if (seed && impl_->trust) OnHandle([&] { lt::torrent_handle(handle).resume(); });
-  std::lock_guard lock(impl_->mu);
-  impl_->handles[id] = handle;
-  impl_->ids[handle] = id;
   return Status::Ok();
 }
 

@@ -22,8 +22,8 @@
 #   --origin-rate RATE (tc rate, 400mbit = 50 MB/s)  --peer-rate RATE (what each node sends, to
 #   peers: its link's egress, tbf; none)  --stagger S (10)  --runs LIST (bench: of
 #   off,on,tls,staggered,kill,lone,late; "on" and "tls" need "off" for their ratios; tls: "on"
-#   over TLS; late: node N loads after nodes 1..N-1 hold the model, against node N alone with
-#   the swarm off)  --tls on|off (bench: the swarm
+#   over TLS; late: node N loads after nodes 1..N-1 hold the model, against one node alone
+#   with the swarm off)  --tls on|off (bench: the swarm
 #   with the fleet's CA, README "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
 #   --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
 # test runs its first load with TLS (node certificates made as README says), the rest without.
@@ -421,9 +421,9 @@ if want kill; then
   echo "| $nodes at once, node 1 killed once it had $(ratio "$killed_had" "$model_bytes") of the model, swarm on | ${times[*]} | – | $(ratio "$origin" "$model_bytes") | $(per_node peer_share) | ${results[*]} |"
 fi
 if want late; then
-  # Node N alone with the swarm off (the store alone); then nodes 1..N-1 load the model with the
-  # swarm on, and node N, started with them, loads it once they hold it (a restart, a replica
-  # added), page caches dropped first.
+  # One node alone with the swarm off (the store alone: node 1, set up as node N is); then nodes
+  # 1..N-1 load the model with the swarm on, and node N, started with them, loads it once they
+  # hold it (a restart, a replica added), page caches dropped first.
   saved=$nodes
   nodes=1
   fleet off 0
@@ -442,7 +442,7 @@ if want late; then
   origin=$(($(origin_tx) - before))
   got=$(peer_bytes "$nodes")
   stop_nodes
-  echo "| node $nodes late: nodes 1..$((nodes - 1)) hold the model${peer_rate:+, each sends peers $peer_rate}; swarm on (node $nodes alone, swarm off) | $t ($alone) | $(ratio "$t" "$alone") | $(ratio "$origin" "$model_bytes") | $(ratio "$got" "$model_bytes") | $r |"
+  echo "| node $nodes late: nodes 1..$((nodes - 1)) hold the model${peer_rate:+, each sends peers $peer_rate}; swarm on (1 node alone, swarm off) | $t ($alone) | $(ratio "$t" "$alone") | $(ratio "$origin" "$model_bytes") | $(ratio "$got" "$model_bytes") | $r |"
 fi
 if want lone; then
   saved=$nodes

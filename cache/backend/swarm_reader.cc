@@ -225,10 +225,7 @@ void SwarmReader::Impl::FetchRest(const ChunkPtr& ch, int demand, Later& later) 
     f.capacity = ch->data->Capacity(p);
     f.expected = ch->data->PieceSize(p);
     f.demand = p == demand || !ch->waiters[static_cast<size_t>(p)].empty();
-    f.done = [this, ch, p](Result<size_t> n) {
-      store_in_flight.fetch_sub(1, std::memory_order_relaxed);
-      Fetched(ch, p, std::move(n));
-    };
+    f.done = [this, ch, p](Result<size_t> n) { Fetched(ch, p, std::move(n)); };
     f.stalled = [this, ch, p] { Stalled(ch, p); };
     later.fetches.push_back(std::move(f));
   }
@@ -238,8 +235,7 @@ void SwarmReader::Impl::Fetched(const ChunkPtr& ch, int p, Result<size_t> n) {
   Later later;
   {
     std::lock_guard lock(mu);
-    if (n.ok()) store_bytes.fetch_add(n.value(), std::memory_order_relaxed);
-    if (stopping || ch->state != State::kFetching) return;  // given up on
+    if (stopping || ch->state != State::kFetching) return;  // given up on (its bytes counted)
     auto& waiting = ch->waiters[static_cast<size_t>(p)];
     if (!n.ok() || n.value() != ch->data->PieceSize(p)) {
       // The store failed or the file ended early: this chunk is not the fleet's to share.
@@ -312,10 +308,7 @@ void SwarmReader::Impl::Run(Later& later) {
     }
   }
   for (ReadRequest& r : later.to_store) ToStore(std::move(r));
-  for (ReadRequest& r : later.fetches) {
-    store_in_flight.fetch_add(1, std::memory_order_relaxed);
-    inner->Submit(std::move(r));
-  }
+  for (ReadRequest& r : later.fetches) ToStore(std::move(r));
 }
 
 void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {

@@ -238,6 +238,8 @@ struct SwarmReader::Impl {
   void Stalled(const ChunkPtr& ch, int p);
   // Every waiter of `ch` to the store, and its later reads too.
   void ToStoreAll(Chunk& ch, Later& later);
+  // Every read this reader sends the store (a reader's, a claimed chunk's fetch): its bytes in
+  // store_bytes once answered, in store_in_flight meanwhile (the store's meter).
   void ToStore(ReadRequest r);
   void Run(Later& later);
   // --- joining and publishing: calls into the engine and the dir, not under `mu` ---

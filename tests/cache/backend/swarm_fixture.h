@@ -175,6 +175,17 @@ class SwarmReaderTest : public ::testing::Test {
     return got;
   }
 
+  // Waits (up to 10 s) until `node` has metered its store (SwarmStats::store_rate, each tick of
+  // its swarm thread). The rate, 0 where it did not.
+  static double WaitForStoreRate(const SwarmReader& node) {
+    double rate = 0;
+    for (int i = 0; i < 500 && rate == 0; ++i) {
+      rate = node.Stats().store_rate;
+      if (rate == 0) std::this_thread::sleep_for(20ms);
+    }
+    return rate;
+  }
+
   // Node 0 reads the whole file (it claims and publishes every chunk) and goes: its torrents
   // stay in the dir, its claims are no longer refreshed. Use with ASSERT_NO_FATAL_FAILURE.
   void PublishedByAGoneNode() {

@@ -132,8 +132,7 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
   Pending first = Read(*b, outside, 4 * kChunkPieces);
   ASSERT_NO_FATAL_FAILURE(Check(first));
   ASSERT_EQ(b->Stats().store_bytes, kPiece);
-  for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
-  ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
+  ASSERT_GT(WaitForStoreRate(*b), 0) << "the store's rate not metered";
   EXPECT_LT(b->Stats().store_rate, 2.0 * kPiece) << "a piece a second";
   const std::shared_ptr<BackingFile> file = File();
   std::vector<Pending> reads;
@@ -168,8 +167,7 @@ TEST_F(SwarmHedgeTest, ALateNodeReadsPiecesFromItsStoreToMeterItThenTakesTheFast
     EXPECT_EQ(b->Stats().hedges, kChunkPieces) << "chunk " << chunk;
     EXPECT_EQ(b->Stats().store_bytes, kChunkPieces * kPiece) << "chunk " << chunk;
     // Metered: its next chunk's readers wait on peers twice the store's time for a piece (8 s).
-    for (int i = 0; i < 500 && b->Stats().store_rate == 0; ++i) std::this_thread::sleep_for(20ms);
-    ASSERT_GT(b->Stats().store_rate, 0) << "the store's rate not metered";
+    ASSERT_GT(WaitForStoreRate(*b), 0) << "the store's rate not metered";
   }
   // Chunk 1's pieces, each waited on (chunk 0's come too, as the engine fetches them for the
   // fleet: not counted here, a piece no reader waits on is seen by its alert only).

@@ -125,6 +125,12 @@ class Daemon {
 };
 
 Status Daemon::Check() {
+  // A daemon killed without unmounting (kill -9, its container killed) leaves a mount that
+  // answers ENOTCONN; the next start on the same mountpoint is the one to clear it.
+  if (ClearDeadMount(config_.mountpoint)) {
+    spdlog::warn("cleared a dead accelfs mount on {}: its daemon had died without unmounting",
+                 config_.mountpoint);
+  }
   MountProbe probe = MountProbe::kAlive;
   Result<CheckedPaths> paths = CheckPaths(config_.source, config_.mountpoint, &probe);
   if (!paths.ok()) {

@@ -1,10 +1,12 @@
 #include "fs/daemon/mount_checks.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -34,7 +36,42 @@ bool IsSameOrInside(const std::string& inner, const std::string& outer) {
   return inner.compare(0, prefix.size(), prefix) == 0;
 }
 
+// The root, and filesystems only the kernel or the init system makes: a mount over them hides
+// what the node runs on.
+bool IsSystemMount(const MountInfo& m) {
+  static constexpr std::string_view kKernelTypes[] = {
+      "proc",        "sysfs",    "devtmpfs", "devpts", "cgroup",    "cgroup2",  "securityfs",
+      "debugfs",     "tracefs",  "bpf",      "mqueue", "hugetlbfs", "configfs", "pstore",
+      "binfmt_misc", "efivarfs", "autofs",   "nsfs",   "selinuxfs"};
+  if (m.mountpoint == "/") return true;
+  return std::find(std::begin(kKernelTypes), std::end(kKernelTypes), m.fstype) !=
+         std::end(kKernelTypes);
+}
+
+// MOUNTPOINT as mountinfo names it, without resolving the last component: realpath() of a dead
+// FUSE mount's root fails with ENOTCONN.
+std::string MountinfoPath(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return Canonical(".").value_or(".") + "/" + path;
+  const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = path.substr(slash + 1);
+  const std::string base = Canonical(parent).value_or(parent);
+  if (name.empty() || name == ".") return base;
+  return base == "/" ? "/" + name : base + "/" + name;
+}
+
 }  // namespace
+
+bool ClearDeadMount(const std::string& mountpoint) {
+  const std::string path = MountinfoPath(mountpoint);
+  std::optional<MountInfo> top;
+  for (MountInfo& m : ReadMountInfo()) {
+    if (m.mountpoint == path) top = std::move(m);
+  }
+  if (!top || top->fstype != kAccelfsFsType) return false;
+  if (ProbeMount(path, kProbeTimeout) != MountProbe::kDead) return false;
+  return umount2(path.c_str(), MNT_DETACH) == 0;
+}
 
 Status CheckCacheDir(const std::string& dir, const CheckedPaths& paths) {
   std::string error;
@@ -141,11 +178,17 @@ Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mo
   }
   for (const MountInfo& m : ReadMountInfo()) {
     if (m.mountpoint != paths.mountpoint) continue;
+    if (!IsFuseType(m.fstype)) {
+      // A bind mount of a directory (every volume of a container is one) or a filesystem of its
+      // own is a fine place for the mount; the root and the kernel's own filesystems are not.
+      if (!IsSystemMount(m)) continue;
+      error = "mountpoint " + Quote(mountpoint) + " is a system mount (" + m.fstype +
+              "); choose another directory (e.g. /mnt/fastmodels)";
+      return Error(EINVAL, error);
+    }
     // A killed FUSE daemon's mount may still stat() fine (the kernel trusts cached attributes),
     // but statfs() goes to the connection, and a dead one answers ENOTCONN at once.
-    const bool fuse = IsFuseType(m.fstype);
-    const MountProbe probe =
-        fuse ? ProbeMount(paths.mountpoint, kProbeTimeout) : MountProbe::kAlive;
+    const MountProbe probe = ProbeMount(paths.mountpoint, kProbeTimeout);
     if (probe_out != nullptr) *probe_out = probe;
     if (probe == MountProbe::kDead) {
       error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
@@ -157,7 +200,7 @@ Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mo
               ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +
               "' (or 'umount -l " + mountpoint + "') and retry";
     } else {
-      error = "mountpoint " + Quote(mountpoint) + " is already a mount point (" + m.fstype +
+      error = "mountpoint " + Quote(mountpoint) + " is already a FUSE mount (" + m.fstype +
               " from " + m.source + "); unmount it first or choose another directory";
     }
     return Error(EINVAL, error);

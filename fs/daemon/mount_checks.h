@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/result.h"
@@ -28,8 +29,19 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
 // How long CheckPaths waits for a FUSE mount on MOUNTPOINT to answer.
 inline constexpr std::chrono::milliseconds kProbeTimeout{2000};
 
-// Validates SOURCE and MOUNTPOINT. On failure the error's message is one line;
-// `probe` (if given) says what a FUSE mount found on MOUNTPOINT answered (ProbeMount).
+// The fstype of an accelfs mount in mountinfo.
+inline constexpr std::string_view kAccelfsFsType = "fuse.accelfs";
+
+// Unmounts (lazily) a dead accelfs mount on top of `mountpoint`: one whose daemon was killed
+// without unmounting (a container killed, kill -9), which answers every access with ENOTCONN.
+// True when one was cleared. Leaves anything else alone: a live or stuck mount, another
+// filesystem's, or one this process may not unmount (not root); CheckPaths then says why.
+bool ClearDeadMount(const std::string& mountpoint);
+
+// Validates SOURCE and MOUNTPOINT. MOUNTPOINT may be a mount itself (a bind mount, a container's
+// volume), but not a FUSE mount, the root or one of the kernel's filesystems. On failure the
+// error's message is one line; `probe` (if given) says what a FUSE mount found on MOUNTPOINT
+// answered (ProbeMount).
 Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
                                 MountProbe* probe = nullptr);
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@
 namespace accelfs::testing {
 namespace {
 
-// Only the stale-mount test mounts; the others must work where FUSE cannot.
+// Only the tests of what is already on MOUNTPOINT mount; the others must work where FUSE cannot.
 class CliTest : public MountTest {
  protected:
   CliTest() : MountTest(/*needs_fuse=*/false) {}
@@ -78,12 +79,48 @@ TEST_F(CliTest, MountpointIsAFile) {
   ExpectRejected({source_, dir_ / "plain"}, {"mountpoint", "not a directory"});
 }
 
-TEST_F(CliTest, MountpointAlreadyAMount) {
-  const CommandResult m = RunCommand({"mount", "-t", "tmpfs", "none", mountpoint_});
-  if (m.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << m.err;
-  ExpectRejected({source_, mountpoint_}, {"already a mount point"});
-  EXPECT_EQ(MountTypesAt(mountpoint_), std::vector<std::string>{"tmpfs"});
+// A live FUSE mount on MOUNTPOINT (accelfs's or another's) is refused; the first is unharmed.
+TEST_F(CliTest, MountpointAlreadyAFuseMount) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  WriteTestFile(Src("f"), 10, 1);
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  const CommandResult r =
+      RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M"}, std::chrono::seconds(15));
+  ExpectOneLineFailure(r, {"already a FUSE mount", "fuse.accelfs"});
+  EXPECT_EQ(MountTypesAt(mountpoint_), std::vector<std::string>{"fuse.accelfs"});
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("f"), 1, 10));
+}
+
+// A bind mount of a directory is where a container's volume puts MOUNTPOINT (podman -v
+// /mnt/fastmodels:/mnt/models:rshared): accelfs mounts on it, and leaves it as it was.
+TEST_F(CliTest, MountpointThatIsABindMountIsUsed) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  const std::string volume = dir_ / "volume";
+  ASSERT_EQ(mkdir(volume.c_str(), 0755), 0);
+  const CommandResult bind = RunCommand({"mount", "--bind", volume, mountpoint_});
+  if (bind.exit_code != 0) GTEST_SKIP() << "cannot bind-mount here: " << bind.err;
+  const std::vector<std::string> before = MountTypesAt(mountpoint_);
+  ASSERT_EQ(before.size(), 1u);
+  WriteTestFile(Src("model.safetensors"), 5 * 1000 * 1000 + 3, 7);
+  ASSERT_NO_FATAL_FAILURE(StartMount());
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("model.safetensors"), 7, 5 * 1000 * 1000 + 3));
+  // Unmounted as a user would: the FUSE mount only (the fixture's Stop removes every mount).
+  const CommandResult u = RunCommand({"fusermount3", "-u", mountpoint_});
+  EXPECT_EQ(u.exit_code, 0) << u.err;
+  int status = 0;
+  EXPECT_TRUE(daemon_.Wait(kExitWait, &status)) << daemon_.Log();
+  EXPECT_EQ(MountTypesAt(mountpoint_), before) << "the bind mount under accelfs is left as it was";
   EXPECT_TRUE(UnmountAll(mountpoint_));
+}
+
+// The root and the kernel's own filesystems are never a place to mount.
+TEST_F(CliTest, MountpointThatIsASystemMountIsRefused) {
+  for (const char* system : {"/proc", "/sys", "/"}) {
+    const CommandResult r = RunAccelfs({source_, system, "-f"}, std::chrono::seconds(15));
+    ExpectOneLineFailure(r, {"is a system mount"});
+  }
 }
 
 TEST_F(CliTest, MountpointIsTheSource) {
@@ -202,22 +239,72 @@ TEST_F(CliTest, UnknownMountOption) {
   ExpectRejected(Valid({"-o", "frobnicate"}), {"mount option", "frobnicate"});
 }
 
-// The mountpoint was listed before the kill: the kernel still trusts its cached attributes, so
-// stat() succeeds on the dead mount, and only the connection tells it is stale.
-TEST_F(CliTest, StaleMountWithCachedAttributesIsNamedWithItsFix) {
+constexpr long kFuseSuperMagic = 0x65735546;  // statfs().f_type of a FUSE mount
+
+// kill -9 of a daemon (or of its container) leaves its mount answering ENOTCONN. The next start
+// on that mountpoint clears it and mounts, detached or not, also where the kernel still trusts
+// cached attributes of the dead mount (listed before the kill, so stat() of it succeeds).
+TEST_F(CliTest, AKilledDaemonsMountIsClearedByTheNextStart) {
   SkipWithoutFuse();
   if (IsSkipped()) return;
+  if (geteuid() != 0) GTEST_SKIP() << "clearing a dead mount needs root (umount2)";
   WriteTestFile(Src("f"), 10, 1);
-  ASSERT_NO_FATAL_FAILURE(StartMount());
-  struct stat st {};
-  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0);
-  ASSERT_EQ(stat(Mnt("f").c_str(), &st), 0);
+  for (const bool foreground : {true, false}) {
+    SCOPED_TRACE(foreground ? "-f" : "detached");
+    ASSERT_NO_FATAL_FAILURE(StartMount());
+    struct stat st {};
+    ASSERT_EQ(stat(Mnt("f").c_str(), &st), 0);
+    ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
+    int status = 0;
+    ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
+    ASSERT_TRUE(IsAccelfsMounted(mountpoint_)) << "expected the killed daemon's mount to stay";
+
+    CommandResult r;
+    if (foreground) {
+      // Start() sees the dead mount at once (and a stat of f is answered from cached
+      // attributes): wait for the mount to answer statfs() as FUSE.
+      ASSERT_TRUE(daemon_.Start(source_, mountpoint_, dir_ / "second.log"));
+      const auto deadline = std::chrono::steady_clock::now() + kMountWait;
+      struct statfs fs {};
+      while (!(statfs(mountpoint_.c_str(), &fs) == 0 && fs.f_type == kFuseSuperMagic) &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      r.err = daemon_.Log();
+    } else {
+      r = RunAccelfs({source_, mountpoint_, "--cache-size", "512M"});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    EXPECT_NE(r.err.find("cleared a dead accelfs mount on " + mountpoint_), std::string::npos)
+        << r.err;
+    EXPECT_EQ(MountTypesAt(mountpoint_), std::vector<std::string>{"fuse.accelfs"})
+        << "the dead mount is gone, one live one in its place";
+    ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("f"), 1, 10));
+    if (foreground) {
+      EXPECT_EQ(daemon_.Stop(), 0) << daemon_.Log();
+    } else {
+      const std::vector<pid_t> daemons = FindAccelfsProcesses(mountpoint_);
+      EXPECT_TRUE(UnmountAll(mountpoint_));
+      for (pid_t pid : daemons) EXPECT_TRUE(WaitProcessGone(pid, kExitWait));
+    }
+    ASSERT_TRUE(UnmountAll(mountpoint_));
+  }
+}
+
+// A dead mount of another FUSE filesystem is not accelfs's to clear: named, with its fix.
+TEST_F(CliTest, ADeadMountOfAnotherFilesystemIsNamedWithItsFix) {
+  SkipWithoutFuse();
+  if (IsSkipped()) return;
+  const std::string store = dir_ / "store";
+  ASSERT_EQ(mkdir(store.c_str(), 0755), 0);
+  ASSERT_TRUE(daemon_.StartDaemon({ACCELFS_NETFS_BINARY, store, mountpoint_, "-f"}, mountpoint_,
+                                  "fuse.accelfs_netfs", dir_ / "netfs.log"));
   ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
   int status = 0;
   ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
-  ASSERT_TRUE(IsAccelfsMounted(mountpoint_));
-  ASSERT_EQ(stat(mountpoint_.c_str(), &st), 0)
-      << "expected cached attributes: " << std::strerror(errno);
+  struct statfs fs {};
+  ASSERT_EQ(statfs(mountpoint_.c_str(), &fs), -1);
+  ASSERT_EQ(errno, ENOTCONN) << std::strerror(errno);
 
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{source_, mountpoint_, "-f", "--cache-size", "512M"},
@@ -225,7 +312,8 @@ TEST_F(CliTest, StaleMountWithCachedAttributesIsNamedWithItsFix) {
     const CommandResult r = RunAccelfs(args, std::chrono::seconds(15));
     ExpectOneLineFailure(r, {"stale", "fusermount3 -u " + mountpoint_});
   }
-  EXPECT_EQ(MountTypesAt(mountpoint_).size(), 1u) << "a second mount was stacked on the stale one";
+  EXPECT_EQ(MountTypesAt(mountpoint_), std::vector<std::string>{"fuse.accelfs_netfs"})
+      << "nothing was cleared or stacked on the dead mount";
   const CommandResult u = RunCommand({"fusermount3", "-uz", mountpoint_});
   EXPECT_EQ(u.exit_code, 0) << u.err;
   EXPECT_TRUE(UnmountAll(mountpoint_));
@@ -267,29 +355,6 @@ TEST_F(CliTest, AMountWhoseDaemonDoesNotAnswerIsNamedWithItsFix) {
   ASSERT_EQ(kill(daemon_.pid(), SIGCONT), 0);
   EXPECT_FALSE(r.timed_out);
   ExpectOneLineFailure(r, {"does not answer", "fusermount3 -u " + mountpoint_});
-}
-
-TEST_F(CliTest, StaleMountIsNamedWithItsFix) {
-  SkipWithoutFuse();
-  if (IsSkipped()) return;
-  WriteTestFile(Src("f"), 10, 1);
-  ASSERT_NO_FATAL_FAILURE(StartMount());
-  ASSERT_EQ(kill(daemon_.pid(), SIGKILL), 0);
-  int status = 0;
-  ASSERT_TRUE(daemon_.Wait(kExitWait, &status));
-  ASSERT_TRUE(IsAccelfsMounted(mountpoint_)) << "expected the killed daemon's mount to stay";
-  struct stat st {};
-  ASSERT_EQ(stat(mountpoint_.c_str(), &st), -1);
-  ASSERT_EQ(errno, ENOTCONN) << std::strerror(errno);
-
-  const CommandResult r =
-      RunAccelfs({source_, mountpoint_, "-f", "--cache-size", "512M"}, std::chrono::seconds(15));
-  ExpectOneLineFailure(r, {"stale", "fusermount3 -u " + mountpoint_});
-  EXPECT_EQ(MountTypesAt(mountpoint_).size(), 1u) << "a second mount was stacked on the stale one";
-
-  const CommandResult u = RunCommand({"fusermount3", "-uz", mountpoint_});
-  EXPECT_EQ(u.exit_code, 0) << u.err;
-  EXPECT_TRUE(UnmountAll(mountpoint_));
 }
 
 TEST_F(CliTest, HelpPrintsUsageAndExitsZero) {

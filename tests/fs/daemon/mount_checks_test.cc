@@ -114,9 +114,10 @@ TEST_F(CheckPathsTest, CacheDirMayNotLieInsideTheMountpointOrTheSource) {
   }
 }
 
-TEST_F(CheckPathsTest, MountpointAlreadyAMountPoint) {
-  ExpectError(source_, "/proc", "/proc", "is already a mount point");
-  ExpectError(source_, "/", "/", "is already a mount point");
+TEST_F(CheckPathsTest, MountpointThatIsASystemMount) {
+  ExpectError(source_, "/proc", "/proc", "is a system mount (proc)");
+  ExpectError(source_, "/sys", "/sys", "is a system mount (sysfs)");
+  ExpectError(source_, "/", "/", "is a system mount");
 }
 
 TEST(CheckFuseDeviceTest, NotACharacterDevice) {

@@ -565,6 +565,9 @@ Status FuseSession::Mount() {
 }
 
 bool FuseSession::passthrough() const { return impl_->Enabled(); }
+bool FuseSession::kernel_offers_passthrough() const {
+  return impl_->kernel_offers_passthrough.load(std::memory_order_relaxed);
+}
 
 bool FuseSession::direct_io_mmap() const { return impl_->direct_io_mmap.load(); }
 

@@ -52,6 +52,8 @@ class FuseSession {
   bool WaitInitialized();
   // Whether the kernel agreed to passthrough (known once INIT is done).
   bool passthrough() const;
+  // Whether the kernel's INIT offered passthrough at all (Linux 6.9+), asked for or not.
+  bool kernel_offers_passthrough() const;
   // Whether shared mappings of handles opened with direct I/O work (FUSE_DIRECT_IO_ALLOW_MMAP,
   // Linux 6.6+; known once INIT is done): only then may ReadThroughFs open handles direct.
   bool direct_io_mmap() const;

@@ -86,10 +86,11 @@ void PrintSummary(const Sample& s) {
   const DaemonStats& st = s.stats;
   const CacheStats& c = st.cache;
   std::printf("%s <- %s\n", EscapeName(st.mountpoint).c_str(), EscapeName(st.source).c_str());
-  std::printf("  cache      %s / %s (%s), in %s; passthrough %s\n",
+  std::printf("  cache      %s / %s (%s), in %s; passthrough %s%s\n",
               FormatBytes(c.used_bytes).c_str(), FormatBytes(c.budget_bytes).c_str(),
               FormatPercent(c.used_bytes, c.budget_bytes).c_str(), st.store.c_str(),
-              st.passthrough ? "on" : "off");
+              st.passthrough ? "on" : "off",
+              st.passthrough_why.empty() ? "" : (" (" + st.passthrough_why + ")").c_str());
   std::printf("  hits       %s of block reads (%llu hits, %llu misses)\n",
               HitRatio(c.hits, c.misses).c_str(), static_cast<unsigned long long>(c.hits),
               static_cast<unsigned long long>(c.misses));

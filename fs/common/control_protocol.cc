@@ -181,6 +181,7 @@ nlohmann::json DaemonStatsToJson(const DaemonStats& s) {
       {kStatsMountpointKey, NameToJson(s.mountpoint)},
       {kStatsStoreKey, s.store},
       {kStatsPassthroughKey, s.passthrough},
+      {kStatsPassthroughWhyKey, s.passthrough_why},
       {kStatsCacheKey, nlohmann::json::object()},
   };
   nlohmann::json& cache = j[kStatsCacheKey];

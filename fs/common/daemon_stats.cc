@@ -13,6 +13,7 @@ DaemonStats DaemonStatsFromJson(const nlohmann::json& j) {
   s.mountpoint = NameField(j, kStatsMountpointKey);
   s.store = StringField(j, kStatsStoreKey);
   s.passthrough = BoolField(j, kStatsPassthroughKey);
+  s.passthrough_why = StringField(j, kStatsPassthroughWhyKey);
   const nlohmann::json& cache = ObjectField(j, kStatsCacheKey);
   for (const StatField& field : kStatsFields) {
     const nlohmann::json& in = field.section == StatSection::kCache ? cache : j;

@@ -29,6 +29,8 @@ struct DaemonStats {
   // Where cached blocks live: "private tmpfs", "cache dir DIR" or "anonymous memory".
   std::string store;
   bool passthrough = false;  // whether fully cached files are passed through to the store
+  // Why passthrough is on or off: the kernel's release, --no-passthrough, not root, ...
+  std::string passthrough_why;
   double uptime_s = 0;
 
   CacheStats cache;          // budget, used, hits/misses (count and bytes), fetched, in flight...
@@ -67,6 +69,7 @@ inline constexpr std::string_view kStatsSourceKey = "source";
 inline constexpr std::string_view kStatsMountpointKey = "mountpoint";
 inline constexpr std::string_view kStatsStoreKey = "store";
 inline constexpr std::string_view kStatsPassthroughKey = "passthrough";
+inline constexpr std::string_view kStatsPassthroughWhyKey = "passthrough_why";
 inline constexpr std::string_view kStatsCacheKey = "cache";
 
 // Where a row's key is in the stats JSON: at the top, or in the "cache" object (the CacheStats

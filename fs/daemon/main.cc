@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,6 +92,7 @@ class Daemon {
   Status OpenStore();
   Status MakeBackend();
   DaemonStats Snapshot() const;
+  std::string PassthroughWhy() const;  // why passthrough is on or off: stats and the start line
   void ReportStarted(const std::string& readahead) const;
 
   const Config& config_;
@@ -310,6 +312,22 @@ Status Daemon::BuildFilesystem() {
   return Status::Ok();
 }
 
+std::string Daemon::PassthroughWhy() const {
+  struct utsname un {};
+  const std::string kernel = "kernel " + std::string(uname(&un) == 0 ? un.release : "?");
+  if (!config_.passthrough) return "--no-passthrough";
+  if (!store_in_files_) {
+    return "the cache is in anonymous memory (not root, no --cache-dir): no file to pass through";
+  }
+  if (!session_->kernel_offers_passthrough()) {
+    return kernel + " has no FUSE passthrough (6.9+ has)";
+  }
+  if (!session_->passthrough()) {
+    return "the kernel refused a backing file (needs CAP_SYS_ADMIN, i.e. root on the host)";
+  }
+  return kernel;
+}
+
 // One snapshot of the daemon's counters, for /metrics and the control socket's stats.
 DaemonStats Daemon::Snapshot() const {
   DaemonStats s;
@@ -317,6 +335,7 @@ DaemonStats Daemon::Snapshot() const {
   s.mountpoint = paths_->mountpoint;
   s.store = store_name_;
   s.passthrough = session_->passthrough();
+  s.passthrough_why = PassthroughWhy();
   s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   s.cache = cache_->Stats();
   s.depth = reader_->CurrentDepth();
@@ -502,8 +521,9 @@ void Daemon::ReportStarted(const std::string& readahead) const {
   }
   if (session_->passthrough()) {
     spdlog::info(
-        "passthrough on: fully cached files are read by the kernel from the cache, without the "
-        "daemon{}",
+        "passthrough on ({}): fully cached files are read by the kernel from the cache, without "
+        "the daemon{}",
+        PassthroughWhy(),
         fs_options_.fill != FsOptions::Fill::kOff && config_.stream_threshold > 0
             ? fmt::format("; opens of uncached *.safetensors files and of others from {} wait "
                           "until they are cached ({})",
@@ -513,10 +533,10 @@ void Daemon::ReportStarted(const std::string& readahead) const {
                               : "shards of a set but the last; others stream in")
             : "");
   } else {
-    spdlog::info("passthrough off ({}): every read goes through the daemon",
-                 !config_.passthrough            ? "--no-passthrough"
-                 : !session_options_.passthrough ? "needs root for the cache's tmpfs"
-                                                 : "the kernel does not offer it (needs 6.9+)");
+    spdlog::info(
+        "passthrough off ({}): every read goes through the daemon, and a file read whole is in "
+        "RAM twice (the cache, and the mount's page cache, which the kernel can reclaim)",
+        PassthroughWhy());
   }
   spdlog::debug(
       "daemon read-ahead {} blocks; *.safetensors and files from {} streamed, {} blocks ahead, "

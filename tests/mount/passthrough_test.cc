@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -133,6 +134,16 @@ class PassthroughTest : public MountTest {
     munmap(map, size);
   }
 };
+
+// The start line names the read path and why (here: the kernel that offers it).
+TEST_F(PassthroughTest, TheStartLineNamesTheKernel) {
+  ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
+  struct utsname un {};
+  ASSERT_EQ(uname(&un), 0);
+  const std::string expected = "passthrough on (kernel " + std::string(un.release) + ")";
+  EXPECT_NE(daemon_.Log().find(expected), std::string::npos) << daemon_.Log();
+}
 
 TEST_F(PassthroughTest, FullyCachedFileIsPassedThroughAndReadsTheBackingBytes) {
   // Not named *.safetensors: a model's weights would be filled on open (passed through at once).

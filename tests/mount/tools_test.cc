@@ -208,6 +208,11 @@ TEST_F(ToolsTest, WarmWithoutPassthroughFillsThePageCache) {
             before["cache"].value("fetched_bytes", uint64_t{1}))
       << "the store was read again";
   EXPECT_FALSE(after.value("passthrough", true));
+  // Which read path, and why: in the stats and on accelfs-stat's cache line.
+  EXPECT_EQ(after.value("passthrough_why", ""), "--no-passthrough") << after.dump();
+  const CommandResult stat = Stat({mountpoint_});
+  EXPECT_NE(stat.out.find("passthrough off (--no-passthrough)"), std::string::npos)
+      << Describe(stat);
 
   // Rewritten in the store (same size, new bytes): the next open drops the loaded pages.
   WriteTestFile(Src("m/model-00002-of-00002.safetensors"), shard_size, 9);

@@ -33,15 +33,16 @@ std::string Where(const StatField& f) { return Section(f.section) + "." + std::s
 // (and then TableCoversEveryFieldOnce wants its row in kStatsFields).
 DaemonStats Distinct() {
   DaemonStats s;
-  auto& [source, mountpoint, store, passthrough, uptime_s, cache, depth, depth_limit, stuck,
-         timed_out, waiting, open_files, passthrough_files, filling_opens, trusted_opens,
-         pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store, swarm_peer,
-         swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_hedges, swarm_claimed,
-         swarm_joined, swarm_rejected] = s;
+  auto& [source, mountpoint, store, passthrough, passthrough_why, uptime_s, cache, depth,
+         depth_limit, stuck, timed_out, waiting, open_files, passthrough_files, filling_opens,
+         trusted_opens, pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store,
+         swarm_peer, swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_hedges,
+         swarm_claimed, swarm_joined, swarm_rejected] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
   passthrough = true;
+  passthrough_why = "kernel 6.18.0";
   uptime_s = 12.5;
   oldest_store_call_s = 3.25;
   uint64_t next = 1001;
@@ -111,9 +112,10 @@ TEST(DaemonStatsTest, TableCoversEveryFieldOnce) {
 }
 
 TEST(DaemonStatsTest, KeysAndMetricNamesAreUniqueAndFollowTheConventions) {
-  std::set<std::string> keys = {std::string(kStatsSourceKey), std::string(kStatsMountpointKey),
-                                std::string(kStatsStoreKey), std::string(kStatsPassthroughKey),
-                                std::string(kStatsCacheKey)};
+  std::set<std::string> keys = {
+      std::string(kStatsSourceKey),         std::string(kStatsMountpointKey),
+      std::string(kStatsStoreKey),          std::string(kStatsPassthroughKey),
+      std::string(kStatsPassthroughWhyKey), std::string(kStatsCacheKey)};
   std::set<std::string> cache_keys;
   std::set<std::string> metrics;
   for (const StatField& f : kStatsFields) {
@@ -149,9 +151,10 @@ TEST(DaemonStatsTest, JsonHasEveryRowAtItsKeyAndNothingElse) {
   const nlohmann::json j = DaemonStatsToJson(s);
   ASSERT_TRUE(j.is_object());
   ASSERT_TRUE(j[kStatsCacheKey].is_object());
-  std::set<std::string> top = {std::string(kStatsSourceKey), std::string(kStatsMountpointKey),
-                               std::string(kStatsStoreKey), std::string(kStatsPassthroughKey),
-                               std::string(kStatsCacheKey)};
+  std::set<std::string> top = {
+      std::string(kStatsSourceKey),         std::string(kStatsMountpointKey),
+      std::string(kStatsStoreKey),          std::string(kStatsPassthroughKey),
+      std::string(kStatsPassthroughWhyKey), std::string(kStatsCacheKey)};
   std::set<std::string> cache;
   for (const StatField& f : kStatsFields) {
     const nlohmann::json& in = f.section == StatSection::kCache ? j[kStatsCacheKey] : j;
@@ -176,6 +179,7 @@ TEST(DaemonStatsTest, JsonHasEveryRowAtItsKeyAndNothingElse) {
   EXPECT_EQ(j[kStatsMountpointKey], "/mnt");
   EXPECT_EQ(j[kStatsStoreKey], "private tmpfs");
   EXPECT_EQ(j[kStatsPassthroughKey], true);
+  EXPECT_EQ(j[kStatsPassthroughWhyKey], "kernel 6.18.0");
 }
 
 // accelfs-stat reads the daemon's JSON with DaemonStatsFromJson: every row (and name) it may show
@@ -190,6 +194,7 @@ TEST(DaemonStatsTest, AccelfsStatReadsBackWhatTheDaemonSends) {
   EXPECT_EQ(read.mountpoint, sent.mountpoint);
   EXPECT_EQ(read.store, sent.store);
   EXPECT_EQ(read.passthrough, sent.passthrough);
+  EXPECT_EQ(read.passthrough_why, sent.passthrough_why);
   for (const StatField& f : kStatsFields) EXPECT_EQ(f.get(read), f.get(sent)) << Where(f);
 }
 
@@ -304,7 +309,8 @@ TEST(DaemonStatsTest, ControlDocListsEveryKey) {
   }
   std::set<std::string> table = {
       "top." + std::string(kStatsSourceKey), "top." + std::string(kStatsMountpointKey),
-      "top." + std::string(kStatsStoreKey), "top." + std::string(kStatsPassthroughKey)};
+      "top." + std::string(kStatsStoreKey), "top." + std::string(kStatsPassthroughKey),
+      "top." + std::string(kStatsPassthroughWhyKey)};
   for (const StatField& f : kStatsFields) table.insert(Where(f));
   EXPECT_EQ(documented, table);
 }

@@ -243,7 +243,10 @@ TEST_F(IdentityTest, TheStoreMountedAgainUnderTheDaemonIsFollowed) {
   const uint64_t net_bytes = NetBytes();
   std::printf("after the store's remount under the daemon: %ju bytes from the store (model %ju)\n",
               static_cast<uintmax_t>(net_bytes), static_cast<uintmax_t>(2 * kShard + kSmall));
-  EXPECT_LT(net_bytes, 256u * 1024) << "the model was fetched again";
+  // What the store sends here is the identity checks' samples and what the store reads around
+  // them: 23 KB with passthrough, 277 KB without (ACCELFS_TEST_PASSTHROUGH=off), where the warm
+  // also pushes pages; far below one 4 MiB block of the 26 MiB model either way.
+  EXPECT_LT(net_bytes, 1024u * 1024) << "the model was fetched again";
   EXPECT_EQ(FetchedBytes(), fetched) << "blocks fetched again";
   EXPECT_NE(daemon_.Log().find("was mounted again"), std::string::npos) << daemon_.Log();
 }

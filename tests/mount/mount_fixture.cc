@@ -19,6 +19,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace accelfs::testing {
@@ -279,6 +280,13 @@ AccelfsProcess::~AccelfsProcess() { Stop(); }
     }
   }
   args.insert(args.end(), extra.begin(), extra.end());
+  // The tier of kernels without FUSE passthrough (before 6.9: most GPU nodes' distributions):
+  // every read through the daemon, as there.
+  if (const char* mode = std::getenv("ACCELFS_TEST_PASSTHROUGH");
+      mode != nullptr && std::string_view(mode) == "off" &&
+      std::find(extra.begin(), extra.end(), "--no-passthrough") == extra.end()) {
+    args.push_back("--no-passthrough");
+  }
   return StartDaemon(args, mountpoint, "fuse.accelfs", log_path);
 }
 

@@ -78,7 +78,8 @@ class AccelfsProcess {
   // Runs `ACCELFS_BINARY source mountpoint -f --cache-size 512M --log-level warn extra...` (a
   // default left out where `extra` gives that option) with stdout and stderr going to `log_path`,
   // and waits (up to kMountWait) for a fuse.accelfs mount on `mountpoint`. Fails with the child's
-  // output when it exits first.
+  // output when it exits first. With ACCELFS_TEST_PASSTHROUGH=off in the environment, also
+  // --no-passthrough: the tier of kernels without FUSE passthrough.
   ::testing::AssertionResult Start(const std::string& source, const std::string& mountpoint,
                                    const std::string& log_path,
                                    const std::vector<std::string>& extra = {});

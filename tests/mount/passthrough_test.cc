@@ -108,6 +108,7 @@ class PassthroughTest : public MountTest {
       WriteTestFile(Src("other" + std::to_string(i)), 40 * kMiB, churn_seed + i);
     }
     ASSERT_NO_FATAL_FAILURE(StartWithPassthrough({"--cache-size", "64M", "--block-size", "1M"}));
+    if (IsSkipped()) return;
     ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt(name), seed, 16 * kMiB));
     ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt(name), seed, 16 * kMiB));
     *fd = open(Mnt(name).c_str(), O_RDONLY);
@@ -150,6 +151,7 @@ TEST_F(PassthroughTest, FullyCachedFileIsPassedThroughAndReadsTheBackingBytes) {
   const uint64_t size = 9 * kMiB + 123;  // a short last block
   WriteTestFile(Src("weights.bin"), size, 11);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
 
   ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("weights.bin"), 11, size));  // fills the cache
   EXPECT_EQ(CountOpens("passthrough"), 0u) << "a file not yet cached is served by the daemon";
@@ -168,6 +170,7 @@ TEST_F(PassthroughTest, AnOpenPassedThroughFileKeepsServingAfterTheDaemonIsKille
   const uint64_t size = 9 * kMiB + 123;
   WriteTestFile(Src("model.safetensors"), size, 12);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
   ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("model.safetensors"), 12, size));
   ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("model.safetensors"), 12, size));
   const size_t before = CountOpens("passthrough");
@@ -195,6 +198,7 @@ TEST_F(PassthroughTest, AnOpenPassedThroughFileKeepsServingAfterTheDaemonIsKille
 TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) {
   int fd = -1;
   ASSERT_NO_FATAL_FAILURE(OpenPassedThroughBesideChurn("pinned.bin", 21, 30, &fd));
+  if (IsSkipped()) return;
   ASSERT_NO_FATAL_FAILURE(Churn(30));
   std::vector<uint8_t> got(16 * kMiB);
   ASSERT_EQ(PreadFully(fd, got.data(), got.size(), 0), static_cast<int64_t>(got.size()));
@@ -209,6 +213,7 @@ TEST_F(PassthroughTest, PassedThroughFileStaysWholeWhileOpenUnderCachePressure) 
 TEST_F(PassthroughTest, MappingOfAPassedThroughFileStaysWholeAfterCloseUnderCachePressure) {
   int fd = -1;
   ASSERT_NO_FATAL_FAILURE(OpenPassedThroughBesideChurn("mapped.bin", 22, 35, &fd));
+  if (IsSkipped()) return;
   void* map = mmap(nullptr, 16 * kMiB, PROT_READ, MAP_SHARED, fd, 0);
   ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
   close(fd);
@@ -224,6 +229,7 @@ TEST_F(PassthroughTest, InodeOpenInCachedModeIsNotPassedThroughUntilClosed) {
   const uint64_t size = 6 * kMiB + 1;
   WriteTestFile(Src("f.bin"), size, 41);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
   const int cached = open(Mnt("f.bin").c_str(), O_RDONLY);
   ASSERT_GE(cached, 0);
   std::vector<uint8_t> got(size);
@@ -248,6 +254,7 @@ TEST_F(PassthroughTest, ConcurrentOpensAndClosesOfAPassedThroughFileAllSucceed) 
   const uint64_t size = 2 * kMiB + 7;
   WriteTestFile(Src("f.bin"), size, 42);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
   ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 42, size));  // fills the cache
   ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("f.bin"), 42, size));
 
@@ -289,6 +296,7 @@ TEST_F(PassthroughTest, FileChangedWhilePassedThroughIsBusyUntilClosedThenNew) {
   const uint64_t size = 2 * kMiB;
   WriteTestFile(Src("f.bin"), size, 51);
   ASSERT_NO_FATAL_FAILURE(StartWithPassthrough());
+  if (IsSkipped()) return;
   ASSERT_NO_FATAL_FAILURE(ExpectContent(Mnt("f.bin"), 51, size));
   ASSERT_NO_FATAL_FAILURE(ReadUntilPassedThrough(Mnt("f.bin"), 51, size));
   const int old_fd = open(Mnt("f.bin").c_str(), O_RDONLY);
@@ -314,6 +322,7 @@ TEST_F(PassthroughTest, ColdOpenOfAStreamedFileWaitsForItAndIsPassedThrough) {
   WriteTestFile(Src("model-00002-of-00002.safetensors"), size, 72);
   ASSERT_NO_FATAL_FAILURE(
       StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "all"}));
+  if (IsSkipped()) return;
   // Four readers at once, two mapping and two reading: one fill, all passed through.
   std::vector<std::thread> readers;
   for (int i = 0; i < 4; ++i) {
@@ -344,6 +353,7 @@ TEST_F(PassthroughTest, FillOnOpenShardsStreamsTheLastShardInCachedMode) {
   WriteTestFile(Src("model-00002-of-00002.safetensors"), size, 82);
   ASSERT_NO_FATAL_FAILURE(
       StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "shards"}));
+  if (IsSkipped()) return;
   // The last shard first (opened after the first one it would already be cached, streamed in
   // behind the first one's fill, and passed through).
   ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00002-of-00002.safetensors"), 82, size));
@@ -358,6 +368,7 @@ TEST_F(PassthroughTest, FillOnOpenOffServesColdOpensThroughTheDaemon) {
   WriteTestFile(Src("model-00001-of-00002.safetensors"), size, 91);
   ASSERT_NO_FATAL_FAILURE(
       StartWithPassthrough({"--stream-threshold", "1M", "--fill-on-open", "off"}));
+  if (IsSkipped()) return;
   ASSERT_NO_FATAL_FAILURE(ExpectMmapContent(Mnt("model-00001-of-00002.safetensors"), 91, size));
   EXPECT_EQ(CountOpens("passthrough"), 0u) << daemon_.Log();
   EXPECT_EQ(CountCachedOpens(), 1u) << daemon_.Log();

@@ -238,7 +238,8 @@ TEST_F(ToolsTest, EvictDropsWhatWasWarmed) {
 // A warmed file is opened in passthrough mode, where the kernel maps the cache's own file into the
 // reader, and the mapping outlives the descriptor. --evict keeps such a file (as fadvise(DONTNEED)
 // keeps mapped pages) rather than turning the mapping's bytes into zeros, and drops it once the
-// mapping is gone.
+// mapping is gone. Without passthrough the mapping holds the mount's own page cache, and the
+// cache's copy may go at once: the bytes are what counts.
 TEST_F(ToolsTest, EvictKeepsAFileMappedByAReaderUntilItIsUnmapped) {
   ASSERT_NO_FATAL_FAILURE(MakeModel());
   ASSERT_NO_FATAL_FAILURE(StartMount());
@@ -256,7 +257,9 @@ TEST_F(ToolsTest, EvictKeepsAFileMappedByAReaderUntilItIsUnmapped) {
   const CommandResult kept = Warm({"--evict", shard});
   ASSERT_EQ(kept.exit_code, 0) << Describe(kept);
   EXPECT_EQ(std::memcmp(map, want.data(), size), 0) << "an evict changed a mapped file's bytes";
-  EXPECT_EQ(Residency(shard).first, size) << "a file mapped by a reader stays cached";
+  if (StatsJson(mountpoint_).value("passthrough", false)) {
+    EXPECT_EQ(Residency(shard).first, size) << "a file mapped by a reader stays cached";
+  }
   munmap(map, size);
 
   const CommandResult evict = Warm({"--evict", shard});

@@ -4,6 +4,8 @@
 #   tools/setup.sh test                                         install what is missing, build, run every test
 #                                                               (plain build, then address,undefined sanitizers)
 #   tools/setup.sh package                                      the Debian package, in build-deb/
+#   tools/setup.sh image                                        that package in a container image:
+#                                                               localhost/accelfs:latest in podman
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,6 +17,9 @@ packages=(cmake ninja-build g++ pkg-config fuse3 libfuse3-dev liburing-dev libsp
 # The test command also fuzzes, with Debian's clang and its libFuzzer runtime, and makes, checks
 # and installs the Debian package (man pages by help2man, dpkg-shlibdeps, lintian).
 package_packages=(help2man dpkg-dev file)
+# The container image (tools/package/image.sh): a Debian root file system by mmdebstrap, imported
+# into podman, which runs it with runc here (crun refuses the hybrid cgroup layout of these hosts).
+image_packages=(mmdebstrap podman runc uidmap)
 # e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
 # openssl: the fleet's CA and node certificates of the TLS tests, made as README says.
 # The real stores of tests/rig (the realstore tier): sshd and sshfs, rclone and s3fs over the npm
@@ -129,6 +134,9 @@ case "${1:-}" in
     cmake --build build -j"$jobs"
     # The S3 server of the real-store tier, from npm; without it those tests skip, saying so.
     tests/rig/install-s3rver.sh >/dev/null || echo "setup: s3rver not installed (npm failed)" >&2
+    # The Kubernetes schema the manifests are validated against (npm's kubernetes-models).
+    tests/tools/install-kubernetes-models.sh >/dev/null ||
+      echo "setup: kubernetes-models not installed (npm failed)" >&2
     tier "plain build"
     run_tests build
     tier "plain tests"
@@ -164,6 +172,13 @@ case "${1:-}" in
     run_tests build-fuzz -L fuzz
     tier "fuzzing"
     ;;
+  image)
+    # The container image (README, "Containers and Kubernetes"): the package, then the image.
+    install_missing "${package_packages[@]}" "${image_packages[@]}"
+    build_for_usr build-deb
+    (cd build-deb && cpack -G DEB >/dev/null)
+    tools/package/image.sh "$(ls -t build-deb/accelfs_*.deb | head -1)"
+    ;;
   package)
     # The Debian package (README, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.
     install_missing "${package_packages[@]}"
@@ -171,7 +186,7 @@ case "${1:-}" in
     (cd build-deb && cpack -G DEB)
     ;;
   *)
-    echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test | tools/setup.sh package" >&2
+    echo "usage: tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options] | tools/setup.sh test | tools/setup.sh package | tools/setup.sh image" >&2
     exit 2
     ;;
 esac

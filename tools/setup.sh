@@ -30,7 +30,7 @@ rig_packages=(openssh-server openssh-client sshfs rclone s3fs zfs-fuse nodejs ip
 # prometheus: its promtool checks and unit-tests the alert rules of tools/monitoring (the server the
 # package also ships is not used).
 test_packages=(libgtest-dev googletest clang-14 libclang-rt-14-dev clang-format-14 "${package_packages[@]}" lintian e2fsprogs
-               openssl "${rig_packages[@]}" prometheus)
+               openssl "${rig_packages[@]}" prometheus "${image_packages[@]}")
 jobs=$(nproc)
 
 install_missing() {  # install_missing [more packages]
@@ -150,6 +150,10 @@ case "${1:-}" in
     build_for_usr build-release -DACCELFS_WERROR=ON
     tests/package/package_test.sh build-release build
     tier "release build and package"
+    # That package in the container image, run as the Kubernetes DaemonSet runs it (podman).
+    tools/package/image.sh "$(ls -t build-release/accelfs_*.deb | head -1)"
+    tests/package/image_test.sh . || [[ $? == 77 ]]  # 77: it said why it skipped
+    tier "container image"
     configure_tests build-asan -DACCELFS_SANITIZE=address,undefined
     cmake --build build-asan -j"$jobs"
     # The real stores once, in the plain build: what they test is the stores' behaviour.

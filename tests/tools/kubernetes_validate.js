@@ -60,8 +60,8 @@ for (const d of kinds.Deployment || []) {
   const spec = d.spec.template.spec;
   for (const c of [...(spec.initContainers || []), ...spec.containers]) {
     for (const m of c.volumeMounts || []) {
-      if (m.mountPath === '/mnt/fastmodels' && m.mountPropagation !== 'HostToContainer') {
-        fail(`Deployment ${d.metadata.name}: ${c.name} binds /mnt/fastmodels without HostToContainer`);
+      if (m.mountPath === '/mnt/accelfs' && m.mountPropagation !== 'HostToContainer') {
+        fail(`Deployment ${d.metadata.name}: ${c.name} binds /mnt/accelfs without HostToContainer`);
       }
     }
   }

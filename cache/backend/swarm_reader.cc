@@ -43,6 +43,9 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
       later.to_store.push_back(std::move(r));
     } else if (ch->have[static_cast<size_t>(p)] != 0) {
       later.copies.emplace_back(std::move(r), ch->data);
+    } else if ((ch->state == State::kJoining || ch->state == State::kSwarm) && ch->probe_left > 0) {
+      --ch->probe_left;  // the chunk the store is metered with: a read after the probe began
+      ProbeRead(std::move(r), later);
     } else if (ch->state == State::kSwarm && (ch->store_faster || prefer_store)) {
       hedges.fetch_add(1, std::memory_order_relaxed);  // its peers fell behind the store
       later.to_store.push_back(std::move(r));
@@ -209,6 +212,9 @@ void SwarmReader::Impl::StartJoining(const ChunkPtr& ch, Later& later) {
   ch->state = State::kJoining;
   ch->id = ++last_id;
   by_id[ch->id] = ch;
+  // Before the engine has the torrent: once it does, its pieces can answer the readers waiting
+  // now before Joined runs (on a busy node, every one of them).
+  MeterByPieces(*ch, later);
   later.joins.push_back(ch);
 }
 
@@ -347,7 +353,6 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   ch->progress = ch->joined_at = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("swarm: {} joined", ch->name);
-  MeterByPieces(*ch, later);
   for (int p = 0; p < ch->data->count(); ++p) {
     if (!ch->waiters[static_cast<size_t>(p)].empty()) later.wanted.emplace_back(ch->id, p);
   }

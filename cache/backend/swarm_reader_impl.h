@@ -68,6 +68,9 @@ struct SwarmReader::Impl {
     // kSwarm: its peers fell behind the store (Hedge): a read of a piece it does not hold goes
     // to the store at once, for as long as the chunk is held.
     bool store_faster = false;
+    // kSwarm: the chunk this node meters its store with (MeterByPieces): this many more reads
+    // of pieces it does not hold go to the store, those that come after the join too.
+    int probe_left = 0;
     Clock::time_point joined_at{};  // kSwarm: since when its torrent is in the engine
     // Its peers failed its readers (GiveUpOn): until store_until, a read of a piece it does not
     // have goes to the store at once, not to wait on them again; then the swarm is tried again.
@@ -181,8 +184,15 @@ struct SwarmReader::Impl {
   bool store_probed = false;          // GUARDED_BY(mu): pieces read from the store to meter it
   std::atomic<double> probe_rate{0};  // their bytes over their time, once all answered
   static constexpr int kProbePieces = 4;
-  Clock::time_point peer_piece_at;  // GUARDED_BY(mu) the last piece got from peers
-  bool hedge_logged = false;        // GUARDED_BY(mu)
+  // The reads of the probe: how many are out, their bytes, since when.
+  struct StoreProbe {
+    std::atomic<int> left{0};
+    std::atomic<uint64_t> bytes{0};
+    Clock::time_point asked = Clock::now();
+  };
+  std::shared_ptr<StoreProbe> store_probe;  // GUARDED_BY(mu)
+  Clock::time_point peer_piece_at;          // GUARDED_BY(mu) the last piece got from peers
+  bool hedge_logged = false;                // GUARDED_BY(mu)
 
   // --- the read path ---
   void Submit(ReadRequest r);
@@ -294,13 +304,15 @@ struct SwarmReader::Impl {
   // Its readers, and its later reads of pieces it does not hold, go to the store (hedges); the
   // engine goes on fetching it for the fleet. REQUIRES: mu.
   void ToStoreFaster(Chunk& ch, Later& later);
-  // At its join: a node that started after others held the model (`behind`: a late node, a
-  // restarted one) and has not read its store does not know whether its peers are faster; up to
-  // kProbePieces pieces readers wait on in the first chunk it joins are read from the store at
-  // once to meter it (probe_rate: their bytes over their time; one piece alone says less than
-  // the store gives a node), once. Nodes that start together meter the store with the chunks
-  // they claim. REQUIRES: mu.
+  // As a chunk starts joining: a node that started after others held the model (`behind`: a late
+  // node, a restarted one) and has not read its store does not know whether its peers are faster;
+  // up to kProbePieces pieces readers wait on in the first chunk it joins (when it starts joining,
+  // or after: probe_left) are read from the store at once to meter it (probe_rate: their bytes over
+  // their time; one piece alone says less than the store gives a node), once. Nodes that start
+  // together meter the store with the chunks they claim. REQUIRES: mu.
   void MeterByPieces(Chunk& ch, Later& later);
+  // One read of the probe to the store, timed. REQUIRES: mu.
+  void ProbeRead(ReadRequest r, Later& later);
   // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
   void Follow(Clock::time_point now);
   // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.

@@ -21,7 +21,6 @@ void SwarmReader::Impl::Tick() {
         peer_meter.samples >= kPeerSamples && store_meter.rate > kStoreMargin * peer_meter.rate;
     bool peers_asked = false;  // a joined chunk not whole: the engine asks peers for pieces
     WatchDir(now, later);
-    Follow(now);
     uint64_t held = 0;
     const auto refresh = [&](Chunk& ch) {
       if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
@@ -71,6 +70,9 @@ void SwarmReader::Impl::Tick() {
       }
       held += ch->data->allocated.load(std::memory_order_relaxed);
     }
+    // After the chunks said whom this node follows now: a round that came late (a busy node's
+    // tick thread can wait seconds) must not end `behind` while a chunk is still joining.
+    Follow(now);
     peer_meter.Tick(now, peer_bytes.load(std::memory_order_relaxed), peers_asked, o.piece_bytes);
     if (held > o.memory_bytes) Evict(held, later);
     for (const ChunkPtr& ch : retry) Forget(*ch, later);
@@ -336,41 +338,37 @@ void SwarmReader::Impl::MeterByPieces(Chunk& ch, Later& later) {
       claimed.load(std::memory_order_relaxed) != 0) {
     return;
   }
-  struct Probe {
-    std::atomic<int> left{0};
-    std::atomic<uint64_t> bytes{0};
-    Clock::time_point asked = Clock::now();
-  };
-  auto probe = std::make_shared<Probe>();
-  int pieces = 0;
+  store_probed = true;
+  store_probe = std::make_shared<StoreProbe>();
+  ch.probe_left = kProbePieces;
   for (auto& waiting : ch.waiters) {
-    if (waiting.empty() || pieces == kProbePieces) continue;
-    ++pieces;
-    for (Waiter& w : waiting) {
-      probe->left.fetch_add(1, std::memory_order_relaxed);
-      auto done = std::move(w.request.done);
-      w.request.done = [this, probe, done = std::move(done)](Result<size_t> n) {
-        if (n.ok()) probe->bytes.fetch_add(n.value(), std::memory_order_relaxed);
-        if (probe->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-          const double s = std::chrono::duration<double>(Clock::now() - probe->asked).count();
-          const uint64_t bytes = probe->bytes.load(std::memory_order_relaxed);
-          if (bytes > 0 && s > 0) {
-            probe_rate.store(static_cast<double>(bytes) / s, std::memory_order_relaxed);
-          }
-        }
-        done(std::move(n));
-      };
-      later.to_store.push_back(std::move(w.request));
-    }
-    hedges.fetch_add(waiting.size(), std::memory_order_relaxed);
+    if (waiting.empty() || ch.probe_left == 0) continue;
+    --ch.probe_left;
+    for (Waiter& w : waiting) ProbeRead(std::move(w.request), later);
     waiting.clear();
   }
-  if (pieces == 0) return;
-  store_probed = true;
   spdlog::info(
-      "swarm: this node joined after others held the model, its store's rate unknown: {} "
-      "pieces of {} are read from the store to know it against its peers'",
-      pieces, ch.name);
+      "swarm: this node joined after others held the model, its store's rate unknown: up to {} "
+      "pieces of {} its readers wait on are read from the store to know it against its peers'",
+      kProbePieces, ch.name);
+}
+
+void SwarmReader::Impl::ProbeRead(ReadRequest r, Later& later) {
+  const std::shared_ptr<StoreProbe> probe = store_probe;
+  probe->left.fetch_add(1, std::memory_order_relaxed);
+  auto done = std::move(r.done);
+  r.done = [this, probe, done = std::move(done)](Result<size_t> n) {
+    if (n.ok()) probe->bytes.fetch_add(n.value(), std::memory_order_relaxed);
+    if (probe->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      const double s = std::chrono::duration<double>(Clock::now() - probe->asked).count();
+      const uint64_t bytes = probe->bytes.load(std::memory_order_relaxed);
+      if (bytes > 0 && s > 0)
+        probe_rate.store(static_cast<double>(bytes) / s, std::memory_order_relaxed);
+    }
+    done(std::move(n));
+  };
+  hedges.fetch_add(1, std::memory_order_relaxed);
+  later.to_store.push_back(std::move(r));
 }
 
 void SwarmReader::Impl::Evict(uint64_t held, Later& later) {

@@ -145,8 +145,9 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersFasterThanTheStoreWaitOnThem) {
 
 // A node that starts after another holds the model and has never read its store does not know
 // whether its peers are faster: node 1 (whose store answers a read in 4 s) reads the pieces its
-// readers wait on in the first chunk it joins (up to four) from the store, to meter it; the next
-// chunk it takes from its peer, node 0, which answers sooner.
+// readers wait on in the first chunk it joins (up to four, those asked for after the join too:
+// under load the test's fourth read came after it) from the store, to meter it; the next chunk it
+// takes from its peer, node 0, which answers sooner.
 TEST_F(SwarmHedgeTest, ALateNodeReadsPiecesFromItsStoreToMeterItThenTakesTheFasterPeers) {
   auto a = Node(0);
   ASSERT_TRUE(a);

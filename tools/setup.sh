@@ -19,7 +19,7 @@ packages=(cmake ninja-build g++ pkg-config fuse3 libfuse3-dev liburing-dev libsp
 package_packages=(help2man dpkg-dev file)
 # The container image (tools/package/image.sh): a Debian root file system by mmdebstrap, imported
 # into podman, which runs it with runc here (crun refuses the hybrid cgroup layout of these hosts).
-image_packages=(mmdebstrap podman runc uidmap)
+image_packages=(mmdebstrap podman runc uidmap slirp4netns fuse-overlayfs)
 # e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
 # openssl: the fleet's CA and node certificates of the TLS tests, made as README says.
 # The real stores of tests/rig (the realstore tier): sshd and sshfs, rclone and s3fs over the npm

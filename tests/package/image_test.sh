@@ -36,6 +36,8 @@ command -v runc >/dev/null || skip "no runc here"
 # runc: crun refuses the hybrid cgroup layout of these hosts; the ulimits: the host's hard limits
 # are below podman's defaults.
 podman=(podman --runtime runc --cgroup-manager cgroupfs)
+# No network: neither the daemon nor its readers need one (nor CNI's plugins and iptables).
+run_opts=(--network none)
 limits=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit "nproc=4096:4096")
 "${podman[@]}" image exists "$image" || skip "no image $image (tools/setup.sh image)"
 
@@ -94,7 +96,7 @@ wait_mount() {  # wait_mount HOST_PATH CONTAINER
   fail "no live accelfs mount on the host's $1 within 30 s"
 }
 start_daemon() {
-  "${podman[@]}" run -d --name "$name" "${limits[@]}" --device /dev/fuse --cap-add SYS_ADMIN \
+  "${podman[@]}" run "${run_opts[@]}" -d --name "$name" "${limits[@]}" --device /dev/fuse --cap-add SYS_ADMIN \
     -v "$work/store:$ACCELFS_SOURCE:ro" -v "$work/accelfs:$bound:rshared" \
     -v "$work/cache:$ACCELFS_CACHE_DIR" -v /run/accelfs:/run/accelfs \
     "$image" "$ACCELFS_SOURCE" "$ACCELFS_MOUNTPOINT" --cache-dir "$ACCELFS_CACHE_DIR" \
@@ -103,7 +105,7 @@ start_daemon() {
 # The model server: another container, the mount through an rslave bind, every byte compared.
 check_reader() {  # check_reader WHAT [HOST_DIR CONTAINER_DIR WORKDIR]
   local from=${2:-$work/accelfs} to=${3:-$bound} in=${4:-$ACCELFS_MOUNTPOINT}
-  "${podman[@]}" run --rm "${limits[@]}" -v "$from:$to:rslave" \
+  "${podman[@]}" run "${run_opts[@]}" --rm "${limits[@]}" -v "$from:$to:rslave" \
     --workdir "$in" --entrypoint sha256sum "$image" m/config.json \
     m/model-00001-of-00002.safetensors m/model-00002-of-00002.safetensors >"$work/got" || fail "$1: the reader container failed"
   diff "$work/want" "$work/got" >&2 || fail "$1: the reader container read other bytes"
@@ -118,7 +120,7 @@ start_daemon
 wait_mount "$mnt" "$name"
 check_reader "first start"
 # The init container: accelfs-warm reaches the daemon through the host's /run/accelfs.
-"${podman[@]}" run --rm "${limits[@]}" -v "$work/accelfs:$bound:rslave" \
+"${podman[@]}" run "${run_opts[@]}" --rm "${limits[@]}" -v "$work/accelfs:$bound:rslave" \
   -v /run/accelfs:/run/accelfs --entrypoint accelfs-warm "$image" "$ACCELFS_MOUNTPOINT" \
   >"$work/warm.log" 2>&1 || { cat "$work/warm.log" >&2; fail "accelfs-warm in a container failed"; }
 say "accelfs-warm in a second container: $(tail -1 "$work/warm.log")"
@@ -177,7 +179,7 @@ check_reader "killed and started"
 "${podman[@]}" rm -f -t 15 "$name" >/dev/null
 
 # The way a podman or docker user writes it first: the volume itself as MOUNTPOINT.
-"${podman[@]}" run -d --name "$name-vol" "${limits[@]}" --device /dev/fuse --cap-add SYS_ADMIN \
+"${podman[@]}" run "${run_opts[@]}" -d --name "$name-vol" "${limits[@]}" --device /dev/fuse --cap-add SYS_ADMIN \
   -v "$work/store:/src:ro" -v "$work/vol:/mnt/models:rshared" "$image" /src /mnt/models >/dev/null
 wait_mount "$work/vol" "$name-vol"
 check_reader "the volume itself as MOUNTPOINT" "$work/vol" /mnt/models /mnt/models

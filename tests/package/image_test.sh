@@ -172,8 +172,15 @@ grep -q "not connected" "$work/stat.err" || fail "the dead mount: $(cat "$work/s
 say "killed: the dead mount answers ENOTCONN at once"
 "${podman[@]}" start "$name" >/dev/null
 wait_mount "$mnt" "$name"
-"${podman[@]}" logs "$name" 2>&1 | grep -q "cleared a dead accelfs mount" ||
+# conmon writes the container's log behind it: give the line a moment.
+for _ in $(seq 100); do
+  "${podman[@]}" logs "$name" 2>&1 | grep -q "cleared a dead accelfs mount" && break
+  sleep 0.1
+done
+"${podman[@]}" logs "$name" 2>&1 | grep -q "cleared a dead accelfs mount" || {
+  "${podman[@]}" logs "$name" >&2
   fail "the next start did not say it cleared the dead mount"
+}
 (($(accelfs_mounts "$mnt") == 1)) || fail "the dead mount stays on the host beside the new one"
 check_reader "killed and started"
 "${podman[@]}" rm -f -t 15 "$name" >/dev/null

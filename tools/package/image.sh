@@ -21,10 +21,12 @@ version=$(dpkg-deb -f "$deb" Version)
 mirror=${ACCELFS_IMAGE_MIRROR:-$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources \
   2>/dev/null | head -1)}
 mirror=${mirror:-http://deb.debian.org/debian}
+security=${ACCELFS_IMAGE_SECURITY_MIRROR:-${mirror%/debian}/debian-security}
 work=$(mktemp -d /tmp/accelfs-image.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# minbase: coreutils, bash and apt; fuse3 for fusermount3 (a package dependency, named here so
+# bookworm with its updates and security suites (the host's mirror). minbase: coreutils, bash and
+# apt; fuse3 for fusermount3 (a package dependency, named here so
 # that it is there even if the package's list changes). The package is installed by apt inside
 # the root file system, which brings its dependencies from the mirror. Documentation, man pages
 # and apt's lists are left out: the image is for running the daemon.
@@ -36,7 +38,8 @@ mmdebstrap --quiet --variant=minbase --include=fuse3 \
   --customize-hook="chroot \"\$1\" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends /tmp/$name" \
   --customize-hook="rm -rf \"\$1/tmp/$name\" \"\$1\"/var/lib/apt/lists/* \"\$1\"/var/cache/apt/*" \
-  bookworm "$work/rootfs.tar" "$mirror" >"$work/mmdebstrap.log" 2>&1 || {
+  bookworm "$work/rootfs.tar" "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
+  "deb $security bookworm-security main" >"$work/mmdebstrap.log" 2>&1 || {
   cat "$work/mmdebstrap.log" >&2
   echo "image: mmdebstrap failed (the log is above)" >&2
   exit 1

@@ -21,7 +21,7 @@ namespace accelfs {
 std::vector<AccelfsMount> ListAccelfsMounts(const std::string& mountinfo) {
   std::vector<AccelfsMount> mounts;
   for (const MountInfo& m : ReadMountInfo(mountinfo)) {
-    if (m.fstype != "fuse.accelfs") continue;
+    if (m.fstype != kAccelfsFsType) continue;
     mounts.push_back({m.mountpoint, m.source, MountUid(m.super_options).value_or(0)});
   }
   return mounts;

@@ -22,6 +22,9 @@ struct MountInfo {
   std::string super_options;  // e.g. "ro,user_id=0,group_id=0" for FUSE mounts
 };
 
+// The fstype of an accelfs mount in mountinfo.
+inline constexpr char kAccelfsFsType[] = "fuse.accelfs";
+
 // Entries of a mountinfo file (default: this process's), in mount order.
 std::vector<MountInfo> ReadMountInfo(const std::string& path = "/proc/self/mountinfo");
 

@@ -101,7 +101,7 @@ ExitDeadline::ExitDeadline(Options options)
   // sooner than Watch or Arm, each of which takes mu_ after these are set.
   std::lock_guard lock(mu_);
   try {
-    if (const std::optional<MountInfo> mount = FindMount(options_.mountpoint, "fuse.accelfs")) {
+    if (const std::optional<MountInfo> mount = FindMount(options_.mountpoint, kAccelfsFsType)) {
       own_device_.emplace(mount->major, mount->minor);
       abort_fd_ = OpenAbortFile(mount->major, mount->minor);
     }
@@ -168,7 +168,7 @@ void ExitDeadline::Expire() const {
         std::chrono::duration<double>(options_.grace).count(), options_.mountpoint);
     // Detached only while the mountpoint still holds this daemon's own mount (no new daemon's).
     int abort_fd = abort_fd_;
-    const std::optional<MountInfo> mount = FindMount(options_.mountpoint, "fuse.accelfs");
+    const std::optional<MountInfo> mount = FindMount(options_.mountpoint, kAccelfsFsType);
     if (mount && own_device_ && *own_device_ == std::pair(mount->major, mount->minor)) {
       // fusectl mounted since (store_limits.cc mounts it): the number is still this mount's.
       if (abort_fd < 0) abort_fd = OpenAbortFile(mount->major, mount->minor);

@@ -313,8 +313,10 @@ Status Daemon::BuildFilesystem() {
 }
 
 std::string Daemon::PassthroughWhy() const {
-  struct utsname un {};
-  const std::string kernel = "kernel " + std::string(uname(&un) == 0 ? un.release : "?");
+  static const std::string kernel = [] {  // asked once: every stats snapshot says it
+    struct utsname un {};
+    return "kernel " + std::string(uname(&un) == 0 ? un.release : "?");
+  }();
   if (!config_.passthrough) return "--no-passthrough";
   if (!store_in_files_) {
     return "the cache is in anonymous memory (not root, no --cache-dir): no file to pass through";
@@ -474,7 +476,7 @@ Status Daemon::Mount() {
     std::string readahead = "kernel default";
     bool raised = false;
     if (config_.readahead_kb > 0) {
-      auto mount = FindMount(paths_->mountpoint, "fuse.accelfs");
+      auto mount = FindMount(paths_->mountpoint, kAccelfsFsType);
       Status s = mount ? SetReadAheadKb(*mount, config_.readahead_kb) : Status(Error(ENOENT));
       raised = s.ok();
       if (s.ok()) {

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "cache/result.h"
@@ -28,9 +27,6 @@ enum class MountProbe { kAlive, kDead, kNotAnswering };
 MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout);
 // How long CheckPaths waits for a FUSE mount on MOUNTPOINT to answer.
 inline constexpr std::chrono::milliseconds kProbeTimeout{2000};
-
-// The fstype of an accelfs mount in mountinfo.
-inline constexpr std::string_view kAccelfsFsType = "fuse.accelfs";
 
 // Unmounts (lazily) a dead accelfs mount on top of `mountpoint`: one whose daemon was killed
 // without unmounting (a container killed, kill -9), which answers every access with ENOTCONN.

@@ -80,6 +80,14 @@ mount_accelfs() {  # mount_accelfs [accelfs options]
 unmount() { fusermount3 -u "$mnt"; wait "$daemon" || true; }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; }
+pairs() {  # pairs MODE FILE: ROUNDS of the copy then the mount, back to back: "copy mount ratio"
+  local a b
+  : >"$2"
+  for _ in $(seq "$rounds"); do
+    a=$(load "$1" "$peer"); b=$(load "$1" "$mnt")
+    echo "$a $b $(ratio "$b" "$a")" >>"$2"
+  done
+}
 
 declare -A r
 rm -rf "$peer"; cp -r "$src" "$peer"
@@ -98,13 +106,7 @@ for pt in on off; do
   base=$(cached)
   mount_accelfs "${opts[@]}"
   "$warm" "$mnt" >/dev/null
-  for mode in read mmap direct; do
-    : >"$work/$pt-$mode.ratios"
-    for _ in $(seq "$rounds"); do
-      a=$(load "$mode" "$peer"); b=$(load "$mode" "$mnt")
-      echo "$a $b $(ratio "$b" "$a")" >>"$work/$pt-$mode.ratios"
-    done
-  done
+  for mode in read mmap direct; do pairs "$mode" "$work/$pt-$mode.ratios"; done
   anon=$(awk '/^RssAnon:/ {printf "%.0f\n", $2 * 1024}' "/proc/$daemon/status")
   r[$pt,ram]=$(awk -v c="$(( $(cached) - base + anon ))" -v m="$model_bytes" 'BEGIN {printf "%.2f", c / m}')
 
@@ -116,13 +118,7 @@ for pt in on off; do
   for _ in $(seq 6000); do grep -q held "$work/hog.out" && break; sleep 0.1; done
   grep -q held "$work/hog.out" || { echo "no_passthrough: the hog did not take its memory" >&2; exit 1; }
   r[$pt,hog]=$hold
-  for mode in read mmap; do
-    : >"$work/$pt-$mode.pressure"
-    for _ in $(seq "$rounds"); do
-      a=$(load "$mode" "$peer"); b=$(load "$mode" "$mnt")
-      echo "$a $b $(ratio "$b" "$a")" >>"$work/$pt-$mode.pressure"
-    done
-  done
+  for mode in read mmap; do pairs "$mode" "$work/$pt-$mode.pressure"; done
   r[$pt,ram_pressure]=$(awk -v c="$(( $(cached) - base ))" -v m="$model_bytes" 'BEGIN {printf "%.2f", c / m}')
   kill "$hog_pid"; wait "$hog_pid" 2>/dev/null || true; hog_pid=
   unmount

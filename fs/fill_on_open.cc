@@ -71,6 +71,10 @@ void ReadThroughFs::FillDone(const std::shared_ptr<Fill>& fill, const FileFill::
   filling_opens_.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - fill->started);
+  const double seconds = std::chrono::duration<double>(waited).count();
+  if (options_.open_waits != nullptr) options_.open_waits->Record(seconds);
+  // The fill's Gets fetched the file, not its stream (which skips what is cached or in flight).
+  if (options_.cold_loads != nullptr && outcome.fetched > 0) options_.cold_loads->Record(seconds);
   spdlog::debug("open of inode {} waited {} ms for {} bytes to be cached ({} round{}{})",
                 fill->handle->ino, waited.count(), fill->handle->identity.size, outcome.rounds,
                 outcome.rounds == 1 ? "" : "s",

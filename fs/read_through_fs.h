@@ -21,6 +21,7 @@
 #include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/file_fill.h"
+#include "cache/latency_histogram.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
 #include "cache/source_file.h"  // FdPath
@@ -60,6 +61,10 @@ struct FsOptions {
   // SOURCE only for the permission bits and serves the cache's blocks, pinned while the handle
   // lives. 0: every open checks.
   std::chrono::nanoseconds revalidate{0};
+  // Where fill on open records how long each open waited for its file, and, when it fetched from
+  // the store, the file's cold load (null: nowhere). Outlive the filesystem.
+  LatencyHistogram* open_waits = nullptr;
+  LatencyHistogram* cold_loads = nullptr;
 };
 
 // --fill-on-open auto: below this many CPUs every large file is filled before its open is
@@ -67,15 +72,6 @@ struct FsOptions {
 // a streamed file into the mount's page cache halved cold loads, while on 16 the overlap streaming
 // buys for the last shard was worth more than that copy.
 inline constexpr unsigned kFillAllBelowCpus = 8;
-
-// The fill mode of --fill-on-open `mode` (auto, all, shards or off, as validated by the command
-// line) on a machine where the daemon may run on `cpus` CPUs.
-inline FsOptions::Fill FillModeFor(std::string_view mode, unsigned cpus) {
-  if (mode == "all") return FsOptions::Fill::kAll;
-  if (mode == "shards") return FsOptions::Fill::kShards;
-  if (mode == "off") return FsOptions::Fill::kOff;
-  return cpus < kFillAllBelowCpus ? FsOptions::Fill::kAll : FsOptions::Fill::kShards;
-}
 
 struct EntryOut {
   uint64_t ino = 0;

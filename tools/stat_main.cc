@@ -105,7 +105,7 @@ void PrintSummary(const Sample& s) {
       static_cast<unsigned long long>(c.failed_fetches));
   if (const uint64_t stuck = st.stuck_requests; stuck > 0 || st.timed_out_requests > 0) {
     std::printf(
-        "  stuck      %llu backend reads hung past --backend-timeout now; %llu given up on "
+        "  stuck      %llu backend reads hung past --store-timeout now; %llu given up on "
         "since start (their readers got ETIMEDOUT)\n",
         static_cast<unsigned long long>(stuck),
         static_cast<unsigned long long>(st.timed_out_requests));

@@ -24,7 +24,7 @@
 //     the store was at its cap, got 1.0-1.6 GB/s of its 2 GB/s once the loaders' copying took
 //     the CPUs. Twice the knee is what a congestion window keeps over the path's
 //     bandwidth-delay product; on a 200 MB/s disk it is 4 reads, 84 ms of queue for a demand miss.
-// The depth stays within [min_depth, max_depth]; --backend-depth is the maximum.
+// The depth stays within [min_depth, max_depth]; --store-depth is the maximum.
 #pragma once
 
 #include <cstdint>

@@ -41,13 +41,18 @@ void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>&
     std::lock_guard lock(mu_);
     Stream* stream = StreamFor(file, backing, safetensors, &created);
     if (stream == nullptr) return;
-    if (stream->state.done() || !stream->opened) {
+    const bool finished = stream->state.done();
+    if (finished || !stream->opened) {
       // Opened again after its stream finished (a second load; blocks may have been evicted
       // since), or opened after streaming speculatively (the reader's own stream now): walk it
       // again from the start. Cached and in-flight blocks are skipped without a fetch.
       stream->state.next = 0;
       stream->state.reader_end = 0;
       stream->backing = backing;
+      if (finished) {  // a new load: its own time
+        stream->started = std::chrono::steady_clock::now();
+        stream->load_timed = false;
+      }
     }
     stream->opened = true;
     // Its header unless asked for already (a speculative stream's prefetch found no room).
@@ -339,6 +344,12 @@ void Prefetcher::OnFetched(const FileKey& file, uint64_t block) {
     auto it = streams_.find(file);
     if (it == streams_.end()) return;
     --it->second.state.in_flight;
+    if (it->second.state.done() && !it->second.load_timed && options_.cold_loads != nullptr) {
+      it->second.load_timed = true;
+      options_.cold_loads->Record(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second.started)
+              .count());
+    }
     if (it->second.state.done() && !it->second.successor) {
       it->second.backing.reset();  // the stream needs the descriptors no more
       return;

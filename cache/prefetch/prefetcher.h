@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +29,7 @@
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/latency_histogram.h"
 #include "cache/prefetch/stream_policy.h"
 
 namespace accelfs {
@@ -42,6 +44,9 @@ struct PrefetcherOptions {
   // this far past a tensor's end in file order, which is no sign of a front-to-back reader.
   uint64_t kernel_readahead = 8u << 20;
   std::function<void(const std::string&)> debug_log;  // why a header was not used, etc.
+  // Where a stream that fetched from the store records the time from its start to its last block
+  // in the cache, once (null: nowhere). Outlives the prefetcher.
+  LatencyHistogram* cold_loads = nullptr;
 };
 
 class Prefetcher {
@@ -124,6 +129,8 @@ class Prefetcher {
     // runs is done by that one (`again`).
     bool pumping = false;
     bool again = false;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    bool load_timed = false;  // its cold load recorded (PrefetcherOptions::cold_loads)
   };
 
   // Finds or creates the stream of a streamed file (`created` says which). REQUIRES: mu_ held.

@@ -3,7 +3,7 @@
 // path.
 //
 // kStatsFields below is the stats schema: one row per number, with its key in the stats JSON
-// (docs/CONTROL.md), its Prometheus metric (README.md, Metrics) and its help. DaemonStatsToJson
+// (docs/CONTROL.md), its Prometheus metric (docs/METRICS.md) and its help. DaemonStatsToJson
 // (fs/common/control_protocol.cc), DaemonStatsFromJson (accelfs-stat's reading of it) and the
 // metrics (fs/control/metrics.cc) all walk it; tests/fs/common/daemon_stats_test.cc checks that
 // they and the docs agree. A new number: a field here and a row in kStatsFields.
@@ -20,6 +20,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "cache/cache_stats.h"
+#include "cache/latency_histogram.h"
 
 namespace accelfs {
 
@@ -34,11 +35,11 @@ struct DaemonStats {
   double uptime_s = 0;
 
   CacheStats cache;          // budget, used, hits/misses (count and bytes), fetched, in flight...
-  uint32_t depth = 0;        // backend reads the adaptive depth allows now
-  uint32_t depth_limit = 0;  // --backend-depth
-  uint64_t stuck_requests = 0;      // backend reads in flight past --backend-timeout (lost slots)
-  uint64_t timed_out_requests = 0;  // backend reads given up on since start
-  uint64_t waiting_requests = 0;    // backend reads held back: their file has its share in flight
+  uint32_t depth = 0;        // store reads the adaptive depth allows now
+  uint32_t depth_limit = 0;  // --store-depth
+  uint64_t stuck_requests = 0;      // store reads in flight past --store-timeout (lost slots)
+  uint64_t timed_out_requests = 0;  // store reads given up on since start
+  uint64_t waiting_requests = 0;    // store reads held back: their file has its share in flight
   uint64_t open_files = 0;          // file handles open (cached or passthrough)
   uint64_t passthrough_files = 0;   // of them, open in passthrough mode
   uint64_t filling_opens = 0;       // opens waiting for their file to be cached (fill on open)
@@ -60,6 +61,12 @@ struct DaemonStats {
   uint64_t swarm_chunks_claimed = 0;      // chunks this node read from SOURCE for the fleet
   uint64_t swarm_chunks_joined = 0;       // chunks this node took from the swarm
   uint64_t swarm_manifests_rejected = 0;  // torrents in the dir not signed by the fleet
+
+  // Histograms, exported as metrics only (not in the stats JSON): how long opens waited for their
+  // file to be cached (fill on open), and streamed files' cold loads, from the stream's start to
+  // the whole file in the cache.
+  LatencyHistogram::Counts open_waits;
+  LatencyHistogram::Counts cold_loads;
 };
 
 using StatsSource = std::function<DaemonStats()>;
@@ -162,27 +169,27 @@ inline constexpr std::array kStatsFields = [] {
       Row<&C::ready_blocks>("ready_blocks", kGauge, kBlocks, "accelfs_cache_ready_blocks",
                             "Cache blocks holding data."),
       Row<&C::fetching_blocks>("fetching_blocks", kGauge, kBlocks, "",
-                               "Cache blocks whose backend read is in flight."),
+                               "Cache blocks whose store read is in flight."),
       Row<&C::queued_blocks>("queued_blocks", kGauge, kBlocks, "",
                              "Cache blocks waiting for room in the budget."),
       Row<&C::hits>("hits", kCounter, kCount, "accelfs_cache_hits_total",
                     "Block reads answered from the cache."),
       Row<&C::misses>("misses", kCounter, kCount, "accelfs_cache_misses_total",
-                      "Block reads that started or joined a backend fetch."),
+                      "Block reads that started or joined a store fetch."),
       Row<&C::hit_bytes>("hit_bytes", kCounter, kBytes, "accelfs_cache_hit_bytes_total",
                          "Bytes of the blocks cache hits returned."),
       Row<&C::miss_bytes>("miss_bytes", kCounter, kBytes, "accelfs_cache_miss_bytes_total",
                           "Bytes of the blocks cache misses waited for."),
-      Row<&C::fetched_bytes>("fetched_bytes", kCounter, kBytes, "accelfs_backend_read_bytes_total",
+      Row<&C::fetched_bytes>("fetched_bytes", kCounter, kBytes, "accelfs_store_read_bytes_total",
                              "Bytes read from SOURCE into the cache."),
       Row<&C::prefetches>("prefetches", kCounter, kCount, "accelfs_prefetches_total",
-                          "Backend fetches started by prefetch."),
+                          "Store reads started by prefetch."),
       Row<&C::fetching_bytes>("fetching_bytes", kGauge, kBytes, "accelfs_prefetch_inflight_bytes",
-                              "Bytes of backend reads in flight."),
-      Row<&D::depth>("depth", kGauge, kCount, "accelfs_backend_depth",
-                     "Backend reads the adaptive depth allows in flight now."),
-      Row<&D::depth_limit>("depth_limit", kGauge, kCount, "accelfs_backend_depth_limit",
-                           "Most backend reads in flight (--backend-depth)."),
+                              "Bytes of store reads in flight."),
+      Row<&D::depth>("depth", kGauge, kCount, "accelfs_store_depth",
+                     "Store reads the adaptive depth allows in flight now."),
+      Row<&D::depth_limit>("depth_limit", kGauge, kCount, "accelfs_store_depth_limit",
+                           "Most store reads in flight (--store-depth)."),
       Row<&D::open_files>("open_files", kGauge, kCount, "accelfs_open_files",
                           "File handles open on the mount."),
       Row<&D::passthrough_files>("passthrough_files", kGauge, kCount,
@@ -196,9 +203,9 @@ inline constexpr std::array kStatsFields = [] {
       Row<&C::evicted_blocks>("evicted_blocks", kCounter, kBlocks, "accelfs_evicted_blocks_total",
                               "Cache blocks evicted to stay within the budget."),
       Row<&C::failed_fetches>("failed_fetches", kCounter, kCount, "accelfs_failed_fetches_total",
-                              "Backend reads that failed."),
+                              "Store reads that failed."),
       Row<&C::stalled_fetches>("stalled_fetches", kCounter, kCount, "",
-                               "Backend fetches whose read outlived --backend-timeout."),
+                               "Store fetches whose read outlived --store-timeout."),
       Row<&C::verified_bytes>("verified_bytes", kCounter, kBytes,
                               "accelfs_cache_dir_verified_bytes_total",
                               "Bytes of blocks kept in a disk --cache-dir that matched their "
@@ -212,14 +219,14 @@ inline constexpr std::array kStatsFields = [] {
                                "Blocks a full or failing --cache-dir could not take, kept in "
                                "memory instead."),
       Row<&D::stuck_requests>(
-          "stuck_requests", kGauge, kCount, "accelfs_backend_stuck_requests",
-          "Backend reads in flight past --backend-timeout: slots lost to a hung store."),
+          "stuck_requests", kGauge, kCount, "accelfs_store_stuck_requests",
+          "Store reads in flight past --store-timeout: slots lost to a hung store."),
       Row<&D::timed_out_requests>(
-          "timed_out_requests", kCounter, kCount, "accelfs_backend_timed_out_requests_total",
-          "Backend reads given up on after --backend-timeout; their readers got ETIMEDOUT."),
+          "timed_out_requests", kCounter, kCount, "accelfs_store_timed_out_requests_total",
+          "Store reads given up on after --store-timeout; their readers got ETIMEDOUT."),
       Row<&D::waiting_requests>(
-          "waiting_requests", kGauge, kCount, "accelfs_backend_waiting_requests",
-          "Backend reads held back because their file has its share of the depth in flight."),
+          "waiting_requests", kGauge, kCount, "accelfs_store_waiting_requests",
+          "Store reads held back because their file has its share of the depth in flight."),
       Row<&D::pushed_bytes>("pushed_bytes", kCounter, kBytes, "accelfs_pushed_bytes_total",
                             "Bytes pushed into the kernel's page cache (--push, and warmed "
                             "files on a mount without passthrough)."),

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "cache/result.h"
 #include "fs/common/daemon_stats.h"
@@ -17,13 +18,20 @@ namespace accelfs {
 
 class StatsCollectable;
 
-// What a scrape of /metrics answers for the snapshot `stats`: a family per kStatsFields row with a
-// metric (fs/common/daemon_stats.h), in Prometheus text format. For the tests; opens nothing.
+// Metrics beside kStatsFields' rows: the release (labels version and mountpoint, value 1), and
+// histograms of what users feel (fs/common/daemon_stats.h, DaemonStats::open_waits, cold_loads).
+inline constexpr std::string_view kBuildInfoMetric = "accelfs_build_info";
+inline constexpr std::string_view kOpenWaitMetric = "accelfs_open_wait_seconds";
+inline constexpr std::string_view kColdLoadMetric = "accelfs_file_cold_load_seconds";
+
+// What a scrape of /metrics answers for the snapshot `stats`, but the process_* families: a family
+// per kStatsFields row with a metric (fs/common/daemon_stats.h), the build and the histograms, in
+// Prometheus text format. For the tests; opens nothing.
 std::string MetricsText(const DaemonStats& stats);
 
 class MetricsServer {
  public:
-  // Listens on `address` ("127.0.0.1:9100", "[::1]:9100", "0.0.0.0:9100"; Config validated it)
+  // Listens on `address` ("127.0.0.1:9477", "[::1]:9477", "0.0.0.0:9477"; Config validated it)
   // and serves GET /metrics from `source`. Error(EADDRINUSE) when the address cannot be bound
   // (in use, or not an address of this machine).
   // REQUIRES: everything `source` touches outlives the server (destroy the server first).

@@ -479,7 +479,7 @@ void Warmer::RunJob(WarmJob& job) {
     if (timed_out) {
       Fail(job, DescribePath(job.files_[*timed_out].path) +
                     ": the store did not answer a read within the backend timeout "
-                    "(--backend-timeout); accelfs-stat shows the stuck reads");
+                    "(--store-timeout); accelfs-stat shows the stuck reads");
       return;
     }
     missing.clear();

@@ -1,27 +1,19 @@
 #include "fs/daemon/config.h"
 
-#include <arpa/inet.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <numeric>
-#include <sstream>
 #include <utility>
 
 #include "accelfs_version.h"
 #include "fs/daemon/option_values.h"
+#include "fs/daemon/options.h"
 #include "fs/daemon/swarm_options.h"
 
 namespace accelfs {
 namespace {
 
-constexpr uint32_t kMinBlock = 64u << 10;
-constexpr uint32_t kMaxBlock = 256u << 20;
 // The cache must hold many blocks at once: every in-flight READ pins up to two of them.
 constexpr uint64_t kMinCacheBlocks = 16;
 
@@ -70,274 +62,7 @@ std::vector<std::string> SplitOptions(const std::string& list) {
   return out;
 }
 
-std::optional<double> ParseSeconds(const std::string& text) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used != text.size() || !std::isfinite(v) || v < 0) return std::nullopt;
-    return v;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
 }  // namespace
-
-struct ParseContext {
-  uint64_t mem_total = 0;
-  const std::optional<CgroupMemory>* cgroup = nullptr;
-  uint64_t ram = 0;  // what "%" is of: the memory cgroup's limit when lower than MemTotal
-};
-
-namespace {
-
-// "4M", "64K", "1G": the largest binary unit that divides `bytes`, as --help and the README write
-// defaults.
-std::string ShortSize(uint64_t bytes) {
-  static constexpr std::pair<int, char> kUnits[] = {{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
-  for (const auto& [shift, unit] : kUnits) {
-    if (bytes != 0 && bytes % (uint64_t{1} << shift) == 0) {
-      return std::to_string(bytes >> shift) + unit;
-    }
-  }
-  return std::to_string(bytes);
-}
-
-std::string Number(double value) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", value);
-  return buf;
-}
-
-Status ApplySeconds(const std::string& text, const char* flag, double* field) {
-  const std::optional<double> v = ParseSeconds(text);
-  if (!v) return Bad(std::string(flag) + " '" + text + "': must be a number of seconds >= 0");
-  *field = *v;
-  return Status::Ok();
-}
-
-Status ApplyCacheSize(const std::string& text, Config& config, const ParseContext& context) {
-  Result<uint64_t> v = ParseSize(text, context.ram);
-  if (!v.ok()) return Bad("--cache-size " + v.error().Message());
-  config.cache_size = v.value();
-  config.cache_size_origin = text;
-  const std::optional<CgroupMemory>& cgroup = *context.cgroup;
-  if (cgroup && config.cache_size + kDaemonRoom > cgroup->limit) {
-    return Bad("--cache-size " + FormatBytes(config.cache_size) +
-               " does not fit in this daemon's memory cgroup (limit " + FormatBytes(cgroup->limit) +
-               ", " + cgroup->file +
-               "): the cache's pages are charged to it and the daemon would be OOM-killed; use "
-               "at most " +
-               FormatBytes(cgroup->limit > kDaemonRoom ? cgroup->limit - kDaemonRoom : 0) +
-               ", or raise the limit");
-  }
-  return Status::Ok();
-}
-
-Status ApplyBlockSize(const std::string& text, Config& config, const ParseContext&) {
-  Result<uint64_t> v = ParseSize(text, 0);
-  if (!v.ok()) return Bad("--block-size " + v.error().Message());
-  if (v.value() < kMinBlock || v.value() > kMaxBlock || (v.value() & (v.value() - 1)) != 0) {
-    return Bad("--block-size " + text + ": must be a power of two from 64K to 256M");
-  }
-  config.block_size = static_cast<uint32_t>(v.value());
-  return Status::Ok();
-}
-
-Status ApplyReadahead(const std::string& text, Config& config, const ParseContext&) {
-  const bool bare = text.find_first_not_of("0123456789") == std::string::npos;
-  Result<uint64_t> v = ParseSize(text, 0);
-  if (!v.ok()) return Bad("--readahead " + v.error().Message());
-  // read_ahead_kb is in KiB: rounding a size down would turn e.g. 512B into 0 ("keep the kernel's
-  // value").
-  if (!bare && v.value() % 1024 != 0) {
-    return Bad("--readahead " + text + ": must be a whole number of KiB");
-  }
-  const uint64_t kb = bare ? v.value() : v.value() / 1024;
-  if (kb > (1u << 20)) return Bad("--readahead " + text + ": at most 1G");
-  config.readahead_kb = static_cast<uint32_t>(kb);
-  return Status::Ok();
-}
-
-Status ApplyStoreIo(const std::string& text, Config& config, const ParseContext&) {
-  if (text != "auto" && text != "direct" && text != "buffered") {
-    return Bad("--store-io " + Quoted(text) + ": must be auto, direct or buffered");
-  }
-  config.store_io = text;
-  return Status::Ok();
-}
-
-Status ApplyBackendDepth(const std::string& text, Config& config, const ParseContext&) {
-  const std::optional<uint64_t> v = ParseCount(text);
-  if (!v || *v < 1 || *v > 4096) {
-    return Bad("--backend-depth " + Quoted(text) + ": must be a whole number from 1 to 4096");
-  }
-  config.backend_depth = static_cast<uint32_t>(*v);
-  return Status::Ok();
-}
-
-Status ApplyBackendTimeout(const std::string& text, Config& config, const ParseContext&) {
-  if (Status s = ApplySeconds(text, "--backend-timeout", &config.backend_timeout); !s.ok())
-    return s;
-  if (config.backend_timeout > 7 * 86400) {
-    return Bad("--backend-timeout " + Quoted(text) + ": at most a week (604800 s)");
-  }
-  return Status::Ok();
-}
-
-Status ApplyStreamThreshold(const std::string& text, Config& config, const ParseContext&) {
-  Result<uint64_t> v = ParseSize(text, 0);
-  if (!v.ok()) return Bad("--stream-threshold " + v.error().Message());
-  config.stream_threshold = v.value();
-  return Status::Ok();
-}
-
-Status ApplyLogLevel(const std::string& text, Config& config, const ParseContext&) {
-  static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
-                                                 "error", "critical", "off"};
-  if (std::find(std::begin(kLevels), std::end(kLevels), text) == std::end(kLevels)) {
-    return Bad("--log-level " + Quoted(text) +
-               ": must be trace, debug, info, warn, error, critical or off");
-  }
-  config.log_level = text;
-  return Status::Ok();
-}
-
-Status ApplyFillOnOpen(const std::string& text, Config& config, const ParseContext&) {
-  if (text != "auto" && text != "all" && text != "shards" && text != "off") {
-    return Bad("--fill-on-open " + Quoted(text) + ": expected auto, all, shards or off");
-  }
-  config.fill_on_open = text;
-  return Status::Ok();
-}
-
-Status ApplyMetrics(const std::string& text, Config& config, const ParseContext&) {
-  const std::optional<std::string> address = ParseListenAddress(text);
-  if (!address) {
-    return Bad("--metrics " + Quoted(text) +
-               ": expected PORT or ADDR:PORT (an IP address, [::1] for IPv6; port 1-65535)");
-  }
-  config.metrics_address = *address;
-  return Status::Ok();
-}
-
-}  // namespace
-
-const std::vector<OptionSpec>& Options() {
-  using C = const Config&;
-  static const std::vector<OptionSpec> kOptions = [] {
-    std::vector<OptionSpec> options = {
-        {"foreground", "-f", "",
-         "Stay in the foreground (otherwise detach once the mount is ready)",
-         [](C) { return std::string("detach"); },
-         [](const std::string&, Config& c, const ParseContext&) {
-           c.foreground = true;
-           return Status::Ok();
-         }},
-        {"cache-size", "", "SIZE",
-         "Cache budget: bytes with K/M/G/T, or a % of RAM (of the limit in a memory cgroup)",
-         [](C) { return std::string("half of MemAvailable"); }, ApplyCacheSize},
-        {"cache-dir", "", "DIR",
-         "Keep cached blocks in files in this directory (created if missing), where a restart "
-         "finds them: a tmpfs like /dev/shm/accelfs, or a local NVMe directory",
-         [](C) { return std::string("a private tmpfs that goes with the daemon"); },
-         [](const std::string& v, Config& c, const ParseContext&) {
-           c.cache_dir = v;
-           return Status::Ok();
-         }},
-        {"block-size", "", "SIZE", "Cache block size, a power of two",
-         [](C c) { return ShortSize(c.block_size); }, ApplyBlockSize},
-        {"backend-depth", "", "N",
-         "Most backend reads in flight; the daemon adapts the depth below it",
-         [](C c) { return std::to_string(c.backend_depth); }, ApplyBackendDepth},
-        {"backend-timeout", "", "S",
-         "Seconds a backend read may hang, while its file completes nothing else, before its "
-         "readers get ETIMEDOUT (0: never)",
-         [](C c) { return Number(c.backend_timeout); }, ApplyBackendTimeout},
-        {"store-io", "", "MODE",
-         "direct, buffered, or auto (try both on each store's first reads, keep the faster)",
-         [](C c) { return c.store_io; }, ApplyStoreIo},
-        {"readahead", "", "KB",
-         "The mount's kernel read_ahead_kb: KiB, or a size with K/M/G (0 keeps the kernel's)",
-         [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
-        {"stream-threshold", "", "SIZE",
-         "Stream files at least this big, and every *.safetensors file, in whole from their "
-         "first open (0: never)",
-         [](C c) { return ShortSize(c.stream_threshold); }, ApplyStreamThreshold},
-        {"revalidate", "", "S",
-         "Seconds an open's check of a file against SOURCE holds: later opens of the file, whole "
-         "in the cache, make no call into SOURCE (0: every open checks)",
-         [](C c) { return Number(c.revalidate); },
-         [](const std::string& v, Config& c, const ParseContext&) {
-           return ApplySeconds(v, "--revalidate", &c.revalidate);
-         }},
-        {"attr-timeout", "", "S",
-         "Seconds attributes are cached; unless given, --revalidate's (3600 where that is 0)",
-         [](C c) { return Number(c.attr_timeout); },
-         [](const std::string& v, Config& c, const ParseContext&) {
-           return ApplySeconds(v, "--attr-timeout", &c.attr_timeout);
-         }},
-        {"entry-timeout", "", "S",
-         "Seconds names are cached; unless given, --revalidate's (3600 where that is 0)",
-         [](C c) { return Number(c.entry_timeout); },
-         [](const std::string& v, Config& c, const ParseContext&) {
-           return ApplySeconds(v, "--entry-timeout", &c.entry_timeout);
-         }},
-        {"log-level", "", "L", "trace, debug, info, warn, error, critical or off",
-         [](C c) { return c.log_level; }, ApplyLogLevel},
-        {"metrics", "", "[ADDR:]PORT",
-         "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: 127.0.0.1:PORT)",
-         [](C) { return std::string("off"); }, ApplyMetrics},
-        {"no-passthrough", "", "",
-         "Serve fully cached files through the daemon too (no FUSE "
-         "passthrough)",
-         [](C) { return std::string("passthrough on where possible"); },
-         [](const std::string&, Config& c, const ParseContext&) {
-           c.passthrough = false;
-           return Status::Ok();
-         }},
-        {"fill-on-open", "", "MODE",
-         "Which opens of large uncached files wait until the file is cached, then read it in "
-         "passthrough mode: all; shards (not the last shard of a set or a lone file, which stream "
-         "in while read); off (all stream in); auto (all below 8 CPUs, else shards)",
-         [](C c) { return c.fill_on_open; }, ApplyFillOnOpen},
-        {"push", "", "",
-         "Push streamed data into the kernel's page cache ahead of the reader for every file open "
-         "in cached mode, as root too, not only mapped files where the read-ahead stays at 128 KiB",
-         [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
-         [](const std::string&, Config& c, const ParseContext&) {
-           c.push = "on";
-           return Status::Ok();
-         }},
-        {"no-push", "", "",
-         "Never push streamed data into the kernel's page cache (mapping loaders on a mount whose "
-         "read-ahead stays at 128 KiB then wait for a READ per fault)",
-         [](C) { return std::string("mapped files, where the read-ahead stays at 128 KiB"); },
-         [](const std::string&, Config& c, const ParseContext&) {
-           c.push = "off";
-           return Status::Ok();
-         }},
-        {"control-group", "", "GROUP",
-         "Let this group use the control socket (accelfs-stat, accelfs-warm)",
-         [](C) { return std::string("only the mounting user and root"); },
-         [](const std::string& v, Config& c, const ParseContext&) {
-           c.control_group = v;
-           return Status::Ok();
-         }},
-    };
-    // The fleet's, last.
-    std::vector<OptionSpec> swarm = SwarmOptionSpecs();
-    options.insert(options.end(), swarm.begin(), swarm.end());
-    return options;
-  }();
-  return kOptions;
-}
-
-std::string OptionSpec::Key() const {
-  std::string key(name);
-  std::replace(key.begin(), key.end(), '-', '_');
-  return key;
-}
 
 namespace {
 
@@ -348,16 +73,36 @@ ParseOutcome UsageError(const std::string& what) {
   return out;
 }
 
+// An -o key's old spelling (options.h): the key now, and the value it stands for.
+std::pair<std::string, std::string> NewKey(const std::string& key, const std::string& value,
+                                           bool has_value, std::vector<std::string>& warnings) {
+  for (const OldSpelling& old : kOldSpellings) {
+    if (OptionKey(old.old_name) != key) continue;
+    const std::string now = OptionKey(old.new_name);
+    const std::string now_value = old.value.empty() ? value : std::string(old.value);
+    warnings.push_back(
+        OldSpellingWarning("-o " + key, "-o " + now + (old.value.empty() ? "" : "=" + now_value)));
+    return {now, now_value};
+  }
+  if (key == "push" && !has_value) {
+    warnings.push_back(OldSpellingWarning("-o push", "-o push=" + std::string(kBarePushMode)));
+    return {key, std::string(kBarePushMode)};
+  }
+  return {key, value};
+}
+
 // -o lists: our own options by key first, then FUSE options; anything else is an error. Sets
 // `given` (one slot per Options() row) and the FUSE options.
 Status ApplyOptionLists(const std::vector<std::string>& lists,
-                        std::vector<std::optional<std::string>>& given, Config& config) {
+                        std::vector<std::optional<std::string>>& given, Config& config,
+                        std::vector<std::string>& warnings) {
   const std::vector<OptionSpec>& options = Options();
   for (const std::string& list : lists) {
     for (const std::string& opt : SplitOptions(list)) {
       const size_t eq = opt.find('=');
-      const std::string key = opt.substr(0, eq);
-      const std::string value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+      const auto [key, value] =
+          NewKey(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
+                 eq != std::string::npos, warnings);
       const auto spec = std::find_if(options.begin(), options.end(),
                                      [&](const OptionSpec& o) { return o.Key() == key; });
       if (spec != options.end()) {
@@ -405,6 +150,112 @@ Status FinishCacheSize(bool given, Config& config, uint64_t mem_available,
   return Status::Ok();
 }
 
+// argv with the old spellings (options.h) written the new way, up to "--": "--backend-depth 8"
+// is "--store-depth 8", "--no-push" is "--push=never", a "--push" not followed by a mode is
+// "--push=always". One warning each.
+std::vector<std::string> NewSpellings(int argc, const char* const* argv,
+                                      std::vector<std::string>& warnings) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string arg = args[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    for (const OldSpelling& old : kOldSpellings) {
+      if (name != "--" + std::string(old.old_name)) continue;
+      const std::string now = "--" + std::string(old.new_name);
+      if (old.value.empty()) {
+        args[i] = now + (eq == std::string::npos ? "" : arg.substr(eq));
+        warnings.push_back(OldSpellingWarning(name, now));
+      } else {
+        args[i] = now + "=" + std::string(old.value);
+        warnings.push_back(OldSpellingWarning(name, args[i]));
+      }
+    }
+    if (arg == "--push") {
+      const std::vector<std::string> modes = {"auto", "always", "never"};
+      if (i + 1 == args.size() ||
+          std::find(modes.begin(), modes.end(), args[i + 1]) == modes.end()) {
+        args[i] = "--push=" + std::string(kBarePushMode);
+        warnings.push_back(OldSpellingWarning("--push", args[i]));
+      }
+    }
+  }
+  return args;
+}
+
+// The app: SOURCE, MOUNTPOINT, a flag or an option per Options() row in its group, -o, -V.
+struct CommandLine {
+  CLI::App app{
+      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
+      "MOUNTPOINT;\n"
+      "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
+      "accelfs"};
+  std::vector<std::string> values;
+  std::unique_ptr<bool[]> flags;
+  std::vector<std::string> option_lists;
+  bool version = false;
+
+  explicit CommandLine(Config& config) {
+    const Config defaults;
+    const std::vector<OptionSpec>& options = Options();
+    values.resize(options.size());
+    flags.reset(new bool[options.size()]());
+    // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
+    app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
+    for (size_t i = 0; i < options.size(); ++i) {
+      const OptionSpec& o = options[i];
+      const std::string names = (o.short_name.empty() ? "" : std::string(o.short_name) + ",") +
+                                "--" + std::string(o.name);
+      const std::string help =
+          std::string(o.help) + " (default: " + o.shown_default(defaults) + ")";
+      CLI::Option* added =
+          o.flag() ? app.add_flag(names, flags[i], help)
+                   : app.add_option(names, values[i], help)->type_name(std::string(o.value_name));
+      added->group(std::string(o.group));
+    }
+    // Last in the first group, Mount.
+    app.add_option("-o", option_lists,
+                   "Mount options, comma-separated: FUSE options (allow_other, "
+                   "default_permissions, fsname=...) and the options here as key=value "
+                   "(cache_size=64G, push=never, ...)")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->group(std::string(kMountGroup));
+    app.add_flag("-V,--version", version, "Print the version and exit");
+  }
+};
+
+// Each given option's check, the block size first (the budget is checked in blocks), then the
+// defaults that depend on others.
+Status ApplyGiven(const std::vector<std::optional<std::string>>& given, Config& config,
+                  uint64_t mem_available, const ParseContext& context) {
+  const std::vector<OptionSpec>& options = Options();
+  std::vector<size_t> order(options.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return options[i].name == "block-size"; });
+  for (const size_t i : order) {
+    if (!given[i]) continue;
+    if (Status s = options[i].apply(*given[i], config, context); !s.ok()) return s;
+  }
+  const auto was_given = [&](std::string_view name) {
+    const auto it = std::find_if(options.begin(), options.end(),
+                                 [name](const OptionSpec& o) { return o.name == name; });
+    return given[it - options.begin()].has_value();
+  };
+  if (Status s = FinishCacheSize(was_given("cache-size"), config, mem_available, context);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = FinishSwarm(config); !s.ok()) return s;
+  // The kernel's timeouts follow the validity window unless given (see Config::attr_timeout).
+  const double kernel_default = config.revalidate > 0 ? config.revalidate : kTimeoutWithoutWindow;
+  if (!was_given("attr-timeout")) config.attr_timeout = kernel_default;
+  if (!was_given("entry-timeout")) config.entry_timeout = kernel_default;
+  return Status::Ok();
+}
+
 }  // namespace
 
 ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_available,
@@ -413,92 +264,44 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv, uint64_t mem_av
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--version" || arg == "-V")
-      return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n"};
+      return {std::nullopt, 0, "accelfs " ACCELFS_VERSION "\n", {}};
   }
   Config config;
-  const Config defaults;
-  CLI::App app{
-      "accelfs: a read-through FUSE cache for model weights. Mounts SOURCE read-only at "
-      "MOUNTPOINT;\n"
-      "reads are served from a RAM block cache filled by parallel io_uring reads of SOURCE.",
-      "accelfs"};
-  // A repeated option takes its last value, as with most tools: a wrapper can append overrides.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("SOURCE", config.source, "Directory to serve (the slow path)")->required();
-  app.add_option("MOUNTPOINT", config.mountpoint, "Where to mount it")->required();
-  const std::vector<OptionSpec>& options = Options();
-  std::vector<std::string> values(options.size());
-  std::unique_ptr<bool[]> flags(new bool[options.size()]());
-  for (size_t i = 0; i < options.size(); ++i) {
-    const OptionSpec& o = options[i];
-    const std::string names =
-        (o.short_name.empty() ? "" : std::string(o.short_name) + ",") + "--" + std::string(o.name);
-    const std::string help = std::string(o.help) + " (default: " + o.shown_default(defaults) + ")";
-    if (o.flag()) {
-      app.add_flag(names, flags[i], help);
-    } else {
-      app.add_option(names, values[i], help)->type_name(std::string(o.value_name));
-    }
-  }
-  std::vector<std::string> option_lists;
-  app.add_option("-o", option_lists,
-                 "Mount options, comma-separated: FUSE options (allow_other, default_permissions, "
-                 "fsname=...) and the options above as key=value (cache_size=64G, ...)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  bool version = false;
-  app.add_flag("-V,--version", version, "Print the version and exit");
+  std::vector<std::string> warnings;
+  CommandLine line(config);
+  std::vector<std::string> args = NewSpellings(argc, argv, warnings);
+  std::vector<const char*> new_argv;
+  for (const std::string& a : args) new_argv.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    line.app.parse(static_cast<int>(new_argv.size()), new_argv.data());
   } catch (const CLI::CallForHelp&) {
-    return {std::nullopt, 0, app.help()};
+    return {std::nullopt, 0, line.app.help(), {}};
   } catch (const CLI::ParseError& e) {
     return UsageError(e.what());
   }
-
+  const std::vector<OptionSpec>& options = Options();
   std::vector<std::optional<std::string>> given(options.size());
   for (size_t i = 0; i < options.size(); ++i) {
-    if (options[i].flag() ? flags[i] : app.count("--" + std::string(options[i].name)) > 0) {
-      given[i] = values[i];
+    if (options[i].flag() ? line.flags[i]
+                          : line.app.count("--" + std::string(options[i].name)) > 0) {
+      given[i] = line.values[i];
     }
   }
-  if (Status s = ApplyOptionLists(option_lists, given, config); !s.ok()) {
+  if (Status s = ApplyOptionLists(line.option_lists, given, config, warnings); !s.ok()) {
     return UsageError(s.error().Message());
   }
   ParseContext context;
   context.mem_total = mem_total;
   context.cgroup = &cgroup;
+  context.warnings = &warnings;
   // Under a memory limit "RAM" is the limit.
   context.ram = cgroup && (mem_total == 0 || cgroup->limit < mem_total) ? cgroup->limit : mem_total;
-  // The block size first: the budget is checked in blocks.
-  std::vector<size_t> order(options.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_partition(order.begin(), order.end(),
-                        [&](size_t i) { return options[i].name == "block-size"; });
-  for (const size_t i : order) {
-    if (!given[i]) continue;
-    if (Status s = options[i].apply(*given[i], config, context); !s.ok()) {
-      return UsageError(s.error().Message());
-    }
-  }
-  const auto cache_size = std::find_if(options.begin(), options.end(),
-                                       [](const OptionSpec& o) { return o.name == "cache-size"; });
-  if (Status s = FinishCacheSize(given[cache_size - options.begin()].has_value(), config,
-                                 mem_available, context);
-      !s.ok()) {
+  if (Status s = ApplyGiven(given, config, mem_available, context); !s.ok()) {
     return UsageError(s.error().Message());
   }
-  if (Status s = FinishSwarm(config); !s.ok()) return UsageError(s.error().Message());
-  const auto given_named = [&](std::string_view name) {
-    const auto it = std::find_if(options.begin(), options.end(),
-                                 [name](const OptionSpec& o) { return o.name == name; });
-    return given[it - options.begin()].has_value();
-  };
-  // The kernel's timeouts follow the validity window unless given (see Config::attr_timeout).
-  const double kernel_default = config.revalidate > 0 ? config.revalidate : kTimeoutWithoutWindow;
-  if (!given_named("attr-timeout")) config.attr_timeout = kernel_default;
-  if (!given_named("entry-timeout")) config.entry_timeout = kernel_default;
   ParseOutcome out;
   out.config = std::move(config);
+  out.warnings = std::move(warnings);
   return out;
 }
 

@@ -15,6 +15,18 @@
 
 namespace accelfs {
 
+// --store-io: how reads of the store are sent where it takes O_DIRECT.
+enum class StoreIo { kAuto, kDirect, kBuffered };
+// --fill-on-open: which opens of large uncached files wait for the whole file.
+enum class FillOnOpen { kAuto, kAll, kShards, kOff };
+// --push: which files get streamed data pushed into the kernel's page cache.
+enum class PushMode { kAuto, kAlways, kNever };
+
+// A mode's spelling on the command line and in the start-up line.
+std::string_view ModeName(StoreIo mode);
+std::string_view ModeName(FillOnOpen mode);
+std::string_view ModeName(PushMode mode);
+
 struct Config {
   std::string source;      // SOURCE: the slow directory to serve
   std::string mountpoint;  // MOUNTPOINT
@@ -30,28 +42,28 @@ struct Config {
   // started over the same directory serves what the last one cached without refetching it.
   std::string cache_dir;
 
-  // 4 MiB: large enough that one backend request amortises network latency, small enough that a
+  // 4 MiB: large enough that one store request amortises network latency, small enough that a
   // 1 MiB kernel READ rarely waits on much more than itself. Power of two, 64 KiB .. 256 MiB.
   uint32_t block_size = kDefaultBlockSize;
 
-  // Most backend reads in flight. 64: a local disk saturates at 4-32; a network store needs many
+  // Most store reads in flight. 64: a local disk saturates at 4-32; a network store needs many
   // large requests in flight (docs/DESIGN.md section 3).
-  uint32_t backend_depth = 64;
+  uint32_t store_depth = 64;
 
-  // Seconds a backend read may be in flight while its file completes nothing else before the
+  // Seconds a store read may be in flight while its file completes nothing else before the
   // read is given up on: its waiting reads get ETIMEDOUT and its slot stops counting against the
   // depth (cache/backend/bounded_reader.h). 60: a 4 MiB read is late there only below 70 KB/s,
   // and a slow store that still moves never trips it (any completion of the file restarts the
   // clock); an NFS hard mount's major timeout is 60 s. 0: never.
-  double backend_timeout = 60;
+  double store_timeout = 60;
 
-  // How reads of the store are sent where it takes O_DIRECT: "auto" tries both on each store's
-  // first bytes and keeps the faster (cache/backend/io_choice.h), "direct" or "buffered" always.
+  // How reads of the store are sent where it takes O_DIRECT: kAuto tries both on each store's
+  // first bytes and keeps the faster (cache/backend/io_choice.h), kDirect or kBuffered always.
   // O_DIRECT by default: through the page cache a store reads ahead of accelfs's reads, and what
   // it read ahead is dropped with the pages (NET sent 1.10-1.36x the model for 4 loaders at once
   // in the quick suite, once a trial had picked buffered or during the trial), and the trial's
   // pick on NET swung with the machine's noise (DESIGN.md §6.12).
-  std::string store_io = "direct";
+  StoreIo store_io = StoreIo::kDirect;
 
   // The mount's read_ahead_kb, in KiB. 8 MiB: mmap through FUSE goes from 0.77 GB/s at the kernel's
   // 128 KiB to 3.1 GB/s at 4 MiB (docs/DESIGN.md section 2). 0 leaves the kernel's value.
@@ -88,16 +100,16 @@ struct Config {
 
   // Fill on open (FsOptions::fill): an open of a file that is streamed and fits in the cache waits
   // until the whole file is cached, then reads it in passthrough mode. Only where passthrough is
-  // on. "auto": "all" on machines with fewer than kFillAllBelowCpus CPUs (the daemon's copy into
-  // the mount's page cache costs more than the overlap it buys), "shards" on bigger ones.
-  std::string fill_on_open = "auto";  // auto, all, shards or off
+  // on. kAuto: kAll on machines with fewer than kFillAllBelowCpus CPUs (the daemon's copy into
+  // the mount's page cache costs more than the overlap it buys), kShards on bigger ones.
+  FillOnOpen fill_on_open = FillOnOpen::kAuto;
 
   // Push blocks the stream fetched into the kernel's page cache, so that mmap faults find them
-  // there instead of waiting for READs (fs/page_pusher.h). "auto": into files a loader maps, on a
+  // there instead of waiting for READs (fs/page_pusher.h). kAuto: into files a loader maps, on a
   // mount where the kernel's read-ahead stays at 128 KiB (a user's), where every fault is a READ
-  // round trip (a user's cold mmap 1.9x in pairs; docs/BENCHMARKS-HISTORY.md); "on" (--push):
-  // into every file open in cached mode too, as root as well; "off" (--no-push): never.
-  std::string push = "auto";  // auto, on or off
+  // round trip (a user's cold mmap 1.9x in pairs; docs/BENCHMARKS-HISTORY.md); kAlways: into every
+  // file open in cached mode too, as root as well; kNever: never.
+  PushMode push = PushMode::kAuto;
 
   // --control-group: members of this group (name or number) may use the control socket (mode 0660
   // instead of 0600), for accelfs-stat and accelfs-warm. Empty: only the mounting user and root.
@@ -117,7 +129,7 @@ struct Config {
   // peers over mutual TLS, torrents in swarm_dir signed (cache/backend/swarm_trust.h).
   std::string swarm_ca, swarm_cert, swarm_key;
 
-  // FUSE and mount options passed on to libfuse (allow_other, fsname=..., ...).
+  // FUSE and mount options passed on to libfuse (allow_other from --allow-other, fsname=..., ...).
   std::vector<std::string> fuse_options;
 };
 
@@ -128,6 +140,7 @@ struct ParseContext;  // what option values are checked against (config.cc)
 // each default (shown from a default Config, where the default is defined), and README's option
 // table (a test keeps the two equal).
 struct OptionSpec {
+  std::string_view group;       // --help's and README's group: Mount, Cache, Store, ...
   std::string_view name;        // the long name, without "--"
   std::string_view short_name;  // "-f", or empty
   std::string_view value_name;  // "SIZE"; empty for a flag
@@ -147,6 +160,9 @@ struct ParseOutcome {
   std::optional<Config> config;  // set when the daemon should run
   int exit_code = 0;             // otherwise: exit with this code...
   std::string output;            // ...after printing this (stdout for 0, stderr otherwise)
+  // Old spellings that still work, one line each ("--backend-depth is now --store-depth"), for
+  // the daemon to log once it runs.
+  std::vector<std::string> warnings;
 };
 
 // mem_available and mem_total are in bytes (from /proc/meminfo), for the size defaults and "%".

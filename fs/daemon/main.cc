@@ -43,6 +43,7 @@
 #include "fs/daemon/exit_deadline.h"
 #include "fs/daemon/memory_limit.h"
 #include "fs/daemon/mount_checks.h"
+#include "fs/daemon/option_values.h"
 #include "fs/daemon/process.h"
 #include "fs/daemon/store_limits.h"
 #include "fs/fuse_adapter.h"
@@ -67,6 +68,21 @@ int Fail(const std::string& line) {
 }
 
 Status Failure(std::string line) { return Error(EINVAL, std::move(line)); }
+
+// The fill mode of --fill-on-open on a machine where the daemon may run on UsableCpus().
+FsOptions::Fill FillModeFor(FillOnOpen mode) {
+  switch (mode) {
+    case FillOnOpen::kAll:
+      return FsOptions::Fill::kAll;
+    case FillOnOpen::kShards:
+      return FsOptions::Fill::kShards;
+    case FillOnOpen::kOff:
+      return FsOptions::Fill::kOff;
+    case FillOnOpen::kAuto:
+      break;
+  }
+  return UsableCpus() < kFillAllBelowCpus ? FsOptions::Fill::kAll : FsOptions::Fill::kShards;
+}
 
 class Daemon {
  public:
@@ -111,6 +127,9 @@ class Daemon {
   SwarmReader* swarm_ = nullptr;      // the outermost, with --swarm-listen
   std::string backend_kind_ = "io_uring";
   std::unique_ptr<BlockCache> cache_;
+  // What users feel, for the metrics: opens that waited for their file, streamed files' loads.
+  LatencyHistogram open_waits_;
+  LatencyHistogram cold_loads_;
   PrefetcherOptions prefetch_;
   std::unique_ptr<Prefetcher> prefetcher_;
   FsOptions fs_options_;
@@ -186,14 +205,14 @@ Status Daemon::OpenStore() {
 
 // io_uring, or a pool of pread threads where the kernel refuses it; then the layers in front.
 Status Daemon::MakeBackend() {
-  if (auto uring = MakeUringReader(config_.backend_depth, /*adaptive=*/true,
+  if (auto uring = MakeUringReader(config_.store_depth, /*adaptive=*/true,
                                    [](const std::string& line) { spdlog::debug("{}", line); });
       uring.ok()) {
     reader_ = std::move(uring.value());
   } else {
     spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",
-                 uring.error().Message(), config_.backend_depth);
-    reader_ = std::make_unique<PreadReader>(config_.backend_depth);
+                 uring.error().Message(), config_.store_depth);
+    reader_ = std::make_unique<PreadReader>(config_.store_depth);
     backend_kind_ = "pread";
   }
   // Blocks' memory is faulted in on a few threads ahead of the reads, not by the ring's one thread
@@ -203,13 +222,14 @@ Status Daemon::MakeBackend() {
   // (cache/backend/bounded_reader.h).
   BoundedReaderOptions bounded_options;
   bounded_options.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config_.backend_timeout * 1000));
+      std::chrono::milliseconds(static_cast<int64_t>(config_.store_timeout * 1000));
   // A FUSE store's own queue is shared by every reader on the node: never fill it
   // (fs/daemon/store_limits.h).
   bounded_options.limits = StoreLimitsOf;
-  bounded_options.io = config_.store_io == "auto"       ? BoundedReaderOptions::Io::kLearn
-                       : config_.store_io == "buffered" ? BoundedReaderOptions::Io::kBuffered
-                                                        : BoundedReaderOptions::Io::kDirect;
+  bounded_options.io = config_.store_io == StoreIo::kAuto ? BoundedReaderOptions::Io::kLearn
+                       : config_.store_io == StoreIo::kBuffered
+                           ? BoundedReaderOptions::Io::kBuffered
+                           : BoundedReaderOptions::Io::kDirect;
   auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
   bounded_ = bounded.get();
   reader_ = std::move(bounded);
@@ -262,11 +282,12 @@ Status Daemon::BuildCache() {
   prefetch_.block_size = config_.block_size;
   prefetch_.stream_threshold = config_.stream_threshold;
   prefetch_.limits.ahead = StreamAheadBlocks(config_.cache_size, config_.block_size);
-  prefetch_.limits.max_in_flight = config_.backend_depth;
+  prefetch_.limits.max_in_flight = config_.store_depth;
   // The read-ahead asked for (the kernel's 128 KiB when 0, or when it cannot be raised: less).
   prefetch_.kernel_readahead = uint64_t{config_.readahead_kb > 0 ? config_.readahead_kb : 128}
                                << 10;
   prefetch_.debug_log = [](const std::string& line) { spdlog::debug("prefetch: {}", line); };
+  prefetch_.cold_loads = &cold_loads_;
   prefetcher_ = std::make_unique<Prefetcher>(*cache_, prefetch_);
   return Status::Ok();
 }
@@ -274,9 +295,11 @@ Status Daemon::BuildCache() {
 Status Daemon::BuildFilesystem() {
   fs_options_.block_size = config_.block_size;
   fs_options_.readahead_blocks = config_.readahead_blocks;
-  fs_options_.fill = FillModeFor(config_.fill_on_open, UsableCpus());
-  fs_options_.push_every_cached_open = config_.push == "on";
-  fs_options_.buffered_reads = config_.store_io != "direct";
+  fs_options_.fill = FillModeFor(config_.fill_on_open);
+  fs_options_.push_every_cached_open = config_.push == PushMode::kAlways;
+  fs_options_.buffered_reads = config_.store_io != StoreIo::kDirect;
+  fs_options_.open_waits = &open_waits_;
+  fs_options_.cold_loads = &cold_loads_;
   fs_options_.revalidate = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(config_.revalidate));
   auto fs = ReadThroughFs::Create(paths_->source, *cache_, fs_options_, prefetcher_.get());
@@ -295,7 +318,7 @@ Status Daemon::BuildFilesystem() {
   // The pusher writes warmed files into the kernel's page cache where the mount has no
   // passthrough (StartControlPlane), and with --push streamed blocks ahead of mmap faults. Stopped
   // before the session goes.
-  const bool push_streamed = config_.push != "off" && config_.stream_threshold > 0;
+  const bool push_streamed = config_.push != PushMode::kNever && config_.stream_threshold > 0;
   PagePusher::Options push;
   push.block_size = config_.block_size;
   if (push_streamed) {
@@ -340,8 +363,10 @@ DaemonStats Daemon::Snapshot() const {
   s.passthrough_why = PassthroughWhy();
   s.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   s.cache = cache_->Stats();
+  s.open_waits = open_waits_.Read();
+  s.cold_loads = cold_loads_.Read();
   s.depth = reader_->CurrentDepth();
-  s.depth_limit = config_.backend_depth;
+  s.depth_limit = config_.store_depth;
   const BoundedReaderStats backend = bounded_->Stats();
   s.stuck_requests = backend.stuck;
   s.timed_out_requests = backend.timed_out;
@@ -386,7 +411,7 @@ Status Daemon::StartControlPlane() {
   }
   WarmerOptions warm;
   warm.block_size = config_.block_size;
-  warm.max_in_flight = config_.backend_depth;
+  warm.max_in_flight = config_.store_depth;
   warm.buffered_reads = fs_options_.buffered_reads;
   // Without passthrough every read of a warmed file would go through the daemon, copied into new
   // page cache one READ of the kernel's read-ahead (128 KiB) at a time, at a fraction of the speed
@@ -507,7 +532,7 @@ void Daemon::ReportStarted(const std::string& readahead) const {
       "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, read_ahead {}",
       paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
       config_.cache_size_origin, store_name_, FormatBytes(config_.block_size), backend_kind_,
-      config_.backend_depth, readahead);
+      config_.store_depth, readahead);
   if (open_file_limit_ != RLIM_INFINITY && open_file_limit_ < kFewDescriptors) {
     spdlog::warn(
         "open file limit {}: each file the kernel knows holds a descriptor here, so a tree of more "
@@ -547,12 +572,12 @@ void Daemon::ReportStarted(const std::string& readahead) const {
       "max_background {}",
       config_.readahead_blocks, FormatBytes(config_.stream_threshold), prefetch_.limits.ahead,
       prefetch_.limits.max_in_flight,
-      config_.stream_threshold == 0 ? "no (nothing streams)"
-      : config_.push == "on"        ? "every file open in cached mode"
-      : config_.push == "auto"      ? "mapped files, with direct reads"
-                                    : "no (--no-push)",
-      config_.revalidate, config_.attr_timeout, config_.entry_timeout,
-      session_options_.max_background);
+      config_.stream_threshold == 0       ? "no (nothing streams)"
+      : config_.push == PushMode::kAlways ? "every file open in cached mode"
+      : config_.push == PushMode::kAuto   ? "mapped files, with direct reads"
+                                          : "no (--push=never)",
+      FormatDuration(config_.revalidate), FormatDuration(config_.attr_timeout),
+      FormatDuration(config_.entry_timeout), session_options_.max_background);
 }
 
 int Daemon::ShutDown(const Status& loop) {
@@ -606,5 +631,6 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   accelfs::SetUpLogging(*parsed.config);
+  for (const std::string& line : parsed.warnings) spdlog::warn("{}", line);
   return accelfs::Daemon(*parsed.config).Run();
 }

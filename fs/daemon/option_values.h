@@ -11,6 +11,12 @@
 
 namespace accelfs {
 
+// A duration: "30s", "5m", "1h30m", "500ms", "2d"; a bare number is seconds (fractions too, as
+// older releases took). Seconds; nullopt when malformed, negative or not finite.
+std::optional<double> ParseDuration(const std::string& text);
+// Seconds as --help and the README show them: "1m", "90s", "1h", "1.5s", "0".
+std::string FormatDuration(double seconds);
+
 // A whole decimal number of at most 9 digits.
 std::optional<uint64_t> ParseCount(const std::string& text);
 // --metrics: PORT, IPv4:PORT, [IPv6]:PORT or localhost:PORT -> "ADDR:PORT" as the Exposer takes

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "fs/daemon/option_values.h"
+#include "fs/daemon/options.h"
 
 namespace accelfs {
 namespace {
@@ -64,14 +65,14 @@ Status ApplyAbsolute(const std::string& option, const std::string& text, std::st
 std::vector<OptionSpec> SwarmOptionSpecs() {
   using C = const Config&;
   return {
-      {"swarm-listen", "", "ADDR:PORT",
+      {kFleetGroup, "swarm-listen", "", "ADDR:PORT",
        "Share blocks with the other nodes of a fleet (peer to peer, libtorrent), listening here "
        "for them; needs --swarm-dir",
        [](C) { return std::string("off"); }, ApplySwarmListen},
-      {"swarm-peers", "", "HOST:PORT,...",
+      {kFleetGroup, "swarm-peers", "", "HOST:PORT,...",
        "The fleet's nodes (this one may be in the list); in -o, separate them with \\,",
        [](C) { return std::string("none: only peers that connect"); }, ApplySwarmPeers},
-      {"swarm-dir", "", "DIR",
+      {kFleetGroup, "swarm-dir", "", "DIR",
        "A directory every node shares (NFS...): which node reads which chunk from the store, and "
        "the chunks' piece hashes",
        [](C) { return std::string("none"); },
@@ -79,13 +80,13 @@ std::vector<OptionSpec> SwarmOptionSpecs() {
          if (v.empty()) return Bad("--swarm-dir needs a directory");
          return ApplyAbsolute("swarm-dir", v, c.swarm_dir);
        }},
-      {"swarm-allow", "", "CIDR,...",
+      {kFleetGroup, "swarm-allow", "", "CIDR,...",
        "Networks peers may connect from, besides the hosts of --swarm-peers",
        [](C) { return std::string("the peers' addresses only"); }, ApplySwarmAllow},
-      {"swarm-memory", "", "SIZE",
+      {kFleetGroup, "swarm-memory", "", "SIZE",
        "Memory for chunks kept for the peers (beyond it the least recently read are dropped)",
        [](C) { return std::string("a quarter of the cache budget"); }, ApplySwarmMemory},
-      {"swarm-ca", "", "FILE",
+      {kFleetGroup, "swarm-ca", "", "FILE",
        "The fleet's CA certificate (PEM): only nodes whose certificate it signed take part "
        "(mutual TLS between peers, signed torrents in --swarm-dir); needs --swarm-cert and "
        "--swarm-key",
@@ -93,14 +94,15 @@ std::vector<OptionSpec> SwarmOptionSpecs() {
        [](const std::string& v, Config& c, const ParseContext&) {
          return ApplyAbsolute("swarm-ca", v, c.swarm_ca);
        }},
-      {"swarm-cert", "", "FILE",
+      {kFleetGroup, "swarm-cert", "", "FILE",
        "This node's certificate (PEM), signed by --swarm-ca, named accelfs (CN or DNS "
        "subjectAltName) or *",
        [](C) { return std::string("none"); },
        [](const std::string& v, Config& c, const ParseContext&) {
          return ApplyAbsolute("swarm-cert", v, c.swarm_cert);
        }},
-      {"swarm-key", "", "FILE", "The private key of --swarm-cert (PEM, no pass phrase)",
+      {kFleetGroup, "swarm-key", "", "FILE",
+       "The private key of --swarm-cert (PEM, no pass phrase)",
        [](C) { return std::string("none"); },
        [](const std::string& v, Config& c, const ParseContext&) {
          return ApplyAbsolute("swarm-key", v, c.swarm_key);

@@ -37,15 +37,16 @@ void CheckConfig(const Config& c, const std::optional<CgroupMemory>& cgroup) {
   Check(c.cache_size >= 16 * uint64_t{c.block_size} && c.cache_size <= kMemTotal);
   // The cache's pages are charged to the cgroup, beside the daemon's own memory.
   if (cgroup) Check(c.cache_size + kDaemonRoom <= cgroup->limit);
-  Check(c.backend_depth >= 1 && c.backend_depth <= 4096);
+  Check(c.store_depth >= 1 && c.store_depth <= 4096);
   Check(c.readahead_kb <= (1u << 20));
   Check(std::isfinite(c.attr_timeout) && c.attr_timeout >= 0);
   Check(std::isfinite(c.entry_timeout) && c.entry_timeout >= 0);
   static constexpr std::string_view kLevels[] = {"trace", "debug",    "info", "warn",
                                                  "error", "critical", "off"};
   Check(std::find(std::begin(kLevels), std::end(kLevels), c.log_level) != std::end(kLevels));
-  static constexpr std::string_view kFill[] = {"auto", "all", "shards", "off"};
-  Check(std::find(std::begin(kFill), std::end(kFill), c.fill_on_open) != std::end(kFill));
+  Check(std::isfinite(c.store_timeout) && c.store_timeout >= 0);
+  Check(std::isfinite(c.revalidate) && c.revalidate >= 0);
+  Check(ModeName(c.fill_on_open) != "?" && ModeName(c.push) != "?" && ModeName(c.store_io) != "?");
 }
 
 }  // namespace

@@ -6,8 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#include "accelfs_version.h"
 
 #include "tests/mount/mount_fixture.h"
 #include "tests/support/test_data.h"
@@ -90,9 +94,9 @@ TEST_F(MetricsTest, ScrapeCountsTheBytesRead) {
   close(fd);
 
   EXPECT_NE(scrape.find("200 OK"), std::string::npos) << scrape.substr(0, 200);
-  EXPECT_NE(scrape.find("# TYPE accelfs_backend_read_bytes_total counter"), std::string::npos);
+  EXPECT_NE(scrape.find("# TYPE accelfs_store_read_bytes_total counter"), std::string::npos);
   // Every byte came from the backend once (the file was never read before) ...
-  EXPECT_GE(Metric(scrape, "accelfs_backend_read_bytes_total", mountpoint_), kSize) << scrape;
+  EXPECT_GE(Metric(scrape, "accelfs_store_read_bytes_total", mountpoint_), kSize) << scrape;
   // ... and every READ was answered by the cache, as a hit or as a miss that waited for a fetch.
   EXPECT_GE(Metric(scrape, "accelfs_cache_hit_bytes_total", mountpoint_) +
                 Metric(scrape, "accelfs_cache_miss_bytes_total", mountpoint_),
@@ -105,11 +109,51 @@ TEST_F(MetricsTest, ScrapeCountsTheBytesRead) {
   EXPECT_GE(Metric(scrape, "accelfs_cache_used_bytes", mountpoint_), kSize);
   EXPECT_EQ(Metric(scrape, "accelfs_open_files", mountpoint_), 1);
   EXPECT_EQ(Metric(scrape, "accelfs_failed_fetches_total", mountpoint_), 0);
-  EXPECT_GE(Metric(scrape, "accelfs_backend_depth", mountpoint_), 1);
+  EXPECT_GE(Metric(scrape, "accelfs_store_depth", mountpoint_), 1);
   for (const char* name : {"accelfs_prefetch_inflight_bytes", "accelfs_passthrough_open_files",
                            "accelfs_evicted_blocks_total", "accelfs_pushed_bytes_total"}) {
     EXPECT_GE(Metric(scrape, name, mountpoint_), 0) << name << " missing:\n" << scrape;
   }
+}
+
+// The release, the daemon's own resources, and the histograms of what users feel: a streamed
+// file (every *.safetensors streams) read whole is one cold load.
+TEST_F(MetricsTest, ScrapeShowsTheBuildTheProcessAndTheLoads) {
+  constexpr uint64_t kSize = (12u << 20) + 77;
+  WriteTestFile(Src("model.safetensors"), kSize, 12);
+  const int port = FreePort();
+  ASSERT_NO_FATAL_FAILURE(StartMount({"--metrics", std::to_string(port)}));
+  int error = 0;
+  EXPECT_EQ(ReadWholeFile(Mnt("model.safetensors"), &error), Bytes(12, 0, kSize));
+  EXPECT_EQ(error, 0);
+  // The stream's last fetch may land just after the read that waited on it returned.
+  std::string scrape;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    scrape = Scrape(port);
+    if (Metric(scrape, "accelfs_file_cold_load_seconds_count", mountpoint_) >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_NE(scrape.find("accelfs_build_info{mountpoint=\"" + mountpoint_ + "\",version=\"" +
+                        ACCELFS_VERSION + "\"} 1"),
+            std::string::npos)
+      << scrape;
+  EXPECT_GT(Metric(scrape, "process_resident_memory_bytes", mountpoint_), 1 << 20) << scrape;
+  EXPECT_GE(Metric(scrape, "process_open_fds", mountpoint_), 3);
+  EXPECT_GT(Metric(scrape, "process_max_fds", mountpoint_),
+            Metric(scrape, "process_open_fds", mountpoint_));
+  EXPECT_GE(Metric(scrape, "process_threads", mountpoint_), 2);
+  EXPECT_GT(Metric(scrape, "process_start_time_seconds", mountpoint_), 1.6e9);
+  EXPECT_GE(Metric(scrape, "process_cpu_seconds_total", mountpoint_), 0);
+  EXPECT_NE(scrape.find("# TYPE accelfs_file_cold_load_seconds histogram"), std::string::npos);
+  EXPECT_NE(scrape.find("# TYPE accelfs_open_wait_seconds histogram"), std::string::npos);
+  EXPECT_EQ(Metric(scrape, "accelfs_file_cold_load_seconds_count", mountpoint_), 1) << scrape;
+  // Every observation is at most +Inf's, and the count is +Inf's bucket.
+  const std::string inf =
+      "accelfs_file_cold_load_seconds_bucket{mountpoint=\"" + mountpoint_ + "\",le=\"+Inf\"} 1";
+  EXPECT_NE(scrape.find(inf), std::string::npos) << scrape;
+  // An open waits for its file only where fill on open runs (passthrough on).
+  EXPECT_GE(Metric(scrape, "accelfs_open_wait_seconds_count", mountpoint_), 0);
 }
 
 TEST_F(MetricsTest, PortInUseIsOneLineAndNoMount) {

@@ -2,6 +2,7 @@
 // JSON (DaemonStatsToJson), accelfs-stat's reading of it (DaemonStatsFromJson), the /metrics
 // exposition (MetricsText) and the docs (docs/CONTROL.md, README.md's Metrics table) all follow it.
 #include "fs/common/daemon_stats.h"
+#include "accelfs_version.h"
 
 #include <gtest/gtest.h>
 
@@ -37,7 +38,7 @@ DaemonStats Distinct() {
          depth_limit, stuck, timed_out, waiting, open_files, passthrough_files, filling_opens,
          trusted_opens, pushed_bytes, store_calls, oldest_store_call_s, swarm_on, swarm_store,
          swarm_peer, swarm_sent, swarm_peers, swarm_fallbacks, swarm_hash_failures, swarm_hedges,
-         swarm_claimed, swarm_joined, swarm_rejected] = s;
+         swarm_claimed, swarm_joined, swarm_rejected, open_waits, cold_loads] = s;
   source = "/src";
   mountpoint = "/mnt";
   store = "private tmpfs";
@@ -45,6 +46,14 @@ DaemonStats Distinct() {
   passthrough_why = "kernel 6.18.0";
   uptime_s = 12.5;
   oldest_store_call_s = 3.25;
+  // Not in the table: histograms, exported by the metrics only (their test is below).
+  open_waits.buckets[0] = 3;
+  open_waits.buckets[4] = 2;
+  open_waits.count = 5;
+  open_waits.sum = 9.5;
+  cold_loads.buckets.back() = 1;
+  cold_loads.count = 1;
+  cold_loads.sum = 700;
   uint64_t next = 1001;
   for (uint64_t* field : {&stuck,
                           &timed_out,
@@ -239,8 +248,41 @@ TEST(DaemonStatsTest, MetricsExportEveryMetricRowWithItsTypeAndHelp) {
   }
   size_t families = 0;
   for (size_t at = 0; (at = text.find("# TYPE ", at)) != std::string::npos; ++at) ++families;
-  EXPECT_EQ(families, rows) << text;
+  EXPECT_EQ(families, rows + 3) << "the rows, the build and two histograms:\n" << text;
   EXPECT_GE(rows, 20u);
+}
+
+// The build's info and the histograms: cumulative buckets, +Inf equal to the count, and the sum.
+TEST(DaemonStatsTest, MetricsExportTheBuildAndTheHistograms) {
+  const std::string text = MetricsText(Distinct());
+  EXPECT_NE(text.find("accelfs_build_info{mountpoint=\"/mnt\",version=\"" ACCELFS_VERSION "\"} 1"),
+            std::string::npos)
+      << text;
+  const std::string waits = "accelfs_open_wait_seconds_bucket{mountpoint=\"/mnt\",le=\"";
+  for (const auto& [le, count] : std::vector<std::pair<std::string, int>>{
+           {"0.01", 3}, {"0.1", 3}, {"1", 3}, {"5", 5}, {"600", 5}, {"+Inf", 5}}) {
+    EXPECT_NE(text.find(waits + le + "\"} " + std::to_string(count) + "\n"), std::string::npos)
+        << le << " in\n"
+        << text;
+  }
+  EXPECT_NE(text.find("accelfs_open_wait_seconds_count{mountpoint=\"/mnt\"} 5\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("accelfs_open_wait_seconds_sum{mountpoint=\"/mnt\"} 9.5\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("accelfs_file_cold_load_seconds_bucket{mountpoint=\"/mnt\",le=\"600\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("accelfs_file_cold_load_seconds_bucket{mountpoint=\"/mnt\",le=\"+Inf\"} 1\n"),
+            std::string::npos);
+  // Each observation lands in the first bucket whose bound holds it.
+  LatencyHistogram h;
+  for (const double seconds : {0.0, 0.01, 0.011, 4.9, 700.0}) h.Record(seconds);
+  const LatencyHistogram::Counts c = h.Read();
+  EXPECT_EQ(c.count, 5u);
+  EXPECT_EQ(c.buckets[0], 2u);  // 0 and 0.01 (le is <=)
+  EXPECT_EQ(c.buckets[1], 1u);  // 0.011
+  EXPECT_EQ(c.buckets[4], 1u);  // 4.9
+  EXPECT_EQ(c.buckets.back(), 1u);
+  EXPECT_NEAR(c.sum, 704.921, 1e-3);
 }
 
 // README.md's Metrics table: one line per metric or group of metrics, `| `name`, `name` | type |`.

@@ -71,7 +71,7 @@ TEST(ParseCommandLineTest, Defaults) {
   EXPECT_EQ(c.cache_size, kAvailable / 2);
   EXPECT_EQ(c.cache_size_origin, "half of MemAvailable");
   EXPECT_EQ(c.block_size, 4 * kMiB);
-  EXPECT_EQ(c.backend_depth, 64u);
+  EXPECT_EQ(c.store_depth, 64u);
   EXPECT_EQ(c.readahead_kb, 8192u);
   EXPECT_EQ(c.readahead_blocks, 4u);
   EXPECT_EQ(c.revalidate, 60);
@@ -284,21 +284,21 @@ TEST(ParseCommandLineTest, BlockSize) {
   ExpectUsageError({"/src", "/mnt", "--block-size", "25%"}, "25%");
 }
 
-TEST(ParseCommandLineTest, BackendDepth) {
+TEST(ParseCommandLineTest, StoreDepth) {
   for (auto [text, want] : {std::pair<std::string, uint32_t>{"1", 1}, {"64", 64}, {"4096", 4096}}) {
-    auto c = ParseOk({"--backend-depth", text});
+    auto c = ParseOk({"--store-depth", text});
     ASSERT_TRUE(c);
-    EXPECT_EQ(c->backend_depth, want);
-    c = ParseOk({"-o", "backend_depth=" + text});
+    EXPECT_EQ(c->store_depth, want);
+    c = ParseOk({"-o", "store_depth=" + text});
     ASSERT_TRUE(c);
-    EXPECT_EQ(c->backend_depth, want);
+    EXPECT_EQ(c->store_depth, want);
   }
   for (const std::string text : {"0", "4097", "abc", "1.5", "16K", "99999999999999999999", "+4"}) {
-    ExpectUsageError({"/src", "/mnt", "--backend-depth", text}, "'" + text + "'");
+    ExpectUsageError({"/src", "/mnt", "--store-depth", text}, "'" + text + "'");
   }
-  ExpectUsageError({"/src", "/mnt", "--backend-depth=-1"}, "'-1'");
-  ExpectUsageError({"/src", "/mnt", "-o", "backend_depth="}, "backend_depth needs a value");
-  ExpectUsageError({"/src", "/mnt", "-o", "backend_depth"}, "backend_depth needs a value");
+  ExpectUsageError({"/src", "/mnt", "--store-depth=-1"}, "'-1'");
+  ExpectUsageError({"/src", "/mnt", "-o", "store_depth="}, "store_depth needs a value");
+  ExpectUsageError({"/src", "/mnt", "-o", "store_depth"}, "store_depth needs a value");
 }
 
 TEST(ParseCommandLineTest, MetricsAddress) {
@@ -364,7 +364,7 @@ TEST(ParseCommandLineTest, Timeouts) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->attr_timeout, 60);
   EXPECT_EQ(c->entry_timeout, 1000);
-  for (const std::string text : {"abc", "inf", "nan", "1s", "1e999"}) {
+  for (const std::string text : {"abc", "inf", "nan", "1x", "1e999", "s", "1m30", "-1s", "1s 2s"}) {
     ExpectUsageError({"/src", "/mnt", "--attr-timeout", text}, "--attr-timeout '" + text + "'");
     ExpectUsageError({"/src", "/mnt", "--entry-timeout", text}, "--entry-timeout '" + text + "'");
   }
@@ -406,160 +406,39 @@ TEST(ParseCommandLineTest, StreamThresholdAndPassthrough) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->stream_threshold, 0u) << "0 turns streaming off";
   EXPECT_FALSE(c->passthrough);
-  EXPECT_EQ(c->push, "auto") << "mapped files where the read-ahead stays small, by default";
-  c = ParseOk({"--push"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->push, "on");
-  c = ParseOk({"-o", "push"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->push, "on");
-  c = ParseOk({"--no-push"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->push, "off");
-  c = ParseOk({"-o", "no_push"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->push, "off");
-  c = ParseOk({"--push", "--no-push"});  // the last one given wins, as for every option
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->push, "off");
+  EXPECT_EQ(c->push, PushMode::kAuto)
+      << "mapped files where the read-ahead stays small, by default";
+  for (auto [text, want] : {std::pair<std::string, PushMode>{"auto", PushMode::kAuto},
+                            {"always", PushMode::kAlways},
+                            {"never", PushMode::kNever}}) {
+    c = ParseOk({"--push", text});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->push, want);
+    c = ParseOk({"-o", "push=" + text});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->push, want);
+  }
+  ExpectUsageError({"/src", "/mnt", "--push=on"}, "--push 'on': must be auto, always or never");
   ExpectUsageError({"/src", "/mnt", "--stream-threshold", "big"}, "--stream-threshold");
 }
 
 TEST(ParseCommandLineTest, FillOnOpen) {
   auto c = ParseOk({});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->fill_on_open, "auto");
-  for (const char* mode : {"all", "shards", "off", "auto"}) {
-    c = ParseOk({"--fill-on-open", mode});
-    ASSERT_TRUE(c) << mode;
-    EXPECT_EQ(c->fill_on_open, mode);
+  EXPECT_EQ(c->fill_on_open, FillOnOpen::kAuto);
+  for (auto [text, want] : {std::pair<std::string, FillOnOpen>{"all", FillOnOpen::kAll},
+                            {"shards", FillOnOpen::kShards},
+                            {"off", FillOnOpen::kOff},
+                            {"auto", FillOnOpen::kAuto}}) {
+    c = ParseOk({"--fill-on-open", text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->fill_on_open, want);
+    EXPECT_EQ(ModeName(c->fill_on_open), text);
   }
   c = ParseOk({"-o", "fill_on_open=shards"});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->fill_on_open, "shards");
+  EXPECT_EQ(c->fill_on_open, FillOnOpen::kShards);
   ExpectUsageError({"/src", "/mnt", "--fill-on-open", "sometimes"}, "--fill-on-open 'sometimes'");
-  ExpectUsageError({"/src", "/mnt", "-o", "fill_on_open="}, "needs a value");
-}
-
-TEST(ParseCommandLineTest, CacheDir) {
-  auto c = ParseOk({});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cache_dir, "") << "a private tmpfs by default";
-  c = ParseOk({"--cache-dir", "/dev/shm/accelfs"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cache_dir, "/dev/shm/accelfs");
-  c = ParseOk({"-o", "cache_dir=/var/cache/accelfs,cache_size=1G"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cache_dir, "/var/cache/accelfs");
-  ExpectUsageError({"/src", "/mnt", "-o", "cache_dir="}, "cache_dir needs a value");
-}
-
-TEST(ParseCommandLineTest, RepeatedOptionTakesItsLastValue) {
-  auto c = ParseOk({"--log-level", "warn", "--cache-size", "1G", "--log-level", "debug"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->log_level, "debug");
-  c = ParseOk({"-o", "allow_other", "-o", "fsname=x"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=x"}))
-      << "every -o counts";
-}
-
-TEST(ParseCommandLineTest, LogLevel) {
-  for (const std::string level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
-    auto c = ParseOk({"--log-level", level});
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->log_level, level);
-    c = ParseOk({"-o", "log_level=" + level});
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->log_level, level);
-  }
-  ExpectUsageError({"/src", "/mnt", "--log-level", "verbose"}, "'verbose'");
-  ExpectUsageError({"/src", "/mnt", "--log-level", "INFO"}, "'INFO'");
-}
-
-TEST(ParseCommandLineTest, MountOptionLists) {
-  auto c = ParseOk({"-o", "cache_size=64G,allow_other,fsname=x"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cache_size, 64 * kGiB);
-  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=x"}));
-
-  c = ParseOk({"-o", "allow_other", "-o", "default_permissions,ro,nosuid,nodev,noatime", "-o",
-               "subtype=accelfs,max_read=131072"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->fuse_options,
-            (std::vector<std::string>{"allow_other", "default_permissions", "ro", "nosuid", "nodev",
-                                      "noatime", "subtype=accelfs", "max_read=131072"}));
-
-  // fstab / mount.fuse3 options that concern mount(8) are ignored.
-  c = ParseOk({"-o",
-               "defaults,auto,noauto,user,nouser,users,_netdev,nofail,x-systemd.automount,"
-               "comment=models"});
-  ASSERT_TRUE(c);
-  EXPECT_TRUE(c->fuse_options.empty());
-
-  // Empty items and escaped commas.
-  c = ParseOk({"-o", ",allow_other,,fsname=a\\,b,"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->fuse_options, (std::vector<std::string>{"allow_other", "fsname=a,b"}));
-
-  // The last value of an option given twice wins.
-  c = ParseOk({"--cache-size", "8G", "-o", "cache_size=16G"});
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->cache_size, 16 * kGiB);
-}
-
-// mount(8) and fstab put -o after the positionals, people before them: both must work.
-TEST(ParseCommandLineTest, OptionListAnywhere) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"/src", "/mnt", "-o", "allow_other"},
-        std::vector<std::string>{"-o", "allow_other", "/src", "/mnt"},
-        std::vector<std::string>{"/src", "-o", "allow_other", "/mnt"},
-        std::vector<std::string>{"-oallow_other", "/src", "/mnt"},
-        std::vector<std::string>{"-f", "-o", "allow_other", "/src", "/mnt"}}) {
-    const ParseOutcome out = Parse(args);
-    ASSERT_TRUE(out.config.has_value()) << "accelfs " << Joined(args) << ": " << out.output;
-    EXPECT_EQ(out.config->source, "/src") << Joined(args);
-    EXPECT_EQ(out.config->mountpoint, "/mnt") << Joined(args);
-    EXPECT_EQ(out.config->fuse_options, std::vector<std::string>{"allow_other"}) << Joined(args);
-  }
-}
-
-TEST(ParseCommandLineTest, UnknownMountOptionIsOneLineNamingIt) {
-  ExpectUsageError({"/src", "/mnt", "-o", "bogus"}, "unknown mount option 'bogus'");
-  ExpectUsageError({"/src", "/mnt", "-o", "allow_other,bogus=1"}, "'bogus=1'");
-  ExpectUsageError({"/src", "/mnt", "-o", "allow_other=1"}, "'allow_other=1'");
-  ExpectUsageError({"/src", "/mnt", "-o", "fsname"}, "'fsname'");
-  ExpectUsageError({"/src", "/mnt", "-o", "cache_size"}, "cache_size needs a value");
-  ExpectUsageError({"/src", "/mnt", "-o", "cache_size="}, "cache_size needs a value");
-}
-
-TEST(ParseCommandLineTest, BadArgumentsAreOneLine) {
-  ExpectUsageError({"/src", "/mnt", "--bogus"}, "--bogus");
-  ExpectUsageError({"/src", "/mnt", "-x"}, "-x");
-  ExpectUsageError({"/src"}, "MOUNTPOINT");
-  ExpectUsageError({}, "SOURCE");
-  ExpectUsageError({"/src", "/mnt", "/extra"}, "/extra");
-  ExpectUsageError({"/src", "/mnt", "--cache-size"}, "--cache-size");
-}
-
-TEST(ParseCommandLineTest, HelpAndVersionExitZero) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--help"}, std::vector<std::string>{"-h"},
-        std::vector<std::string>{"/src", "/mnt", "--help"}}) {
-    const ParseOutcome out = Parse(args);
-    EXPECT_FALSE(out.config.has_value());
-    EXPECT_EQ(out.exit_code, 0) << Joined(args);
-    EXPECT_NE(out.output.find("--cache-size"), std::string::npos) << out.output;
-    EXPECT_NE(out.output.find("SOURCE"), std::string::npos) << out.output;
-  }
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--version"}, std::vector<std::string>{"-V"},
-        std::vector<std::string>{"/src", "--bogus", "--version"}}) {
-    const ParseOutcome out = Parse(args);
-    EXPECT_FALSE(out.config.has_value());
-    EXPECT_EQ(out.exit_code, 0) << Joined(args);
-    EXPECT_EQ(out.output, std::string("accelfs ") + ACCELFS_VERSION + "\n");
-  }
 }
 
 }  // namespace
@@ -568,36 +447,152 @@ TEST(ParseCommandLineTest, HelpAndVersionExitZero) {
 namespace accelfs {
 namespace {
 
-TEST(ParseCommandLineTest, BackendTimeout) {
+TEST(ParseCommandLineTest, StoreTimeout) {
   auto c = ParseOk({});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->backend_timeout, 60);
-  c = ParseOk({"--backend-timeout", "2.5"});
+  EXPECT_EQ(c->store_timeout, 60);
+  c = ParseOk({"--store-timeout", "2.5"});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->backend_timeout, 2.5);
-  c = ParseOk({"-o", "backend_timeout=0"});  // never
+  EXPECT_EQ(c->store_timeout, 2.5);
+  c = ParseOk({"-o", "store_timeout=0"});  // never
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->backend_timeout, 0);
-  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "soon"}, "--backend-timeout 'soon'");
-  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "-1"}, "--backend-timeout '-1'");
-  ExpectUsageError({"/src", "/mnt", "--backend-timeout", "1e12"}, "at most a week");
-  ExpectUsageError({"/src", "/mnt", "-o", "backend_timeout="}, "needs a value");
+  EXPECT_EQ(c->store_timeout, 0);
+  c = ParseOk({"--store-timeout", "2m30s"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_timeout, 150);
+  ExpectUsageError({"/src", "/mnt", "--store-timeout", "soon"}, "--store-timeout 'soon'");
+  ExpectUsageError({"/src", "/mnt", "--store-timeout", "-1"}, "--store-timeout '-1'");
+  ExpectUsageError({"/src", "/mnt", "--store-timeout", "1e12"}, "at most 7d");
+  ExpectUsageError({"/src", "/mnt", "--store-timeout", "8d"}, "at most 7d");
+  ExpectUsageError({"/src", "/mnt", "-o", "store_timeout="}, "needs a value");
 }
 
 TEST(ParseCommandLineTest, StoreIo) {
   auto c = ParseOk({});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->store_io, "direct");
+  EXPECT_EQ(c->store_io, StoreIo::kDirect);
   c = ParseOk({"--store-io", "auto"});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->store_io, "auto");
+  EXPECT_EQ(c->store_io, StoreIo::kAuto);
   c = ParseOk({"--store-io", "buffered"});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->store_io, "buffered");
+  EXPECT_EQ(c->store_io, StoreIo::kBuffered);
   c = ParseOk({"-o", "store_io=direct"});
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->store_io, "direct");
+  EXPECT_EQ(c->store_io, StoreIo::kDirect);
   ExpectUsageError({"/src", "/mnt", "--store-io", "fast"}, "--store-io 'fast'");
+}
+
+// Durations take units; a bare number is seconds, as before units.
+TEST(ParseCommandLineTest, DurationsTakeUnits) {
+  for (auto [text, want] : {std::pair<std::string, double>{"0", 0},
+                            {"90", 90},
+                            {"1.5", 1.5},
+                            {"30s", 30},
+                            {"500ms", 0.5},
+                            {"5m", 300},
+                            {"1h30m", 5400},
+                            {"2h", 7200},
+                            {"1d", 86400},
+                            {"1.5m", 90}}) {
+    auto c = ParseOk({"--revalidate", text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->revalidate, want) << text;
+    c = ParseOk({"-o", "attr_timeout=" + text});
+    ASSERT_TRUE(c) << text;
+    EXPECT_EQ(c->attr_timeout, want) << text;
+  }
+}
+
+// Each old spelling works as its new one, with one warning line that names both; the new ones
+// give none.
+TEST(ParseCommandLineTest, OldSpellingsWorkWithAWarning) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string warning;  // in the one warning
+  };
+  const Case cases[] = {
+      {{"--backend-depth", "8"}, "--backend-depth is now --store-depth"},
+      {{"--backend-depth=8"}, "--backend-depth is now --store-depth"},
+      {{"-o", "backend_depth=8"}, "-o backend_depth is now -o store_depth"},
+      {{"--backend-timeout", "5"}, "--backend-timeout is now --store-timeout"},
+      {{"-o", "backend_timeout=5"}, "-o backend_timeout is now -o store_timeout"},
+      {{"--no-push"}, "--no-push is now --push=never"},
+      {{"-o", "no_push"}, "-o no_push is now -o push=never"},
+      {{"--push"}, "--push is now --push=always"},
+      {{"-o", "push"}, "-o push is now -o push=always"},
+      {{"--readahead", "4096"}, "--readahead 4096 is read as 4096 KiB; write it as a size (4M)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"/src", "/mnt"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    SCOPED_TRACE(Joined(args));
+    const ParseOutcome out = Parse(args);
+    ASSERT_TRUE(out.config.has_value()) << out.output;
+    ASSERT_EQ(out.warnings.size(), 1u);
+    EXPECT_NE(out.warnings[0].find(c.warning), std::string::npos) << out.warnings[0];
+  }
+  auto c = ParseOk({"--backend-depth", "8", "--backend-timeout", "5"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->store_depth, 8u);
+  EXPECT_EQ(c->store_timeout, 5);
+  c = ParseOk({"--push", "--no-push"});  // the last one given wins, as for every option
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, PushMode::kNever);
+  c = ParseOk({"--no-push", "--push"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, PushMode::kAlways);
+  c = ParseOk({"--push", "never"});  // a mode after --push is its value
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->push, PushMode::kNever);
+  // SOURCE after a bare --push is SOURCE, not a mode.
+  const ParseOutcome out = Parse({"--push", "/src", "/mnt"});
+  ASSERT_TRUE(out.config.has_value()) << out.output;
+  EXPECT_EQ(out.config->source, "/src");
+  EXPECT_EQ(out.config->push, PushMode::kAlways);
+  // After "--" nothing is rewritten.
+  const ParseOutcome after = Parse({"--", "/src", "--no-push"});
+  ASSERT_TRUE(after.config.has_value()) << after.output;
+  EXPECT_EQ(after.config->mountpoint, "--no-push");
+  EXPECT_TRUE(after.warnings.empty());
+  for (const std::vector<std::string>& now :
+       {std::vector<std::string>{"--store-depth", "8", "--push", "always", "--readahead", "4M"},
+        std::vector<std::string>{"-o", "store_depth=8,push=never,readahead=0"}}) {
+    std::vector<std::string> args = {"/src", "/mnt"};
+    args.insert(args.end(), now.begin(), now.end());
+    const ParseOutcome quiet = Parse(args);
+    ASSERT_TRUE(quiet.config.has_value()) << quiet.output;
+    EXPECT_TRUE(quiet.warnings.empty()) << quiet.warnings[0];
+  }
+}
+
+TEST(ParseCommandLineTest, AllowOther) {
+  auto c = ParseOk({});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->fuse_options.empty());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--allow-other"}, std::vector<std::string>{"-o", "allow_other"},
+        std::vector<std::string>{"--allow-other", "-o", "allow_other,ro"}}) {
+    c = ParseOk(args);
+    ASSERT_TRUE(c) << Joined(args);
+    EXPECT_EQ(std::count(c->fuse_options.begin(), c->fuse_options.end(), "allow_other"), 1)
+        << Joined(args);
+  }
+}
+
+// --help shows the options in their groups, in order.
+TEST(ParseCommandLineTest, HelpGroupsTheOptions) {
+  const ParseOutcome out = Parse({"--help"});
+  ASSERT_EQ(out.exit_code, 0);
+  size_t at = 0;
+  for (const std::string group :
+       {"Mount:", "Cache:", "Store:", "Monitoring:", "Fleet:", "Advanced:"}) {
+    const size_t found = out.output.find("\n" + group, at);
+    ASSERT_NE(found, std::string::npos) << group << " in\n" << out.output;
+    at = found;
+  }
+  EXPECT_LT(out.output.find("--store-depth"), out.output.find("--metrics"));
+  EXPECT_EQ(out.output.find("--backend-depth"), std::string::npos) << "old names are not shown";
 }
 
 }  // namespace

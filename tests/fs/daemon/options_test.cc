@@ -124,16 +124,17 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
   const std::map<std::string, std::string> samples = {{"cache-size", "1G"},
                                                       {"cache-dir", "/var/tmp/x"},
                                                       {"block-size", "8M"},
-                                                      {"backend-depth", "16"},
-                                                      {"backend-timeout", "5"},
+                                                      {"store-depth", "16"},
+                                                      {"store-timeout", "5m"},
                                                       {"readahead", "4M"},
                                                       {"stream-threshold", "1M"},
-                                                      {"revalidate", "5"},
+                                                      {"revalidate", "5s"},
                                                       {"attr-timeout", "7"},
                                                       {"entry-timeout", "9"},
                                                       {"log-level", "debug"},
                                                       {"metrics", "9100"},
                                                       {"fill-on-open", "off"},
+                                                      {"push", "never"},
                                                       {"control-group", "disk"},
                                                       {"store-io", "buffered"},
                                                       {"swarm-listen", "10.0.0.1:6881"},
@@ -193,8 +194,8 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     EXPECT_EQ(a.config->cache_size, b.config->cache_size);
     EXPECT_EQ(a.config->cache_dir, b.config->cache_dir);
     EXPECT_EQ(a.config->block_size, b.config->block_size);
-    EXPECT_EQ(a.config->backend_depth, b.config->backend_depth);
-    EXPECT_EQ(a.config->backend_timeout, b.config->backend_timeout);
+    EXPECT_EQ(a.config->store_depth, b.config->store_depth);
+    EXPECT_EQ(a.config->store_timeout, b.config->store_timeout);
     EXPECT_EQ(a.config->readahead_kb, b.config->readahead_kb);
     EXPECT_EQ(a.config->stream_threshold, b.config->stream_threshold);
     EXPECT_EQ(a.config->revalidate, b.config->revalidate);
@@ -213,12 +214,13 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
     EXPECT_EQ(a.config->swarm_dir, b.config->swarm_dir);
     EXPECT_EQ(a.config->swarm_allow, b.config->swarm_allow);
     EXPECT_EQ(a.config->swarm_memory, b.config->swarm_memory);
+    EXPECT_EQ(a.config->fuse_options, b.config->fuse_options);
     // And it changed something: every option has an effect.
     const Config& c = *a.config;
     const bool changed =
         c.cache_size_origin != "half of MemAvailable" || c.cache_dir != defaults.cache_dir ||
-        c.block_size != defaults.block_size || c.backend_depth != defaults.backend_depth ||
-        c.backend_timeout != defaults.backend_timeout || c.readahead_kb != defaults.readahead_kb ||
+        c.block_size != defaults.block_size || c.store_depth != defaults.store_depth ||
+        c.store_timeout != defaults.store_timeout || c.readahead_kb != defaults.readahead_kb ||
         c.stream_threshold != defaults.stream_threshold || c.revalidate != defaults.revalidate ||
         c.attr_timeout != defaults.attr_timeout || c.entry_timeout != defaults.entry_timeout ||
         c.log_level != defaults.log_level || c.metrics_address != defaults.metrics_address ||
@@ -227,7 +229,7 @@ TEST(OptionTableTest, EveryOptionWorksAsAFlagAndAsAnOKey) {
         c.push != defaults.push || c.store_io != defaults.store_io ||
         c.swarm_listen != defaults.swarm_listen || c.swarm_peers != defaults.swarm_peers ||
         c.swarm_dir != defaults.swarm_dir || c.swarm_allow != defaults.swarm_allow ||
-        c.swarm_memory != defaults.swarm_memory;
+        c.swarm_memory != defaults.swarm_memory || c.fuse_options != defaults.fuse_options;
     EXPECT_TRUE(changed);
   }
 }

@@ -3,8 +3,8 @@
 # makes it with cpack in PACKAGE_BUILD (configured with -DCMAKE_INSTALL_PREFIX=/usr), checks its
 # name, fields and files (the monitoring files under /usr/share/accelfs/ too), runs lintian,
 # installs it with apt, mounts with `mount -t fuse.accelfs SRC DST -o cache_size=256M`, compares
-# bytes, unmounts, runs the mount tests of TEST_BUILD against the installed binaries (ACCELFS_BIN_DIR=/usr/bin), removes it with
-# `dpkg -r` and checks that no file of it is left.
+# bytes, unmounts, runs the mount tests of TEST_BUILD against the installed binaries
+# (ACCELFS_BIN_DIR=/usr/bin), removes it with `dpkg -r` and checks that no file of it is left.
 #
 #   tests/package/package_test.sh PACKAGE_BUILD TEST_BUILD
 #

@@ -59,6 +59,7 @@ for path in /usr/bin/accelfs /usr/bin/accelfs-warm /usr/bin/accelfs-stat /usr/bi
   /usr/share/man/man1/accelfs-stat.1.gz /usr/share/man/man1/accelfs-bench.1.gz \
   /usr/share/doc/accelfs/copyright /usr/share/doc/accelfs/changelog.gz \
   /usr/share/doc/accelfs/examples/accelfs.conf.example /usr/share/doc/accelfs/RUNBOOK.md.gz \
+  /usr/share/doc/accelfs/examples/fstab.example /lib/systemd/system-generators/accelfs-generator \
   /usr/share/accelfs/monitoring/accelfs-alerts.yml \
   /usr/share/accelfs/monitoring/grafana-accelfs.json; do
   grep -qx "$path" "$work/contents" || fail "the package has no $path"

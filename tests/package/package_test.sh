@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Debian package, end to end, as root on Debian 12 (tools/setup.sh test runs it; CI too):
 # makes it with cpack in PACKAGE_BUILD (configured with -DCMAKE_INSTALL_PREFIX=/usr), checks its
-# name, fields and files, runs lintian, installs it with apt, mounts with
-# `mount -t fuse.accelfs SRC DST -o cache_size=256M`, compares bytes, unmounts, runs the mount
-# tests of TEST_BUILD against the installed binaries (ACCELFS_BIN_DIR=/usr/bin), removes it with
-# `dpkg -r` and checks that no file of it is left.
+# name, fields and files (the monitoring files under /usr/share/accelfs/ too), runs lintian,
+# installs it with apt, mounts with `mount -t fuse.accelfs SRC DST -o cache_size=256M`, compares
+# bytes, unmounts, runs the mount tests of TEST_BUILD against the installed binaries
+# (ACCELFS_BIN_DIR=/usr/bin), removes it with `dpkg -r` and checks that no file of it is left.
 #
 #   tests/package/package_test.sh PACKAGE_BUILD TEST_BUILD
 #
@@ -58,7 +58,10 @@ for path in /usr/bin/accelfs /usr/bin/accelfs-warm /usr/bin/accelfs-stat /usr/bi
   /usr/share/man/man8/accelfs.8.gz /usr/share/man/man1/accelfs-warm.1.gz \
   /usr/share/man/man1/accelfs-stat.1.gz /usr/share/man/man1/accelfs-bench.1.gz \
   /usr/share/doc/accelfs/copyright /usr/share/doc/accelfs/changelog.gz \
-  /usr/share/doc/accelfs/examples/accelfs.conf.example; do
+  /usr/share/doc/accelfs/examples/accelfs.conf.example /usr/share/doc/accelfs/RUNBOOK.md.gz \
+  /usr/share/doc/accelfs/examples/fstab.example /lib/systemd/system-generators/accelfs-generator \
+  /usr/share/accelfs/monitoring/accelfs-alerts.yml \
+  /usr/share/accelfs/monitoring/grafana-accelfs.json; do
   grep -qx "$path" "$work/contents" || fail "the package has no $path"
 done
 if grep -q '^/usr/local' "$work/contents"; then fail "the package installs into /usr/local"; fi
@@ -79,6 +82,17 @@ dpkg-query -L accelfs >"$work/files"
 man -w accelfs >/dev/null 2>&1 || [[ -f /usr/share/man/man8/accelfs.8.gz ]] || fail "no man page"
 /usr/bin/accelfs --version | grep -qx "accelfs $version" || fail "accelfs --version"
 zcat /usr/share/man/man8/accelfs.8.gz | grep -q -- 'cache\\-size' || fail "accelfs(8) lacks --cache-size"
+# The monitoring files as installed: the dashboard loads as JSON, the rules pass promtool (where
+# it is installed: tests/tools/monitoring_test.sh tests them in full), the runbook they link is
+# there.
+python3 -m json.tool /usr/share/accelfs/monitoring/grafana-accelfs.json >/dev/null ||
+  fail "/usr/share/accelfs/monitoring/grafana-accelfs.json is not JSON"
+if command -v promtool >/dev/null; then
+  promtool check rules /usr/share/accelfs/monitoring/accelfs-alerts.yml >"$work/promtool.log" 2>&1 ||
+    { cat "$work/promtool.log"; fail "promtool check rules of the installed accelfs-alerts.yml"; }
+fi
+zcat /usr/share/doc/accelfs/RUNBOOK.md.gz | grep -q '^## AccelfsDown$' ||
+  fail "/usr/share/doc/accelfs/RUNBOOK.md.gz lacks the alerts' sections"
 
 # mount -t fuse.accelfs, as fstab does (mount.fuse3 runs accelfs SRC DST -o OPTIONS).
 mkdir -p "$work/src/m" "$work/mnt"

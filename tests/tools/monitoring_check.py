@@ -11,7 +11,7 @@ SCRAPE is a /metrics response of a running daemon. Checks that
   - the dashboard loads as JSON and shows what an operator watches: backend throughput, hit ratio,
     in flight and stuck, cache use against budget, per-mount open files;
   - every alert has a test where it fires and one where it does not, and a runbook section that its
-    `runbook` annotation names.
+    `runbook_url` annotation links (RUNBOOK_URL#alertname, the section's GitHub anchor).
 It writes DASHBOARD_RULES_OUT, the dashboard's queries as recording rules (JSON, which is YAML), for
 `promtool check rules` to parse as PromQL. Only the standard library (no PyYAML needed).
 """
@@ -36,12 +36,22 @@ TARGET_LABELS = {"job", "instance"}
 COUNTER_FUNCTIONS = ("rate", "irate", "increase")
 # What the dashboard must show (the issue's list), each by a metric it must query.
 DASHBOARD_MUST_SHOW = {
-    "backend throughput": ["accelfs_backend_read_bytes_total"],
+    "store throughput": ["accelfs_store_read_bytes_total"],
     "hit ratio": ["accelfs_cache_hits_total", "accelfs_cache_misses_total"],
-    "in flight and stuck": ["accelfs_prefetch_inflight_bytes", "accelfs_backend_stuck_requests"],
+    "in flight and stuck": ["accelfs_prefetch_inflight_bytes", "accelfs_store_stuck_requests"],
     "cache use against budget": ["accelfs_cache_used_bytes", "accelfs_cache_budget_bytes"],
     "per-mount open files": ["accelfs_open_files"],
+    "open waits (fill on open)": ["accelfs_open_wait_seconds_bucket"],
+    "per-file cold loads": ["accelfs_file_cold_load_seconds_bucket"],
+    "the swarm": ["accelfs_swarm_peer_read_bytes_total", "accelfs_swarm_store_read_bytes_total",
+                  "accelfs_swarm_sent_bytes_total", "accelfs_swarm_peers",
+                  "accelfs_swarm_hedges_total", "accelfs_swarm_fallbacks_total",
+                  "accelfs_swarm_hash_failures_total", "accelfs_swarm_manifests_rejected_total"],
+    "memory and fds": ["process_resident_memory_bytes", "process_open_fds", "process_max_fds",
+                       "process_threads"],
 }
+# Where each alert's runbook_url points: its section of docs/RUNBOOK.md on the main branch.
+RUNBOOK_URL = "https://github.com/accelfs/accelfs/blob/main/docs/RUNBOOK.md"
 NAME = r"[A-Za-z_:][A-Za-z0-9_:]*"
 
 failures = []
@@ -113,7 +123,7 @@ def unquote(value):
 
 
 def rules(text):
-    """[(alert or record name, expr, runbook annotation)] of a rules file, read line by line: the
+    """[(alert or record name, expr, runbook_url annotation)] of a rules file, read line by line: the
     exprs are plain or block scalars, as accelfs-alerts.yml writes them."""
     out = []
     lines = text.splitlines()
@@ -137,7 +147,7 @@ def rules(text):
                 out[-1][1] = "\n".join(block).strip()
                 continue
             out[-1][1] = unquote(value)
-        m = re.match(r"^\s*runbook:\s*(.*?)\s*$", line)
+        m = re.match(r"^\s*runbook_url:\s*(.*?)\s*$", line)
         if m and out:
             out[-1][2] = unquote(m.group(1))
         i += 1
@@ -217,8 +227,8 @@ def main():
             fail(f"{tests_path}: no test expects {name} not to fire (exp_alerts: [])")
         if name not in headings:
             fail(f"{runbook_path}: no section '## {name}'")
-        if link != f"docs/RUNBOOK.md#{name.lower()}":
-            fail(f"{rules_path}: {name}'s runbook annotation is {link!r}, not docs/RUNBOOK.md#{name.lower()}")
+        if link != f"{RUNBOOK_URL}#{name.lower()}":
+            fail(f"{rules_path}: {name}'s runbook_url is {link!r}, not {RUNBOOK_URL}#{name.lower()}")
     for name in tested:
         if name not in alerts:
             fail(f"{tests_path}: tests {name}, which {rules_path} does not define")

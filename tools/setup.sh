@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's two commands. Run as root on Debian 12 from anywhere in the checkout:
+# The README's two commands (the test command under "Contributing"). Run as root on Debian 12
+# from anywhere in the checkout:
 #   tools/setup.sh mount SOURCE MOUNTPOINT [accelfs options]   install what is missing, build, install, mount
 #   tools/setup.sh test                                         install what is missing, build, run every test
 #                                                               (plain build, then address,undefined sanitizers)
@@ -21,7 +22,7 @@ package_packages=(help2man dpkg-dev file)
 # into podman, which runs it with runc here (crun refuses the hybrid cgroup layout of these hosts).
 image_packages=(mmdebstrap podman runc uidmap slirp4netns fuse-overlayfs)
 # e2fsprogs: mkfs.ext4 for the cache dir fault test (ext4 on a loop device that fails).
-# openssl: the fleet's CA and node certificates of the TLS tests, made as README says.
+# openssl: the fleet's CA and node certificates of the TLS tests, made as docs/FLEET.md says.
 # The real stores of tests/rig (the realstore tier): sshd and sshfs, rclone and s3fs over the npm
 # package s3rver (nodejs, npm), zfs-fuse; iproute2 for their network namespaces and tbf.
 # (npm only where no npm is there: a nodejs from elsewhere brings its own, and Debian's npm would
@@ -177,14 +178,14 @@ case "${1:-}" in
     tier "fuzzing"
     ;;
   image)
-    # The container image (README, "Containers and Kubernetes"): the package, then the image.
+    # The container image (docs/CONTAINERS.md): the package, then the image.
     install_missing "${package_packages[@]}" "${image_packages[@]}"
     build_for_usr build-deb
     (cd build-deb && cpack -G DEB >/dev/null)
     tools/package/image.sh "$(ls -t build-deb/accelfs_*.deb | head -1)"
     ;;
   package)
-    # The Debian package (README, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.
+    # The Debian package (docs/USAGE.md, "Install as a package"): build-deb/accelfs_VERSION_ARCH.deb.
     install_missing "${package_packages[@]}"
     build_for_usr build-deb
     (cd build-deb && cpack -G DEB)

@@ -5,7 +5,7 @@
 //   accelfs_swarm_bench engine [--piece-mib 4] [--hashing-threads 2] [--aio-threads 4] DIR
 //   accelfs_swarm_bench swarm DIR
 //   common: [--size-mib 1024] [--tls]: over TLS, with a CA and certificates made in DIR/certs as
-//   README ("Only the fleet") says
+//   docs/FLEET.md ("Only the fleet") says
 //
 // engine: a seed and a downloader, libtorrent 2.0.8 with its own disk (mmap on DIR, a tmpfs such
 //   as /dev/shm: no disk in the way) and the settings of the daemon's swarm (no DHT, LSD, uTP,

@@ -24,9 +24,9 @@
 #   off,on,tls,staggered,kill,lone,late; "on" and "tls" need "off" for their ratios; tls: "on"
 #   over TLS; late: node N loads after nodes 1..N-1 hold the model, against one node alone
 #   with the swarm off)  --tls on|off (bench: the swarm
-#   with the fleet's CA, README "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
+#   with the fleet's CA, docs/FLEET.md "Only the fleet"; off)  --dir DIR (/var/tmp/accelfs-fleet)
 #   --accelfs BIN  --stat BIN (default: build/accelfs, build/accelfs-stat)
-# test runs its first load with TLS (node certificates made as README says), the rest without.
+# test runs its first load with TLS (node certificates made as docs/FLEET.md says), the rest without.
 set -euo pipefail
 
 mode=${1:-}
@@ -145,7 +145,7 @@ ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/host_key"
 ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh/client_key"
 cp "$dir/ssh/client_key.pub" "$dir/ssh/authorized_keys"
 rm -f "$dir"/n*/accelfs.log  # each node's log: this run's only
-# The fleet's CA and each node's certificate, as README ("Only the fleet") makes them.
+# The fleet's CA and each node's certificate, as docs/FLEET.md ("Only the fleet") makes them.
 rm -rf "$dir/certs" && mkdir -p "$dir/certs"
 (cd "$dir/certs" &&
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \

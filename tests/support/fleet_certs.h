@@ -1,5 +1,5 @@
 // A fleet's CA and node certificates for tests of --swarm-ca/--swarm-cert/--swarm-key, made with
-// the `openssl` lines README.md shows (EC P-256 keys, no pass phrase).
+// the `openssl` lines docs/FLEET.md shows (EC P-256 keys, no pass phrase).
 #pragma once
 
 #include <cstdlib>

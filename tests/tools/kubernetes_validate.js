@@ -39,7 +39,7 @@ for (const doc of docs) {
   console.log(`kubernetes_validate: ${doc.apiVersion} ${name}: valid`);
 }
 
-// What the deployment relies on (README, "Containers and Kubernetes").
+// What the deployment relies on (docs/CONTAINERS.md).
 for (const ds of kinds.DaemonSet || []) {
   const spec = ds.spec.template.spec;
   const c = spec.containers[0];

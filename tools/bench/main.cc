@@ -1,5 +1,6 @@
 // accelfs-bench MODEL_DIR: loads a model directory the way a model server does and reports GB/s,
-// so a path can be compared with and without accelfs before a launch. See --help and the README.
+// so a path can be compared with and without accelfs before a launch. See --help and
+// docs/CONTRIBUTING.md.
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>

@@ -9,7 +9,7 @@
 # Its entrypoint is `accelfs --foreground`: `podman run ... localhost/accelfs SOURCE MOUNTPOINT
 # [options]` takes accelfs's own arguments, and the daemon's log is the container's (podman
 # logs). accelfs-warm, accelfs-stat and a shell with coreutils are in it (--entrypoint).
-# README.md, "Containers and Kubernetes", shows how to run it.
+# docs/CONTAINERS.md shows how to run it.
 set -euo pipefail
 
 if [[ $# -ne 1 || ! -f $1 ]]; then

@@ -1,6 +1,6 @@
 // SwarmTrust: the fleet's files checked at start (each wrong one named), and manifests that open
 // only where a node of the fleet signed them for that chunk. Certificates are made by `openssl`
-// as README.md says.
+// as docs/FLEET.md says.
 #include "cache/backend/swarm_trust.h"
 
 #include <gtest/gtest.h>

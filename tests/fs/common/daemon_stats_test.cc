@@ -1,6 +1,6 @@
 // kStatsFields is the one stats schema: every DaemonStats number has exactly one row; the stats
 // JSON (DaemonStatsToJson), accelfs-stat's reading of it (DaemonStatsFromJson), the /metrics
-// exposition (MetricsText) and the docs (docs/CONTROL.md, README.md's Metrics table) all follow it.
+// exposition (MetricsText) and the docs (docs/CONTROL.md, docs/METRICS.md's table) all follow it.
 #include "fs/common/daemon_stats.h"
 #include "accelfs_version.h"
 
@@ -285,9 +285,9 @@ TEST(DaemonStatsTest, MetricsExportTheBuildAndTheHistograms) {
   EXPECT_NEAR(c.sum, 704.921, 1e-3);
 }
 
-// README.md's Metrics table: one line per metric or group of metrics, `| `name`, `name` | type |`.
-TEST(DaemonStatsTest, ReadmeListsEveryMetricWithItsType) {
-  const std::string readme = ReadText(std::string(ACCELFS_SOURCE_DIR) + "/README.md");
+// docs/METRICS.md's table: one line per metric or group of metrics, `| `name`, `name` | type |`.
+TEST(DaemonStatsTest, MetricsDocListsEveryMetricWithItsType) {
+  const std::string readme = ReadText(std::string(ACCELFS_SOURCE_DIR) + "/docs/METRICS.md");
   ASSERT_FALSE(readme.empty());
   std::map<std::string, std::string> documented;
   std::istringstream lines(readme);

@@ -1,5 +1,5 @@
 // The option table (fs/daemon/config.h, Options()) is the one definition of every option: these
-// tests keep README's option table and --help equal to it, and check that every option works as
+// tests keep README's option tables and --help equal to it, and check that every option works as
 // a flag and as an -o key.
 #include <gtest/gtest.h>
 
@@ -23,8 +23,9 @@ struct ReadmeRow {
   std::string default_text;  // the last cell
 };
 
-// The rows of README.md's option table under "## Usage": from its header to the first line that
-// is not a table row.
+// The rows of README.md's option tables under "## Options", one per --help group: every table
+// whose header is "| option | meaning | default |", from that header to the first line that is
+// not a table row.
 std::vector<ReadmeRow> ReadmeOptionRows() {
   std::ifstream in(std::string(ACCELFS_SOURCE_DIR) + "/README.md");
   std::vector<ReadmeRow> rows;
@@ -36,7 +37,10 @@ std::vector<ReadmeRow> ReadmeOptionRows() {
       continue;
     }
     if (line.rfind("|---", 0) == 0) continue;
-    if (line.empty() || line[0] != '|') break;
+    if (line.empty() || line[0] != '|') {
+      in_table = false;
+      continue;
+    }
     std::vector<std::string> cells;
     std::stringstream cells_in(line.substr(1));
     std::string cell;
@@ -68,7 +72,7 @@ std::map<std::string, ReadmeRow> ReadmeRowsByOption() {
 
 TEST(OptionTableTest, ReadmeListsEveryOptionAndNothingElse) {
   const std::map<std::string, ReadmeRow> readme = ReadmeRowsByOption();
-  ASSERT_FALSE(readme.empty()) << "no option table under README.md's \"## Usage\"";
+  ASSERT_FALSE(readme.empty()) << "no option table under README.md's \"## Options\"";
   std::set<std::string> table = {"version", "help"};
   for (const OptionSpec& o : Options()) table.insert(std::string(o.name));
   std::set<std::string> documented;

@@ -144,7 +144,7 @@ net_stop() {
 acc_start() {
   acc_stop
   "$accelfs" "$work/net" "$work/acc" -f --cache-size $(((model_gib + lone_gib + 2) << 30)) \
-    --backend-depth 256 --log-level warn 2>> "$work/accelfs.log" &
+    --store-depth 256 --log-level warn 2>> "$work/accelfs.log" &
   acc_pid=$!
   for _ in $(seq 100); do findmnt -n --mountpoint "$work/acc" > /dev/null && return; sleep 0.1; done
   say "big_machine: accelfs did not mount: $(tail -3 "$work/accelfs.log")"; exit 1

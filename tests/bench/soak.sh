@@ -5,7 +5,7 @@
 # raises its mount's read_ahead_kb) on an otherwise quiet machine:
 #
 #   tests/bench/soak.sh [--minutes 30] [--dir /var/tmp/accelfs-soak] [--readers 64] [--shards 6]
-#                       [--shard-mib 512] [--phase-seconds 60] [--backend-timeout 10] [--seed S]
+#                       [--shard-mib 512] [--phase-seconds 60] [--store-timeout 10] [--seed S]
 #                       [--no-faults]
 #
 # BUILD names the build directory (default build): it needs accelfs, accelfs-stat and, under
@@ -13,7 +13,7 @@
 #
 # The stack: SOURCE (a generated safetensors model, 6 x 512 MiB and its JSON files, kept in DIR
 # for the next run) -> accelfs_netfs (5 ms, 200 MB/s per READ, 2000 MB/s in all, --fault-file)
-# -> accelfs (--cache-size half the model, --backend-timeout when it has one) -> the readers.
+# -> accelfs (--cache-size half the model, --store-timeout when it has one) -> the readers.
 # Readers (tests/bench/soak_reader.cc) cycle through four modes: read() 1 MiB sequential, mmap
 # sequential, O_DIRECT 16 MiB sequential and 1 MiB preads at random offsets.
 #
@@ -22,7 +22,7 @@
 #   slow   `slow SHARD 20` (20 MB/s per READ) for half the slot
 #   fail   `fail SHARD 5` (EIO) for 5 s
 #   hang   `hang SHARD` for twice the backend timeout: accelfs must give up on the store in time
-#          (skipped, with a note, while `accelfs --help` shows no --backend-timeout)
+#          (skipped, with a note, while `accelfs --help` shows no --store-timeout)
 # The rest of a slot after its fault is an "after-*" phase: errors there are reported, not failed.
 # --no-faults makes every slot `none`: what the load alone does.
 #
@@ -54,7 +54,7 @@ while (($#)); do
     --shards) shards=$2; shift 2 ;;
     --shard-mib) shard_mib=$2; shift 2 ;;
     --phase-seconds) phase_s=$2; shift 2 ;;
-    --backend-timeout) timeout_s=$2; shift 2 ;;
+    --store-timeout | --backend-timeout) timeout_s=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --no-faults) with_faults=0; shift ;;
     *) echo "soak: unknown option $1" >&2; exit 2 ;;
@@ -169,10 +169,14 @@ grep -q "serving" "$out/netfs.log" || { cat "$out/netfs.log" >&2; log "NET did n
 
 accelfs_args=(-f --cache-size "${cache_mib}M" --log-level info)
 hang_supported=0
-if "$accelfs" --help | grep -q -- --backend-timeout; then
-  hang_supported=1
-  accelfs_args+=(--backend-timeout "$timeout_s")
-fi
+# The timeout's name: --store-timeout, or --backend-timeout in builds before the rename.
+for timeout_flag in --store-timeout --backend-timeout; do
+  if "$accelfs" --help | grep -q -- "$timeout_flag"; then
+    hang_supported=1
+    accelfs_args+=("$timeout_flag" "$timeout_s")
+    break
+  fi
+done
 "$accelfs" "$net" "$mnt" "${accelfs_args[@]}" >"$out/accelfs.log" 2>&1 &
 accelfs_pid=$!
 for ((i = 0; i < 200; i++)); do
@@ -187,7 +191,7 @@ log "$(date -u +%FT%TZ) on $(uname -n), Linux $(uname -r), $(nproc) cores, $(fre
 log "model $model: $model_bytes bytes; accelfs cache ${cache_mib} MiB; $readers readers for $minutes min; seed $seed (reader i: seed + i); faults $( ((with_faults)) && echo on || echo off)"
 log "$("$accelfs" --version), tree $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo '+uncommitted') at the start, binary built $(date -r "$accelfs" +%FT%T): ${accelfs_args[*]}"
 grep "serving" "$out/netfs.log" | sed 's/^/soak: NET /' | tee -a "$out/summary.txt"
-((hang_supported)) || log "accelfs --help shows no --backend-timeout: hang phases are skipped (run as none)"
+((hang_supported)) || log "accelfs --help shows no --store-timeout: hang phases are skipped (run as none)"
 
 start_ms=$(now_ms)
 end_ms=$((start_ms + duration * 1000))

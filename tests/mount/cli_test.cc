@@ -222,7 +222,7 @@ TEST_F(CliTest, BlockSizeNotAPowerOfTwo) {
 }
 
 TEST_F(CliTest, BackendDepthZero) {
-  ExpectRejected(Valid({"--backend-depth", "0"}), {"--backend-depth", "'0'"});
+  ExpectRejected(Valid({"--store-depth", "0"}), {"--store-depth", "'0'"});
 }
 
 TEST_F(CliTest, ReadaheadNotASize) {

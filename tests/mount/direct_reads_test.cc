@@ -211,7 +211,7 @@ TEST_F(UserDirectReadsTest, PageSizedReadsMoveTheFileToCachedMode) {
 // Pushes as a user, by default (--push auto): a stream's blocks go into the page cache of an inode
 // the kernel maps, found at the mapping's first fault on its direct handle (the blocks fetched
 // before that fault too), and never into one only read() reads, where they would be copies nobody
-// reads. --push does the same for these (and more as root); --no-push pushes nothing.
+// reads. --push always does the same for these (and more as root); --push never pushes nothing.
 class UserPushTest : public UserDirectReadsTest {
  protected:
   std::vector<std::string> ExtraArgs() const override { return {"--stream-threshold", "1M"}; }
@@ -260,7 +260,7 @@ TEST_F(UserExplicitPushTest, AMappingIsPushedInto) {
 class UserNoPushTest : public UserPushTest {
  protected:
   std::vector<std::string> ExtraArgs() const override {
-    return {"--stream-threshold", "1M", "--no-push"};
+    return {"--stream-threshold", "1M", "--push", "never"};
   }
 };
 

@@ -1,6 +1,6 @@
 // A store whose reads of one file hang (NET with a `hang` fault: an NFS server gone, a stuck
 // S3-FUSE request) under a real accelfs mount: every other file reads at once and byte for byte,
-// the hung file's readers get ETIMEDOUT after --backend-timeout instead of waiting forever, the
+// the hung file's readers get ETIMEDOUT after --store-timeout instead of waiting forever, the
 // stuck reads show in accelfs-stat, the file reads again once the store answers, and SIGTERM or
 // an unmount ends the daemon within seconds while the store still hangs. Before: another shard's
 // read took over 8 s (every backend slot held by the hung file), and the daemon outlived SIGTERM
@@ -175,7 +175,7 @@ class HungStoreTest : public MountTest {
 };
 
 TEST_F(HungStoreTest, OtherFilesReadAtOnceAndTheHungFilesReadersTimeOut) {
-  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "3"}));
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--store-timeout", "3"}));
   SetFaults("hang 00001-of\n");
   auto hung =
       Async([this] { return ReadAndCheck(M("model-00001-of-00002.safetensors"), 1, kShard); });
@@ -477,7 +477,7 @@ TEST_F(StoppedStoreTest, ADaemonPastItsDeadlineLeavesANewMountOnItsMountpointAlo
 
 // accelfs-warm of a hung file fails with one line after the timeout, instead of waiting forever.
 TEST_F(HungStoreTest, WarmingAHungFileFailsAfterTheTimeout) {
-  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--backend-timeout", "2"}));
+  ASSERT_NO_FATAL_FAILURE(StartOverStore({"--store-timeout", "2"}));
   SetFaults("hang 00001-of\n");
   const CommandResult warm = RunCommand(
       {TestBinary(ACCELFS_WARM), M("model-00001-of-00002.safetensors")}, std::chrono::seconds(120));

@@ -451,7 +451,7 @@ echo "$NAME: most requests seen waiting on rclone's connection: $waiting_before 
   "$waiting_during with it (max_background $maxbg)"
 if [[ -n $loader_early ]]; then
   bad+="; the loader of $HUNG ended while the hang held ($(secs "$hang_set" "$released") s;"
-  bad+=" accelfs's --backend-timeout is 60 s): $loader_early"
+  bad+=" accelfs's --store-timeout is 60 s): $loader_early"
 elif [[ $loader_rc == 0 ]]; then
   echo "$NAME: after the hang was lifted the loader finished in $(secs "$released" "$loader_done") s:" \
     "$(tail -n 1 "$tmp/loader.log")"

@@ -65,7 +65,7 @@
 // - Stop: answers what waits here ECANCELED and gives what is in flight `stop_grace` to finish,
 //   then stalls the rest and returns without waiting for them (abandoned()): shutdown never waits
 //   for a hung store. The inner reader must then not be stopped (it would wait), nor anything the
-//   abandoned reads write into be freed: the process exits instead (fs/daemon/main.cc).
+//   abandoned reads write into be freed: the process exits instead (fs/daemon/daemon_serve.cc).
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // One snapshot of what the daemon is doing: what accelfs-stat shows and /metrics exports. The
-// daemon builds it on request (fs/daemon/main.cc wires the sources); nothing here is on the read
+// daemon builds it on request (fs/daemon/daemon_serve.cc wires the sources); nothing here is on the read
 // path.
 //
 // kStatsFields below is the stats schema: one row per number, with its key in the stats JSON

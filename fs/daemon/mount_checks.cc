@@ -129,87 +129,108 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
                                                                 : MountProbe::kAlive;
 }
 
-Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
-                                MountProbe* probe_out) {
-  std::string error;
+namespace {
+
+// SOURCE: a directory this process can list.
+Status CheckSource(const std::string& source) {
   struct stat st {};
   if (stat(source.c_str(), &st) != 0) {
-    error = "source " + Quote(source) +
-            (errno == ENOENT ? " does not exist" : ": " + std::string(std::strerror(errno)));
-    return Error(EINVAL, error);
+    return Error(EINVAL, "source " + Quote(source) +
+                             (errno == ENOENT ? " does not exist"
+                                              : ": " + std::string(std::strerror(errno))));
   }
-  if (!S_ISDIR(st.st_mode)) {
-    error = "source " + Quote(source) + " is not a directory";
-    return Error(EINVAL, error);
-  }
+  if (!S_ISDIR(st.st_mode)) return Error(EINVAL, "source " + Quote(source) + " is not a directory");
   if (access(source.c_str(), R_OK | X_OK) != 0) {
-    error = "source " + Quote(source) + " cannot be read: " + std::strerror(errno);
-    return Error(EINVAL, error);
+    return Error(EINVAL, "source " + Quote(source) + " cannot be read: " + std::strerror(errno));
   }
+  return Status::Ok();
+}
+
+// MOUNTPOINT: a directory that answers stat().
+Status CheckMountpointDirectory(const std::string& mountpoint) {
+  struct stat st {};
   if (stat(mountpoint.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOTCONN) {
-      error = "mountpoint " + Quote(mountpoint) +
-              " is a stale FUSE mount (Transport endpoint is not connected): its daemon died "
-              "without unmounting; clear it with 'fusermount3 -u " +
-              mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
-    } else if (err == ENOENT) {
-      error = "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)";
-    } else {
-      error = "mountpoint " + Quote(mountpoint) + ": " + std::strerror(err);
+      return Error(EINVAL,
+                   "mountpoint " + Quote(mountpoint) +
+                       " is a stale FUSE mount (Transport endpoint is not connected): its daemon "
+                       "died without unmounting; clear it with 'fusermount3 -u " +
+                       mountpoint + "' (or 'umount -l " + mountpoint + "') and retry");
     }
-    return Error(EINVAL, error);
+    if (err == ENOENT) {
+      return Error(EINVAL,
+                   "mountpoint " + Quote(mountpoint) + " does not exist (create it with mkdir -p)");
+    }
+    return Error(EINVAL, "mountpoint " + Quote(mountpoint) + ": " + std::strerror(err));
   }
   if (!S_ISDIR(st.st_mode)) {
-    error = "mountpoint " + Quote(mountpoint) + " is not a directory";
-    return Error(EINVAL, error);
+    return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is not a directory");
   }
-  CheckedPaths paths;
-  paths.source = Canonical(source).value_or(source);
-  paths.mountpoint = Canonical(mountpoint).value_or(mountpoint);
-  if (paths.mountpoint == paths.source) {
-    error = "mountpoint " + Quote(mountpoint) +
-            " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)";
-    return Error(EINVAL, error);
-  }
-  if (IsSameOrInside(paths.mountpoint, paths.source)) {
-    error = "mountpoint " + Quote(mountpoint) + " is inside the source " + Quote(source) +
-            ": the mount would hide part of what it serves";
-    return Error(EINVAL, error);
-  }
+  return Status::Ok();
+}
+
+// What is mounted on MOUNTPOINT already: nothing, a bind mount or a filesystem of its own is fine;
+// the root, the kernel's filesystems and FUSE mounts (alive, dead or stuck) are not.
+Status CheckMountedThere(const std::string& mountpoint, const std::string& resolved,
+                         MountProbe* probe_out) {
   for (const MountInfo& m : ReadMountInfo()) {
-    if (m.mountpoint != paths.mountpoint) continue;
+    if (m.mountpoint != resolved) continue;
     if (!IsFuseType(m.fstype)) {
       // A bind mount of a directory (every volume of a container is one) or a filesystem of its
       // own is a fine place for the mount; the root and the kernel's own filesystems are not.
       if (!IsSystemMount(m)) continue;
-      error = "mountpoint " + Quote(mountpoint) + " is a system mount (" + m.fstype +
-              "); choose another directory (e.g. /mnt/fastmodels)";
-      return Error(EINVAL, error);
+      return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is a system mount (" + m.fstype +
+                               "); choose another directory (e.g. /mnt/fastmodels)");
     }
     // A killed FUSE daemon's mount may still stat() fine (the kernel trusts cached attributes),
     // but statfs() goes to the connection, and a dead one answers ENOTCONN at once.
-    const MountProbe probe = ProbeMount(paths.mountpoint, kProbeTimeout);
+    const MountProbe probe = ProbeMount(resolved, kProbeTimeout);
     if (probe_out != nullptr) *probe_out = probe;
+    const std::string clear = "clear it with 'fusermount3 -u " + mountpoint + "' (or 'umount -l " +
+                              mountpoint + "') and retry";
     if (probe == MountProbe::kDead) {
-      error = "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" + m.fstype +
-              ", Transport endpoint is not connected): its daemon died without unmounting; "
-              "clear it with 'fusermount3 -u " +
-              mountpoint + "' (or 'umount -l " + mountpoint + "') and retry";
-    } else if (probe == MountProbe::kNotAnswering) {
-      error = "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
-              ") whose daemon does not answer; clear it with 'fusermount3 -u " + mountpoint +
-              "' (or 'umount -l " + mountpoint + "') and retry";
-    } else {
-      error = "mountpoint " + Quote(mountpoint) + " is already a FUSE mount (" + m.fstype +
-              " from " + m.source + "); unmount it first or choose another directory";
+      return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is a stale FUSE mount (" +
+                               m.fstype +
+                               ", Transport endpoint is not connected): its daemon died without "
+                               "unmounting; " +
+                               clear);
     }
-    return Error(EINVAL, error);
+    if (probe == MountProbe::kNotAnswering) {
+      return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is a FUSE mount (" + m.fstype +
+                               ") whose daemon does not answer; " + clear);
+    }
+    return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is already a FUSE mount (" +
+                             m.fstype + " from " + m.source +
+                             "); unmount it first or choose another directory");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CheckedPaths> CheckPaths(const std::string& source, const std::string& mountpoint,
+                                MountProbe* probe_out) {
+  if (Status s = CheckSource(source); !s.ok()) return s.error();
+  if (Status s = CheckMountpointDirectory(mountpoint); !s.ok()) return s.error();
+  CheckedPaths paths;
+  paths.source = Canonical(source).value_or(source);
+  paths.mountpoint = Canonical(mountpoint).value_or(mountpoint);
+  if (paths.mountpoint == paths.source) {
+    return Error(EINVAL, "mountpoint " + Quote(mountpoint) +
+                             " is the source itself: mount it elsewhere (e.g. /mnt/fastmodels)");
+  }
+  if (IsSameOrInside(paths.mountpoint, paths.source)) {
+    return Error(EINVAL, "mountpoint " + Quote(mountpoint) + " is inside the source " +
+                             Quote(source) + ": the mount would hide part of what it serves");
+  }
+  if (Status s = CheckMountedThere(mountpoint, paths.mountpoint, probe_out); !s.ok()) {
+    return s.error();
   }
   if (geteuid() != 0 && access(paths.mountpoint.c_str(), W_OK) != 0) {
-    error = "no permission to mount on " + Quote(mountpoint) + ": it is not writable by uid " +
-            std::to_string(geteuid()) + " (run as root, or use a directory you own)";
-    return Error(EINVAL, error);
+    return Error(EINVAL, "no permission to mount on " + Quote(mountpoint) +
+                             ": it is not writable by uid " + std::to_string(geteuid()) +
+                             " (run as root, or use a directory you own)");
   }
   return paths;
 }

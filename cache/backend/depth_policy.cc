@@ -56,8 +56,9 @@ unsigned DepthController::Update(const DepthSample& sample) {
         // No more throughput, only queueing: back off, and see at once whether less does as well.
         // The first step down is judged against the latency of the step that only queued: the
         // one measured at the depth we go back to may be a first interval's, taken while the
-        // queue was still filling (on the DISK backend: 556 ms at 32, where 32 reads at 200 MB/s
-        // settle at 671 ms), and 24 then looked no faster, and the descent stopped at 32.
+        // queue was still filling, which reads low; against it a lower depth looks no faster and
+        // the descent would stop where it started (docs/DESIGN.md, "History kept out of the
+        // code").
         const unsigned back = base_depth_;
         const unsigned lower = std::max(options_.min_depth, back * 3 / 4);
         if (lower == back) {

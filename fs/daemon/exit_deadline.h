@@ -19,8 +19,7 @@
 // which the kernel hands to the next mount anywhere as soon as this one's is gone. So the mount's
 // device is noted and its fusectl abort file opened once it is mounted (the open file aborts its
 // own connection or, once that is gone, nothing); the mount at the mountpoint is detached only if
-// it is still that device. Before, a daemon past its deadline detached whatever was mounted at
-// its mountpoint and aborted whichever connection held its number by then.
+// it is still that device (docs/DESIGN.md, "History kept out of the code").
 //
 // Thread safety: Watch, Arm and the destructor are called from one thread (the daemon's main
 // thread); `stopping` runs on this class's own thread.

@@ -11,6 +11,7 @@
 
 #include "cache/block.h"
 #include "cache/source_file.h"
+#include "cache/store/open_backing.h"
 #include "fs/common/format.h"
 
 namespace accelfs {

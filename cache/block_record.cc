@@ -158,4 +158,23 @@ void FileBlockStore::LoadStored() {
   }
 }
 
+namespace block_record {
+
+bool WriteAll(int fd, const void* data, size_t length, off_t offset) {
+  return pwrite(fd, data, length, offset) == static_cast<ssize_t>(length);
+}
+
+Status ReadPiece(int fd, off_t offset, std::span<std::byte> piece) {
+  for (size_t got = 0; got < piece.size();) {
+    const ssize_t n =
+        pread(fd, piece.data() + got, piece.size() - got, offset + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Error(n < 0 ? errno : EIO);
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace block_record
+
 }  // namespace accelfs

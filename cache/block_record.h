@@ -87,5 +87,12 @@ inline uint64_t RecordBytes(uint64_t blocks) {
   return sizeof(RecordHeader) + blocks * (1 + kMacBytes);
 }
 
+// pwrite of all `length` bytes at `offset`: whether it wrote them all.
+bool WriteAll(int fd, const void* data, size_t length, off_t offset);
+
+// Fills `piece` from `fd` at `offset` (pread; EINTR retried): Error(errno), or EIO where the file
+// ends first. How Commit and Verify read a block back for its MAC, a piece at a time.
+Status ReadPiece(int fd, off_t offset, std::span<std::byte> piece);
+
 }  // namespace block_record
 }  // namespace accelfs

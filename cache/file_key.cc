@@ -67,26 +67,17 @@ uint64_t ContentFingerprint(std::span<const std::byte> samples, uint64_t size) {
   return h;
 }
 
-Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
-                             const struct stat& st, const Place& place,
-                             const std::function<bool()>& cancelled, uint64_t whole_max,
-                             std::vector<std::byte>* whole, std::vector<std::byte>* head) {
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  const std::vector<FingerprintSpan> spans = FingerprintSpans(size, file->tail_samples());
-  if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0), place);
-  // What is read: the spans, one aligned page each (O_DIRECT), or the whole file in one request,
-  // or its head in the first span's request (that span is the head's first page).
-  const bool read_whole = whole != nullptr && size <= whole_max;
-  std::vector<FingerprintSpan> reads = read_whole ? std::vector<FingerprintSpan>{{0, size}} : spans;
-  const bool read_head = !read_whole && whole != nullptr && head != nullptr &&
-                         whole_max > kFingerprintPage && spans[0].offset == 0;
-  if (read_head) reads[0].length = whole_max;
-  std::vector<uint64_t> at;  // each read's place in the buffer
-  uint64_t capacity = 0;
-  for (const FingerprintSpan& r : reads) {
-    at.push_back(capacity);
-    capacity += (r.length + kFingerprintPage - 1) / kFingerprintPage * kFingerprintPage;
-  }
+namespace {
+
+// Reads `reads` of `file` through `reader`, read i into one buffer of `capacity` bytes at at[i],
+// and waits for every answer (or for `cancelled`: ECANCELED). The bytes each read got; `buffer`
+// receives the buffer.
+Result<std::vector<size_t>> ReadIdentitySpans(BackendReader& reader,
+                                              const std::shared_ptr<BackingFile>& file,
+                                              const std::vector<FingerprintSpan>& reads,
+                                              const std::vector<uint64_t>& at, uint64_t capacity,
+                                              const std::function<bool()>& cancelled,
+                                              std::shared_ptr<const std::byte>* buffer) {
   // Filled in parallel. The state is the requests' own: a read stalled past the backend timeout
   // answers here at once, yet may still write into its buffer later (BoundedReader), so the
   // buffer lives until its `done`.
@@ -142,8 +133,39 @@ Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<Backin
     got[i] = std::min<size_t>(n.value(), reads[i].length);
   }
   if (!failed.ok()) return failed.error();
+  *buffer = std::shared_ptr<const std::byte>(state, state->buffer.get());
+  return got;
+}
+
+}  // namespace
+
+Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
+                             const struct stat& st, const Place& place,
+                             const std::function<bool()>& cancelled, uint64_t whole_max,
+                             std::vector<std::byte>* whole, std::vector<std::byte>* head) {
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const std::vector<FingerprintSpan> spans = FingerprintSpans(size, file->tail_samples());
+  if (spans.empty()) return FileKeyFromStat(st, ContentFingerprint({}, 0), place);
+  // What is read: the spans, one aligned page each (O_DIRECT), or the whole file in one request,
+  // or its head in the first span's request (that span is the head's first page).
+  const bool read_whole = whole != nullptr && size <= whole_max;
+  std::vector<FingerprintSpan> reads = read_whole ? std::vector<FingerprintSpan>{{0, size}} : spans;
+  const bool read_head = !read_whole && whole != nullptr && head != nullptr &&
+                         whole_max > kFingerprintPage && spans[0].offset == 0;
+  if (read_head) reads[0].length = whole_max;
+  std::vector<uint64_t> at;  // each read's place in the buffer
+  uint64_t capacity = 0;
+  for (const FingerprintSpan& r : reads) {
+    at.push_back(capacity);
+    capacity += (r.length + kFingerprintPage - 1) / kFingerprintPage * kFingerprintPage;
+  }
+  std::shared_ptr<const std::byte> filled;
+  const Result<std::vector<size_t>> read =
+      ReadIdentitySpans(reader, file, reads, at, capacity, cancelled, &filled);
+  if (!read.ok()) return read.error();
+  const std::vector<size_t>& got = read.value();
   // The sampled bytes, the same whichever way they were read: what of each span came back.
-  const std::byte* buffer = state->buffer.get();
+  const std::byte* buffer = filled.get();
   std::vector<std::byte> samples;
   for (size_t i = 0; i < spans.size(); ++i) {
     const uint64_t begin = read_whole ? spans[i].offset : at[i];

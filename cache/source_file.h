@@ -15,6 +15,7 @@
 #include "cache/block_cache.h"
 #include "cache/file_key.h"
 #include "cache/result.h"
+#include "cache/store/open_backing.h"
 
 namespace accelfs {
 

@@ -6,47 +6,27 @@
 #include <sys/resource.h>
 #include <sys/uio.h>
 
-#include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <utility>
 
 #include "cache/guard.h"
 #include "fs/errno_map.h"
 #include "fs/fuse_passthrough_abi.h"
+#include "fs/fuse_session_io.h"
 
 namespace accelfs {
 
-struct FuseSession::Impl final : BackingRegistry, KernelCache, KernelAttributes {
-  Impl(ReadThroughFs& fs, SessionOptions options) : fs(fs), options(std::move(options)) {}
+struct FuseSession::Impl final : BackingRegistry, KernelCache, KernelAttributes, SessionIo {
+  Impl(ReadThroughFs& fs, SessionOptions options) : fs(fs), options(std::move(options)) {
+    offer_passthrough = this->options.passthrough;
+  }
 
   bool Enabled() const override { return passthrough.load(std::memory_order_relaxed); }
-  Result<int> Open(int fd) override {
-    fuse_abi::BackingMap map{fd, 0, 0};
-    const int id = ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingOpen, &map);
-    if (id > 0) return id;
-    const int err = id < 0 ? errno : EIO;
-    spdlog::debug("backing open of fd {} failed: {}", fd, std::strerror(err));
-    if (err == EPERM || err == ENOTTY || err == EINVAL) {
-      // The kernel will not take backing files from us (no CAP_SYS_ADMIN, or no support): stop
-      // asking, once, loudly.
-      if (passthrough.exchange(false)) {
-        spdlog::warn(
-            "passthrough off: the kernel refused a backing file ({}); fully cached files "
-            "are served by the daemon",
-            std::strerror(err));
-      }
-    }
-    return Error(err);
-  }
-  void Close(int backing_id) override {
-    const uint32_t id = static_cast<uint32_t>(backing_id);
-    ioctl(fuse_session_fd(session), fuse_abi::kDevIocBackingClose, &id);
-  }
+  Result<int> Open(int fd) override { return RegisterBacking(fuse_session_fd(session), fd, *this); }
+  void Close(int backing_id) override { UnregisterBacking(fuse_session_fd(session), backing_id); }
 
   Status Store(uint64_t ino, uint64_t offset, std::span<const std::byte> data) override {
     fuse_bufvec buf = FUSE_BUFVEC_INIT(data.size());
@@ -66,104 +46,13 @@ struct FuseSession::Impl final : BackingRegistry, KernelCache, KernelAttributes 
   fuse_session* session = nullptr;
   bool mounted = false;
   bool signals = false;
-  std::atomic<bool> kernel_offers_passthrough{false};     // seen in the INIT request
-  std::atomic<bool> passthrough{false};                   // agreed in our INIT reply
-  std::atomic<bool> kernel_offers_direct_io_mmap{false};  // seen in the INIT request
-  std::atomic<bool> direct_io_mmap{false};                // agreed in our INIT reply
   std::atomic<uint64_t> read_errors{0};
   std::atomic<uint64_t> descriptor_errors{0};  // EMFILE and ENFILE answers
-  // Set once the kernel has processed our INIT reply (it does so inside the reply's write), or
-  // when the session is being unmounted.
-  std::mutex init_mu;
-  std::condition_variable init_cv;
-  bool init_done = false;       // GUARDED_BY(init_mu)
-  bool init_abandoned = false;  // GUARDED_BY(init_mu)
-  void EndInitWait(bool done) {
-    std::lock_guard lock(init_mu);
-    (done ? init_done : init_abandoned) = true;
-    init_cv.notify_all();
-  }
 };
 
+SessionIo& SessionIoOf(void* userdata) { return *static_cast<FuseSession::Impl*>(userdata); }
+
 namespace {
-
-// libfuse 3.14 cannot speak FUSE passthrough, so the session's I/O goes through these two hooks
-// (fuse_session_custom_io): reading notes whether the kernel's INIT offers passthrough; writing
-// patches our INIT reply to accept it and an OPEN reply to name the backing file. The reply of a
-// request is written by the thread that handles it, inside the callback, so thread-locals carry
-// what the callback wants patched.
-thread_local bool tls_init_reply = false;  // the next reply of this thread answers INIT
-thread_local int tls_backing_id = 0;       // the next reply of this thread answers this OPEN
-
-ssize_t IoRead(int fd, void* buf, size_t len, void* userdata) {
-  const ssize_t n = read(fd, buf, len);
-  if (n < 0 && errno == ECONNABORTED) {
-    // The connection is over: a read that takes a request just as the kernel ends the connection
-    // (an unmount, or a fusectl abort) gets ECONNABORTED where one a moment later gets ENODEV.
-    // libfuse ends the loop quietly on ENODEV only, and took this one for an error: the daemon
-    // printed "fuse: reading device: Software caused connection abort" and exited 1 after an
-    // ordinary unmount (1 in 10 aborts with reads in flight; in CI, one mount test's teardown).
-    errno = ENODEV;
-  }
-  if (n >= static_cast<ssize_t>(sizeof(fuse_abi::InHeader) + sizeof(fuse_abi::InitIn))) {
-    fuse_abi::InHeader in;
-    std::memcpy(&in, buf, sizeof(in));
-    if (in.opcode == fuse_abi::kOpcodeInit) {
-      fuse_abi::InitIn init;
-      std::memcpy(&init, static_cast<char*>(buf) + sizeof(in), sizeof(init));
-      // A flag of flags2, offered by a kernel of protocol `minor` or later.
-      const auto offers = [&init](uint32_t minor, uint32_t flag2) {
-        return init.major == 7 && init.minor >= minor && (init.flags & fuse_abi::kInitExt) &&
-               (init.flags2 & flag2);
-      };
-      auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
-      ctx.kernel_offers_passthrough = offers(40, fuse_abi::kPassthroughFlags2);
-      ctx.kernel_offers_direct_io_mmap = offers(39, fuse_abi::kDirectIoAllowMmapFlags2);
-    }
-  }
-  return n;
-}
-
-// Writes a two-part reply (header, then `Reply`) with `patch` applied to a copy of the reply.
-template <typename Reply, typename Patch>
-ssize_t WritePatched(int fd, const iovec* iov, Patch patch) {
-  Reply out;
-  std::memcpy(&out, iov[1].iov_base, sizeof(out));
-  patch(out);
-  iovec patched[2] = {iov[0], {&out, sizeof(out)}};
-  return writev(fd, patched, 2);
-}
-
-ssize_t IoWritev(int fd, iovec* iov, int count, void* userdata) {
-  auto& ctx = *static_cast<FuseSession::Impl*>(userdata);
-  if (tls_init_reply && count == 2 && iov[1].iov_len == sizeof(fuse_abi::InitOut)) {
-    tls_init_reply = false;
-    const ssize_t n = WritePatched<fuse_abi::InitOut>(fd, iov, [&](fuse_abi::InitOut& out) {
-      if (ctx.options.passthrough && ctx.kernel_offers_passthrough) {
-        out.flags |= fuse_abi::kInitExt;
-        out.flags2 |= fuse_abi::kPassthroughFlags2;
-        out.max_stack_depth = 1;  // our backing files live on tmpfs, which stacks on nothing
-        ctx.passthrough = true;
-      }
-      // Only FOPEN_DIRECT_IO handles see a difference: their shared mappings work.
-      if (ctx.kernel_offers_direct_io_mmap) {
-        out.flags |= fuse_abi::kInitExt;
-        out.flags2 |= fuse_abi::kDirectIoAllowMmapFlags2;
-        ctx.direct_io_mmap = true;
-      }
-    });
-    if (n >= 0) ctx.EndInitWait(/*done=*/true);
-    return n;
-  }
-  if (tls_backing_id > 0 && count == 2 && iov[1].iov_len == sizeof(fuse_abi::OpenOut)) {
-    const int backing_id = std::exchange(tls_backing_id, 0);
-    return WritePatched<fuse_abi::OpenOut>(fd, iov, [&](fuse_abi::OpenOut& out) {
-      out.open_flags |= fuse_abi::kOpenPassthrough;
-      out.backing_id = backing_id;
-    });
-  }
-  return writev(fd, iov, count);
-}
 
 FuseSession::Impl& Ctx(fuse_req_t req) {
   return *static_cast<FuseSession::Impl*>(fuse_req_userdata(req));
@@ -231,7 +120,7 @@ void OnInit(void* userdata, fuse_conn_info* conn) {
   conn->max_background = ctx.options.max_background;
   conn->congestion_threshold = ctx.options.max_background * 3 / 4;
   conn->time_gran = 1;
-  tls_init_reply = true;  // IoWritev adds passthrough to the reply libfuse sends next
+  MarkInitReply();  // IoWritev adds passthrough to the reply libfuse sends next
   spdlog::debug(
       "fuse: protocol {}.{}, max_write {} (the READ size cap), max_readahead {}, max_background "
       "{}, "
@@ -321,9 +210,9 @@ void OnOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                    ino);
       fuse_lowlevel_notify_inval_inode(ctx.session, ino, -1, 0);
     }
-    tls_backing_id = out->backing_id;  // IoWritev marks the reply FOPEN_PASSTHROUGH
+    SetOpenBacking(out->backing_id);  // IoWritev marks the reply FOPEN_PASSTHROUGH
     const int rc = fuse_reply_open(req, &info);
-    tls_backing_id = 0;
+    SetOpenBacking(0);
     if (rc == -ENOENT) ctx.fs.Release(out->fh);  // interrupted open
   });
 }

@@ -48,7 +48,7 @@
 //   good (NET, one 3 GiB file: 1.1-1.3 GB/s, 1.65-1.8 with it; docs/BENCHMARKS.md). And a
 //   store's first read tells the inner reader its lone bound (NoteStoreBound): an adaptive one
 //   that has measured nothing yet starts where the share covers it, not ~0.2 s later.
-// - O_DIRECT or the page cache (`io`): O_DIRECT by default; kLearn tries both on each store's
+// - O_DIRECT or the page cache (`io`): O_DIRECT by default; kAuto tries both on each store's
 //   first reads and sends the rest the way that read faster (IoChoice, logged once per store);
 //   never on a `sequential` store.
 // - Flight: at most twice the inner reader's depth is sent at a time (stalled reads aside): enough
@@ -71,38 +71,18 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
+#include "cache/backend/admission_policy.h"
 #include "cache/backend/io_choice.h"
 #include "cache/backend/reader.h"
+#include "cache/backend/stall_watch.h"
 
 namespace accelfs {
-
-// What a backing filesystem's own request queue takes (StoreLimitsFn). Zeros: no bound but the
-// share, and reads are sent whole.
-struct StoreLimits {
-  uint64_t request_bytes = 0;   // one request of the store carries at most this (4 KiB multiple)
-  unsigned store_requests = 0;  // pieces accelfs keeps in flight to the store, every file together
-  unsigned file_requests = 0;   // of which one file at most
-  // One file at most while it is the store's only file with reads in flight or waiting, or its
-  // only one with demand reads (0: the same as file_requests). Less than store_requests: a file
-  // that arrives always finds a slot.
-  unsigned lone_file_requests = 0;
-  // The store reads each file best as one stream, front to back (rclone: each handle a ranged GET
-  // that restarts at every jump): no IoChoice trial, which would read a file through two handles
-  // by turns (rclone sent 1.4x the model during one), O_DIRECT only.
-  bool sequential = false;
-  bool operator==(const StoreLimits&) const = default;
-};
-// Called once per backing filesystem (st_dev), with a file of it, outside any lock of the reader.
-using StoreLimitsFn = std::function<StoreLimits(const BackingFile& file)>;
 
 struct BoundedReaderOptions {
   // Of the inner reader's current depth, per backing file (at least one slot). Half: a lone file
@@ -117,7 +97,7 @@ struct BoundedReaderOptions {
   std::chrono::milliseconds probe_after{1'000};
   StoreLimitsFn limits;  // none: every store unbounded
   // How reads of a file that takes O_DIRECT are sent: learned per store, or always one way.
-  enum class Io { kLearn, kDirect, kBuffered };
+  using Io = StoreIo;
   Io io = Io::kDirect;
   IoChoice::Options io_choice;
 };
@@ -150,97 +130,39 @@ class BoundedReader final : public BackendReader {
 
  private:
   using Clock = std::chrono::steady_clock;
-  enum class State { kInFlight, kStalling, kStalled };
-  // A backing inode (dev, ino), or the BackingFile's address where the inode is not known.
-  using FileId = std::pair<uint64_t, uint64_t>;
-  struct FileIdHash {
-    size_t operator()(const FileId& id) const {
-      return std::hash<uint64_t>()(id.first * 0x9e3779b97f4a7c15ULL ^ id.second);
-    }
-  };
-  static FileId IdOf(const BackingFile& file);
-  struct PerStore {
-    StoreLimits limits;
-    unsigned in_flight = 0;     // pieces of every file in flight, stalled ones included
-    unsigned files = 0;         // its files in files_: with reads in flight or waiting
-    unsigned demand_files = 0;  // of which with demand reads in flight or waiting (CountDemand)
-    IoChoice io;
-  };
-  struct InFlight {
-    FileId file;
-    uint64_t store = 0;
-    Clock::time_point sent;
-    State state = State::kInFlight;
-    std::function<void()> stalled;
-    std::function<void(Result<size_t>)> done;
-    std::optional<Result<size_t>> result;  // arrived while kStalling
-    int io_slice = -1;                     // IoChoice's, of its store
-    bool demand = false;
-  };
-  struct PerFile {
-    uint64_t store = 0;      // its filesystem (st_dev): the key of stores_
-    unsigned in_flight = 0;  // sent and not answered by the inner reader, stalled ones included
-    unsigned demand_in_flight = 0;  // of which demand reads
-    unsigned window = 1;            // slow start: most in flight now, within the share
-    bool probing = false;           // held to one read: its reads stopped completing
-    Clock::time_point progress;     // last completion, or the first send after idle
-    Clock::duration usual{};        // a smoothed time of its reads (an EWMA of their latencies)
-    std::deque<std::pair<Clock::time_point, ReadRequest>> demand;  // waiting for the share
-    std::deque<std::pair<Clock::time_point, ReadRequest>> prefetch;
-  };
+  using Admitted = AdmissionPolicy::Admitted;
 
-  // Sends `request` to the inner reader. REQUIRES: mu_ held; the caller submits after unlocking
-  // what it appends to `send`.
-  void Admit(ReadRequest request, PerFile& file, std::vector<ReadRequest>* send);
-  // Sends waiting requests, oldest demand first, then oldest prefetch, while the flight has room
-  // and their files are under their share. Returns whether requests are left waiting that only the
-  // share holds (the caller tells the inner reader, NoteHeldBack, once mu_ is released).
-  // REQUIRES: mu_ held.
-  bool AdmitWaiting(std::vector<ReadRequest>* send);
+  // Registers each admitted request with the watchdog, its answer routed to Completed.
+  // REQUIRES: mu_ held; the caller submits what it returns after unlocking.
+  std::vector<ReadRequest> Register(std::vector<Admitted> admitted);
+  // The admission policy's AdmitWaiting, registered: what to submit once mu_ is released, and
+  // whether a file waits that only the share holds (NoteHeldBack then). REQUIRES: mu_ held.
+  std::vector<ReadRequest> AdmitWaiting(bool* held_back);
   void Completed(uint64_t id, Result<size_t> result);
-  using Files = std::unordered_map<FileId, PerFile, FileIdHash>;
-  // Forgets an idle file (its window starts again at one). REQUIRES: mu_ held.
-  Files::iterator EraseFile(Files::iterator it);
-  unsigned Share() const;
-  // The most `file` may have in flight now: its window within its share and its store's bound.
-  // REQUIRES: mu_ held, CountDemand() since the last change of any file's demand.
-  unsigned Allowed(const PerFile& file, unsigned share) const;
-  // Sets each store's demand_files. REQUIRES: mu_ held.
-  void CountDemand();
-  static bool HasDemand(const PerFile& file) {
-    return file.demand_in_flight > 0 || !file.demand.empty();
-  }
+  unsigned Share() const { return admission_.Share(inner_->CurrentDepth()); }
   // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
   // not held.
   StoreLimits LimitsOf(const BackingFile& file);
-  // `request` as pieces of at most `bytes` (4 KiB multiples), whose answers make its own.
-  static std::vector<ReadRequest> Split(ReadRequest request, uint64_t bytes);
+  // The watcher thread: slow start's probes, then the timeout.
   void Watch();
   // Stalls every in-flight request for which `pick` holds, and answers ETIMEDOUT every waiting
   // one for which `expired` does. REQUIRES: mu_ not held.
-  void StallWhere(const std::function<bool(const InFlight&)>& pick,
-                  const std::function<bool(Clock::time_point, const PerFile&)>& expired);
+  void StallWhere(
+      const std::function<bool(const StallWatch::InFlight&)>& pick,
+      const std::function<bool(Clock::time_point, const AdmissionPolicy::PerFile&)>& expired);
+  // Runs the stall callbacks of `stalling`, then answers those that came back meanwhile.
+  // REQUIRES: mu_ not held.
+  void RunStalled(std::vector<std::pair<uint64_t, std::function<void()>>> stalling);
 
   std::unique_ptr<BackendReader> inner_;  // released, not destroyed, when reads were abandoned
   const BoundedReaderOptions options_;
 
   mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
   std::condition_variable cv_;
-  Files files_;                                    // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, PerStore> stores_;  // GUARDED_BY(mu_)
-  // Files gone idle lately: their window and usual read time, and when they went idle.
-  struct Idle {
-    unsigned window = 1;
-    Clock::duration usual{};
-    Clock::time_point since;
-  };
-  std::unordered_map<FileId, Idle, FileIdHash> idle_;  // GUARDED_BY(mu_)
-  unsigned active_ = 0;  // GUARDED_BY(mu_) sent and not stalled nor answered
-  std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mu_)
-  uint64_t next_id_ = 0;                              // GUARDED_BY(mu_)
-  bool stopping_ = false;                             // GUARDED_BY(mu_)
-  bool abandoned_ = false;                            // GUARDED_BY(mu_)
-  BoundedReaderStats stats_;                          // GUARDED_BY(mu_)
+  AdmissionPolicy admission_;  // GUARDED_BY(mu_)
+  StallWatch watch_;           // GUARDED_BY(mu_)
+  bool stopping_ = false;      // GUARDED_BY(mu_)
+  bool abandoned_ = false;     // GUARDED_BY(mu_)
   std::thread watcher_;
 };
 

@@ -68,6 +68,13 @@ class DepthController {
   // Climbing: a step up (the start's, or a probe's) is being judged. ProbingDown: a step down.
   enum class Phase { kClimbing, kHolding, kProbingDown };
 
+  // One interval of each phase (Update), measured at `rate` bytes per second and `latency`.
+  void JudgeStepUp(double rate, double latency);
+  void ProbeFromHold(double rate, double latency);
+  void JudgeStepDown(double rate, double latency);
+  // Starts a step from depth() to `to` (within the bounds), judged in `phase` against `rate` and
+  // `latency`.
+  void StartStep(unsigned to, Phase phase, double rate, double latency);
   void Hold(unsigned at);
   // Holds `headroom` times `knee`, the fewest requests found to give the store's rate.
   void HoldAboveKnee(unsigned knee);

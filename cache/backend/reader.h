@@ -16,106 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "cache/file_key.h"
 #include "cache/result.h"
+#include "cache/store/backing_file.h"
 
 namespace accelfs {
-
-// An open backing file. `direct_fd` (O_DIRECT) is preferred while `direct` holds; a reader that
-// sees the backing filesystem refuse O_DIRECT clears `direct` and uses `buffered_fd` from then on.
-// A file of a FUSE store may have no buffered descriptor (-1, OpenBacking): there O_DIRECT has no
-// alignment rule, so nothing ever falls back, and each descriptor is an OPEN and a RELEASE the
-// store serves (sshfs: an SFTP round trip, and a file on another of its SSH connections).
-class BackingFile {
- public:
-  BackingFile(int direct_fd, int buffered_fd)
-      : direct_fd_(direct_fd), buffered_fd_(buffered_fd), direct_(direct_fd >= 0) {}
-  ~BackingFile() {
-    if (direct_fd_ >= 0) close(direct_fd_);
-    if (buffered_fd_ >= 0) close(buffered_fd_);
-  }
-  BackingFile(const BackingFile&) = delete;
-  BackingFile& operator=(const BackingFile&) = delete;
-
-  // The backing inode, as opened: every open of one file shares it (BoundedReader's share is per
-  // file, not per open). 0 and 0 when not known.
-  void SetInode(uint64_t dev, uint64_t ino) {
-    dev_ = dev;
-    ino_ = ino;
-  }
-  uint64_t dev() const { return dev_; }
-  uint64_t ino() const { return ino_; }
-
-  // Reads of it may block whoever submits them, however they are sent: a FUSE store that does not
-  // take asynchronous direct I/O (rclone) has the kernel answer an O_DIRECT read inside
-  // io_uring_enter, so one hung read held the ring's only thread and every read behind it. Set
-  // for network and FUSE filesystems (OpenBacking); the io_uring reader sends such reads
-  // straight to its workers (IOSQE_ASYNC).
-  void SetMayBlock(bool may_block) { may_block_ = may_block; }
-  bool may_block() const { return may_block_; }
-
-  // It is on a FUSE filesystem (OpenBacking, from the mount's type): its store has a queue of its
-  // own (fs/daemon/store_limits.h).
-  void SetOnFuse(bool fuse) { on_fuse_ = fuse; }
-  bool on_fuse() const { return on_fuse_; }
-
-  // Its identity is sampled at its end only (FingerprintSpans): the file's store reads ahead from
-  // the offset of any read (an object store's FUSE filesystem: s3fs fetched 50 MB from a 4 KiB
-  // read of a file's first page, on each open). Set by OpenBacking from the store's type.
-  void SetTailSamples(bool tail) { tail_samples_ = tail; }
-  bool tail_samples() const { return tail_samples_; }
-
-  // A read of it alone gets its store all that accelfs sends that store but the slots kept for
-  // another file (BoundedReader, from the store's queue and the backend's depth; false until its
-  // first read, on stores without a queue of their own, and on stores that read ahead from each
-  // read's offset, tail_samples): a second file read beside it would get the store nothing more,
-  // and costs some stores more than a descriptor (NextShardLead), so the next shard of a set waits
-  // until this one is nearly in. Changes with the depth.
-  void SetAloneFillsStore(bool fills) {
-    alone_fills_store_.store(fills, std::memory_order_relaxed);
-  }
-  bool alone_fills_store() const { return alone_fills_store_.load(std::memory_order_relaxed); }
-
-  // Its content identity (cache/file_key.h), once known: BlockCache::Identify sets it. What a
-  // swarm names the file's bytes by (SwarmReader); reads before it go to the store. Set once: a
-  // later call changes nothing.
-  void SetIdentity(const FileKey& key) {
-    int none = 0;
-    if (!identity_state_.compare_exchange_strong(none, 1, std::memory_order_acquire)) return;
-    identity_ = key;
-    identity_state_.store(2, std::memory_order_release);
-  }
-  const FileKey* identity() const {
-    return identity_state_.load(std::memory_order_acquire) == 2 ? &identity_ : nullptr;
-  }
-
-  int direct_fd() const { return direct_fd_; }
-  int buffered_fd() const { return buffered_fd_; }
-  // A descriptor of it, either (for fstatfs, fadvise).
-  int any_fd() const { return direct_fd_ >= 0 ? direct_fd_ : buffered_fd_; }
-  bool direct() const { return direct_.load(std::memory_order_relaxed); }
-  // Whether a read may go through the page cache: there is a buffered descriptor.
-  bool can_buffer() const { return buffered_fd_ >= 0; }
-  // After the store refused an O_DIRECT read: buffered from then on, where it can (true).
-  bool DisableDirect() {
-    if (!can_buffer()) return false;
-    direct_.store(false, std::memory_order_relaxed);
-    return true;
-  }
-
- private:
-  const int direct_fd_;
-  const int buffered_fd_;
-  std::atomic<bool> direct_;
-  uint64_t dev_ = 0;  // set once, before the file is shared
-  uint64_t ino_ = 0;
-  bool may_block_ = false;     // set once, before the file is shared
-  bool tail_samples_ = false;  // set once, before the file is shared
-  bool on_fuse_ = false;       // set once, before the file is shared
-  std::atomic<bool> alone_fills_store_{false};
-  std::atomic<int> identity_state_{0};  // 0: none, 1: being set, 2: identity_ holds it
-  FileKey identity_;
-};
 
 struct ReadRequest {
   std::shared_ptr<BackingFile> file;
@@ -221,31 +125,6 @@ struct ServedQueue {
   bool stopping = false;  // GUARDED_BY(mu)
   std::vector<std::thread> threads;
 };
-
-// Opens `path` (relative to `dir_fd`, or AT_FDCWD) for the readers: a buffered descriptor, and an
-// O_DIRECT one where the filesystem takes it (-1 otherwise). O_DIRECT keeps a third copy of the
-// data out of the backing filesystem's page cache; where it is refused the buffered descriptor
-// serves, followed by POSIX_FADV_DONTNEED. `flags` are added to both opens (e.g. O_NOFOLLOW);
-// `st` receives the opened file's attributes.
-// fstat(), but asking the store (statx AT_STATX_FORCE_SYNC): 0, or -1 and errno. `mount`, where
-// given, receives the file's mount's unique id (STATX_MNT_ID_UNIQUE, Linux 6.8: never reused, so a
-// store mounted again is another mount), or 0 where the kernel gives none.
-int FreshStat(int fd, struct stat* st, uint64_t* mount = nullptr);
-
-// Opens `path` (relative to `dir_fd`) with O_DIRECT and takes its attributes from the store
-// (FreshStat). A buffered descriptor is opened too where O_DIRECT is refused or has alignment
-// rules (every filesystem but FUSE), and, with `buffered_reads` (the daemon may read the store
-// through its page cache: `--store-io auto|buffered`), everywhere. `flags`: O_NOFOLLOW applies to
-// the path, the rest are added to the opens.
-// Only a regular file is ever opened: the path is resolved O_PATH, its type checked, and that
-// inode reopened (O_NONBLOCK, then cleared), so a FIFO, socket or device renamed over the name at
-// any moment is refused (NotRegularFileError) without blocking or running a device's open.
-Result<std::shared_ptr<BackingFile>> OpenBacking(int dir_fd, const char* path, int flags,
-                                                 struct stat* st, bool buffered_reads = false);
-
-// The error for a file that is not regular (its S_IFMT `mode`): EISDIR, ELOOP for a symlink, else
-// ENXIO (a FIFO, socket or device).
-int NotRegularFileError(mode_t mode);
 
 // Shared by the readers: read into request.buffer with pread until `expected` bytes or EOF.
 // Handles O_DIRECT refusal (EINVAL) by falling back to the buffered descriptor, where there is one.

@@ -283,6 +283,9 @@ struct SwarmReader::Impl {
     int piece;
   };
   static constexpr std::chrono::milliseconds kProbeAfter{200};
+  // Asks the engine which of `probes` it has (one call per chunk), and takes those in as pieces
+  // that came. REQUIRES: mu not held.
+  void AskHave(std::vector<Probe> probes, Later& later);
   void CatchUp(const ChunkPtr& chp, Clock::time_point now, std::vector<Probe>& probes);
   // On a dir thread: a stuck chunk's claim looked at (Age), taken again when no live node
   // holds it (Reclaim), else its readers given one more peer_wait or sent to the store

@@ -79,6 +79,11 @@ void SwarmReader::Impl::Tick() {
   }
   // Let go first: a reclaimed chunk's torrent is published anew on the next round.
   for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
+  AskHave(std::move(probes), later);
+  Run(later);
+}
+
+void SwarmReader::Impl::AskHave(std::vector<Probe> probes, Later& later) {
   // One call into the engine per chunk, not per piece: each waits on the engine's thread, which
   // on a busy node is seconds of this thread's round.
   std::vector<Probe> had;
@@ -97,7 +102,6 @@ void SwarmReader::Impl::Tick() {
       if (it != by_id.end()) PieceInLocked(*it->second, probe.piece, later);
     }
   }
-  Run(later);
 }
 
 void SwarmReader::Impl::Follow(Clock::time_point now) {

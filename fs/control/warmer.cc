@@ -12,6 +12,7 @@
 #include "cache/block.h"
 #include "cache/source_file.h"
 #include "fs/common/format.h"
+#include "fs/control/warm_files.h"
 
 namespace accelfs {
 namespace {
@@ -26,93 +27,6 @@ constexpr std::chrono::milliseconds kRoomPoll{100};
 // missing.
 constexpr int kIdleVerifyRounds = 20;
 constexpr int kMaxVerifyRounds = 6000;  // 10 minutes
-
-// The place in SOURCE (cache/file_key.h) of `fd`, opened at `path` beneath `root_fd`: the path the
-// kernel resolved, symbolic links inside SOURCE followed, as a read through the mount resolves them
-// (a Hugging Face snapshot's link to its blob is the blob's place); `path` itself where the two
-// cannot be told (the kernel names either outside the root).
-Place PlaceBeneath(int root_fd, int fd, const std::string& path) {
-  const auto link = [](int of) {
-    char target[PATH_MAX];
-    const ssize_t n = readlink(FdPath(of).c_str(), target, sizeof(target));
-    return n > 0 && n < static_cast<ssize_t>(sizeof(target)) ? std::string(target, n)
-                                                             : std::string();
-  };
-  const std::string root = link(root_fd);
-  const std::string file = link(fd);
-  const std::string prefix = root == "/" ? root : root + "/";
-  if (root.empty() || file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) {
-    return PlaceOfPath(path);
-  }
-  return PlaceOfPath(std::string_view(file).substr(prefix.size()));
-}
-
-// Opens `held`, the file a request found at `path` beneath `root_fd`, for the backend and
-// identifies it (a read of its first and last page through the cache's backend,
-// cache/file_key.h). ESTALE when the name leads elsewhere now (renamed, replaced, a link put in its
-// place): the job then warms nothing the request did not check.
-// `buffered_reads`: as WarmerOptions::buffered_reads.
-Result<SourceFile> OpenIdentified(int root_fd, BlockCache& cache, const std::string& path, int held,
-                                  bool buffered_reads) {
-  const auto changed = [&] {
-    return Error(ESTALE,
-                 DescribePath(path) + " changed since it was asked for; run accelfs-warm again");
-  };
-  Result<int> fd = OpenBeneath(root_fd, path);
-  if (!fd.ok()) return Error(fd.error().code(), DescribePath(path) + ": " + fd.error().Message());
-  struct stat now {};
-  struct stat asked {};
-  const bool same = fstat(*fd, &now) == 0 && fstat(held, &asked) == 0 &&
-                    now.st_dev == asked.st_dev && now.st_ino == asked.st_ino;
-  close(*fd);
-  if (!same) return changed();
-  const Place place = PlaceBeneath(root_fd, held, path);
-  Result<SourceFile> file = OpenSourceFileOf(held, buffered_reads);
-  if (!file.ok()) {
-    return Error(file.error().code(), DescribePath(path) + ": " + file.error().Message());
-  }
-  if (Status s = IdentifySourceFile(cache, &file.value(), place); !s.ok()) {
-    return Error(s.error().code(), DescribePath(path) + ": " + s.error().Message());
-  }
-  return file;
-}
-
-// Opens the file found at `path` for the backend, checking that it is still what was measured.
-Result<std::shared_ptr<BackingFile>> OpenAgain(int root_fd, BlockCache& cache,
-                                               const std::string& path, int held,
-                                               const FileKey& key, bool buffered_reads) {
-  Result<SourceFile> file = OpenIdentified(root_fd, cache, path, held, buffered_reads);
-  if (!file.ok()) return file.error();
-  if (file->key != key) {
-    return Error(ESTALE,
-                 DescribePath(path) + " changed while being warmed; run accelfs-warm again");
-  }
-  return std::move(file->backing);
-}
-
-// The keys of `cached` (BlockCache::CachedFiles) that the file of attributes `st` may be cached
-// under: its place, size, mtime and ctime. Its content samples are not compared: they would be a
-// read of the store, which evict and residency never make (an operator empties the cache of a
-// failing store). Two versions of a file that agree on all four (a store without ctimes of its
-// own) both match.
-std::vector<FileKey> CachedAs(const std::vector<FileKey>& cached, const struct stat& st,
-                              const Place& place) {
-  const FileKey attrs = FileKeyFromStat(st, /*fingerprint=*/0, place);
-  std::vector<FileKey> out;
-  for (const FileKey& key : cached) {
-    if (key.place == attrs.place && key.size == attrs.size && key.mtime_ns == attrs.mtime_ns &&
-        key.ctime_ns == attrs.ctime_ns) {
-      out.push_back(key);
-    }
-  }
-  return out;
-}
-
-// The attributes of a file found below SOURCE as the store holds them now (metadata only).
-struct stat StatNow(const FoundFile& file) {
-  struct stat st {};
-  return FreshStat(file.fd, &st) == 0 ? st : file.st;
-}
 
 // SOURCE's directory for one request or one file's turn (Warmer::RootOpener), closed at its end.
 class Root {
@@ -335,6 +249,49 @@ Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::
   return std::move(identified->backing);
 }
 
+std::function<void(Status)> Warmer::Fetched(const std::shared_ptr<WarmJob>& owner, size_t index,
+                                            uint32_t expected) {
+  return [this, owner, index, expected](Status fetched) {
+    WarmJob& j = *owner;
+    {
+      std::lock_guard lock(j.mu_);
+      WarmJob::File& f = j.files_[index];
+      if (!fetched.ok() && fetched.error().code() == ETIMEDOUT && !j.timed_out_) {
+        j.timed_out_ = index;
+      }
+      j.progress_.bytes_done += expected;
+      if (--f.pending == 0 && f.issued) ++j.progress_.files_done;
+    }
+    j.changed_.notify_all();
+    // Notified under the lock: once outstanding_ is 0, Stop may return and the Warmer (and
+    // wake_) go, so nothing of it may be touched after the lock is released.
+    std::lock_guard lock(mu_);
+    --outstanding_;
+    wake_.notify_all();
+  };
+}
+
+bool Warmer::WaitForRoom(WarmJob& job, std::unique_lock<std::mutex>& lock,
+                         Clock::time_point* last_progress) {
+  // No room: wait for one of our fetches to finish (or a little while, for readers to consume
+  // unread blocks), then ask again.
+  const uint64_t before = outstanding_;
+  wake_.wait_for(lock, kRoomPoll, [&] { return stopping_ || outstanding_ < before; });
+  if (stopping_) return false;
+  if (outstanding_ < before) *last_progress = Clock::now();
+  if (outstanding_ == 0 && Clock::now() - *last_progress > options_.no_room_timeout) {
+    lock.unlock();
+    Fail(job, "no room in the cache for " +
+                  std::to_string(
+                      std::chrono::duration_cast<std::chrono::seconds>(options_.no_room_timeout)
+                          .count()) +
+                  " s: the budget is full of blocks that open files pin or that were "
+                  "prefetched and never read (accelfs-warm --evict frees some)");
+    return false;
+  }
+  return true;
+}
+
 bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner) {
   WarmJob::File& file = job.files_[index];
   const uint32_t block_size = options_.block_size;
@@ -360,25 +317,8 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       std::lock_guard lock(job.mu_);
       ++file.pending;
     }
-    const BlockCache::PrefetchResult r = cache_.Prefetch(
-        BlockKey{file.key, b}, expected, backing, [this, owner, index, expected](Status fetched) {
-          WarmJob& j = *owner;
-          {
-            std::lock_guard lock(j.mu_);
-            WarmJob::File& f = j.files_[index];
-            if (!fetched.ok() && fetched.error().code() == ETIMEDOUT && !j.timed_out_) {
-              j.timed_out_ = index;
-            }
-            j.progress_.bytes_done += expected;
-            if (--f.pending == 0 && f.issued) ++j.progress_.files_done;
-          }
-          j.changed_.notify_all();
-          // Notified under the lock: once outstanding_ is 0, Stop may return and the Warmer (and
-          // wake_) go, so nothing of it may be touched after the lock is released.
-          std::lock_guard lock(mu_);
-          --outstanding_;
-          wake_.notify_all();
-        });
+    const BlockCache::PrefetchResult r =
+        cache_.Prefetch(BlockKey{file.key, b}, expected, backing, Fetched(owner, index, expected));
     if (r == BlockCache::PrefetchResult::kStarted) {
       last_progress = Clock::now();
       ++b;
@@ -399,22 +339,7 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       ++b;  // cached already, or fetched for someone else: verified at the end
       continue;
     }
-    // No room: wait for one of our fetches to finish (or a little while, for readers to consume
-    // unread blocks), then ask again.
-    const uint64_t before = outstanding_;
-    wake_.wait_for(lock, kRoomPoll, [&] { return stopping_ || outstanding_ < before; });
-    if (stopping_) return false;
-    if (outstanding_ < before) last_progress = Clock::now();
-    if (outstanding_ == 0 && Clock::now() - last_progress > options_.no_room_timeout) {
-      lock.unlock();
-      Fail(job, "no room in the cache for " +
-                    std::to_string(
-                        std::chrono::duration_cast<std::chrono::seconds>(options_.no_room_timeout)
-                            .count()) +
-                    " s: the budget is full of blocks that open files pin or that were "
-                    "prefetched and never read (accelfs-warm --evict frees some)");
-      return false;
-    }
+    if (!WaitForRoom(job, lock, &last_progress)) return false;
   }
   {
     std::lock_guard lock(job.mu_);
@@ -457,67 +382,7 @@ void Warmer::RunJob(WarmJob& job) {
       return;
     }
   }
-  // Every block was asked for. Wait for our fetches, then check: a block that was in flight for
-  // someone else, or whose fetch failed, is asked for again.
-  std::vector<std::string> missing;
-  int idle_rounds = 0;
-  for (int round = 0; round < kMaxVerifyRounds && idle_rounds < kIdleVerifyRounds; ++round) {
-    {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || outstanding_ == 0; });
-      if (stopping_) {
-        lock.unlock();
-        Fail(job, "the daemon is stopping");
-        return;
-      }
-    }
-    std::optional<size_t> timed_out;
-    {
-      std::lock_guard lock(job.mu_);
-      timed_out = job.timed_out_;
-    }
-    if (timed_out) {
-      Fail(job, DescribePath(job.files_[*timed_out].path) +
-                    ": the store did not answer a read within the backend timeout "
-                    "(--store-timeout); accelfs-stat shows the stuck reads");
-      return;
-    }
-    missing.clear();
-    uint64_t resident = 0;
-    for (size_t i = 0; i < job.files_.size(); ++i) {
-      const uint64_t r = cache_.ResidentBytes(job.files_[i].key);
-      resident += r;
-      if (r != job.files_[i].key.size) missing.push_back(job.files_[i].path);
-    }
-    {
-      std::lock_guard lock(job.mu_);
-      job.progress_.bytes_done = resident;
-    }
-    if (missing.empty()) break;
-    std::this_thread::sleep_for(kRoomPoll);
-    const CacheStats stats = cache_.Stats();
-    if (stats.fetching_blocks + stats.queued_blocks == 0) ++idle_rounds;
-    for (size_t i = 0; i < job.files_.size(); ++i) {
-      if (cache_.ResidentBytes(job.files_[i].key) == job.files_[i].key.size) continue;
-      {
-        std::lock_guard lock(job.mu_);
-        if (job.files_[i].issued && job.files_[i].pending == 0) --job.progress_.files_done;
-        job.files_[i].issued = false;
-      }
-      if (!IssueFile(job, i, owner)) {
-        if (!job.Progress().finished()) Fail(job, "the daemon is stopping");
-        return;
-      }
-    }
-  }
-  if (!missing.empty()) {
-    Fail(job,
-         DescribePath(missing.front()) +
-             (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
-             " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
-             "see the daemon's log)");
-    return;
-  }
+  if (!Verify(job, owner)) return;
   if (!TellResident(job)) {
     Fail(job, "the daemon is stopping");
     return;
@@ -529,6 +394,81 @@ void Warmer::RunJob(WarmJob& job) {
     job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
   }
   job.changed_.notify_all();
+}
+
+std::vector<std::string> Warmer::Missing(WarmJob& job) {
+  std::vector<std::string> missing;
+  uint64_t resident = 0;
+  for (size_t i = 0; i < job.files_.size(); ++i) {
+    const uint64_t r = cache_.ResidentBytes(job.files_[i].key);
+    resident += r;
+    if (r != job.files_[i].key.size) missing.push_back(job.files_[i].path);
+  }
+  {
+    std::lock_guard lock(job.mu_);
+    job.progress_.bytes_done = resident;
+  }
+  return missing;
+}
+
+bool Warmer::Verify(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
+  // Every block was asked for. Wait for our fetches, then check: a block that was in flight for
+  // someone else, or whose fetch failed, is asked for again.
+  std::vector<std::string> missing;
+  int idle_rounds = 0;
+  for (int round = 0; round < kMaxVerifyRounds && idle_rounds < kIdleVerifyRounds; ++round) {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || outstanding_ == 0; });
+      if (stopping_) {
+        lock.unlock();
+        Fail(job, "the daemon is stopping");
+        return false;
+      }
+    }
+    std::optional<size_t> timed_out;
+    {
+      std::lock_guard lock(job.mu_);
+      timed_out = job.timed_out_;
+    }
+    if (timed_out) {
+      Fail(job, DescribePath(job.files_[*timed_out].path) +
+                    ": the store did not answer a read within the backend timeout "
+                    "(--store-timeout); accelfs-stat shows the stuck reads");
+      return false;
+    }
+    missing = Missing(job);
+    if (missing.empty()) break;
+    std::this_thread::sleep_for(kRoomPoll);
+    const CacheStats stats = cache_.Stats();
+    if (stats.fetching_blocks + stats.queued_blocks == 0) ++idle_rounds;
+    if (!IssueMissing(job, owner)) return false;
+  }
+  if (!missing.empty()) {
+    Fail(job,
+         DescribePath(missing.front()) +
+             (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
+             " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
+             "see the daemon's log)");
+    return false;
+  }
+  return true;
+}
+
+bool Warmer::IssueMissing(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
+  for (size_t i = 0; i < job.files_.size(); ++i) {
+    if (cache_.ResidentBytes(job.files_[i].key) == job.files_[i].key.size) continue;
+    {
+      std::lock_guard lock(job.mu_);
+      if (job.files_[i].issued && job.files_[i].pending == 0) --job.progress_.files_done;
+      job.files_[i].issued = false;
+    }
+    if (!IssueFile(job, i, owner)) {
+      if (!job.Progress().finished()) Fail(job, "the daemon is stopping");
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace accelfs

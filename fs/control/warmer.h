@@ -146,6 +146,22 @@ class Warmer {
   // Asks for every block of `file` not cached yet, waiting for a free slot and for room. False
   // when the job must end (stopping, or no room for too long).
   bool IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob>& owner);
+  // The answer of a fetch of `expected` bytes of file `index` of `owner`: counts it into the job
+  // and frees its slot.
+  std::function<void(Status)> Fetched(const std::shared_ptr<WarmJob>& owner, size_t index,
+                                      uint32_t expected);
+  // No room in the cache: waits for a fetch of ours to finish, or kRoomPoll. False when the job
+  // must end (stopping, or no room for options_.no_room_timeout: the job failed). REQUIRES: `lock`
+  // holds mu_.
+  bool WaitForRoom(WarmJob& job, std::unique_lock<std::mutex>& lock,
+                   std::chrono::steady_clock::time_point* last_progress);
+  // After every block was asked for: waits for the job's fetches and asks again for what is not
+  // resident, in rounds. False when the job failed (Fail was called).
+  bool Verify(WarmJob& job, const std::shared_ptr<WarmJob>& owner);
+  // The paths of the job's files not wholly resident; the job's bytes_done set to what is.
+  std::vector<std::string> Missing(WarmJob& job);
+  // Asks again for every block of each file not wholly resident. False when the job must end.
+  bool IssueMissing(WarmJob& job, const std::shared_ptr<WarmJob>& owner);
   void Fail(WarmJob& job, const std::string& error);
 
   const RootOpener open_root_;

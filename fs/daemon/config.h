@@ -7,6 +7,7 @@
 
 #include <string_view>
 #include <vector>
+#include "cache/backend/store_io.h"
 #include "cache/block.h"
 #include "cache/prefetch/stream_policy.h"
 #include "cache/result.h"
@@ -15,8 +16,6 @@
 
 namespace accelfs {
 
-// --store-io: how reads of the store are sent where it takes O_DIRECT.
-enum class StoreIo { kAuto, kDirect, kBuffered };
 // --fill-on-open: which opens of large uncached files wait for the whole file.
 enum class FillOnOpen { kAuto, kAll, kShards, kOff };
 // --push: which files get streamed data pushed into the kernel's page cache.

@@ -114,10 +114,7 @@ Status Daemon::MakeBackend() {
   // A FUSE store's own queue is shared by every reader on the node: never fill it
   // (fs/daemon/store_limits.h).
   bounded_options.limits = StoreLimitsOf;
-  bounded_options.io = config_.store_io == StoreIo::kAuto ? BoundedReaderOptions::Io::kLearn
-                       : config_.store_io == StoreIo::kBuffered
-                           ? BoundedReaderOptions::Io::kBuffered
-                           : BoundedReaderOptions::Io::kDirect;
+  bounded_options.io = config_.store_io;
   auto bounded = std::make_unique<BoundedReader>(std::move(reader_), bounded_options);
   bounded_ = bounded.get();
   reader_ = std::move(bounded);

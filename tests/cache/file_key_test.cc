@@ -18,6 +18,7 @@
 
 #include "cache/backend/bounded_reader.h"
 #include "cache/backend/pread_reader.h"
+#include "cache/store/open_backing.h"
 #include "tests/support/backing_file.h"
 #include "tests/support/fake_backend.h"
 #include "tests/support/test_data.h"

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/store/open_backing.h"
 #include "fs/daemon/store_limits.h"
 #include "tests/mount/mount_fixture.h"
 

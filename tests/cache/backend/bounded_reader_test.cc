@@ -608,7 +608,7 @@ TEST(BoundedReaderTest, AFileTellsWhetherAloneItTakesAllItsStoreGives) {
 // way that read faster; a file that refuses O_DIRECT is read through the page cache anyway, and
 // the operator's choice holds without a trial.
 TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
-  for (const auto io : {BoundedReaderOptions::Io::kLearn, BoundedReaderOptions::Io::kDirect,
+  for (const auto io : {BoundedReaderOptions::Io::kAuto, BoundedReaderOptions::Io::kDirect,
                         BoundedReaderOptions::Io::kBuffered}) {
     SCOPED_TRACE(static_cast<int>(io));
     auto* inner = new HeldReader(64);
@@ -630,7 +630,7 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
     const bool buffered_after = inner->held_buffered() == 1;
     ASSERT_TRUE(inner->Answer());
     switch (io) {
-      case BoundedReaderOptions::Io::kLearn:
+      case BoundedReaderOptions::Io::kAuto:
         EXPECT_EQ(modes, (std::vector<bool>{false, false, true, true, false, false, true}));
         EXPECT_EQ(buffered_after, reader.Stats().buffered_stores == 1);
         break;
@@ -660,7 +660,7 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
 TEST(BoundedReaderTest, ASequentialStoreIsReadWithODirectOnly) {
   auto* inner = new HeldReader(64);
   BoundedReaderOptions options;
-  options.io = BoundedReaderOptions::Io::kLearn;
+  options.io = BoundedReaderOptions::Io::kAuto;
   options.io_choice.slice_bytes = 4096;
   options.limits = [](const BackingFile&) {
     StoreLimits limits{1 << 20, 6, 1, 1};

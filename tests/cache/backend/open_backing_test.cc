@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cache/backend/pread_reader.h"
+#include "cache/store/open_backing.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {

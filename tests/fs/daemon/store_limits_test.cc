@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "cache/store/open_backing.h"
 #include "tests/support/test_data.h"
 
 namespace accelfs {

@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
-#include <mutex>
 
 #include "cache/backend/reader.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -85,8 +85,8 @@ Result<std::vector<size_t>> ReadIdentitySpans(BackendReader& reader,
     void operator()(std::byte* p) const { std::free(p); }
   };
   struct Sample {
-    std::mutex mu;
-    bool answered = false;  // GUARDED_BY(mu)
+    Mutex mu;
+    bool answered ACCELFS_GUARDED_BY(mu) = false;
     std::promise<Result<size_t>> got;
   };
   struct State {
@@ -98,7 +98,7 @@ Result<std::vector<size_t>> ReadIdentitySpans(BackendReader& reader,
   if (!state->buffer) return Error(ENOMEM);
   state->samples = std::vector<Sample>(reads.size());
   const auto answer = [](Sample& s, Result<size_t> n) {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.answered) return;
     s.answered = true;
     s.got.set_value(std::move(n));

@@ -9,7 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <list>
-#include <mutex>
+
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -26,11 +27,11 @@ class CallsInProgress {
   class Scope {
    public:
     explicit Scope(CallsInProgress& calls) : calls_(calls) {
-      std::lock_guard lock(calls_.mu_);
+      MutexLock lock(calls_.mu_);
       it_ = calls_.started_.insert(calls_.started_.end(), Clock::now());
     }
     ~Scope() {
-      std::lock_guard lock(calls_.mu_);
+      MutexLock lock(calls_.mu_);
       calls_.started_.erase(it_);
     }
     Scope(const Scope&) = delete;
@@ -42,7 +43,7 @@ class CallsInProgress {
   };
 
   Snapshot Now(Clock::time_point now = Clock::now()) const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Snapshot s;
     s.count = started_.size();
     // Appended in the order they began (one clock, read under the lock): the front is the oldest.
@@ -53,8 +54,8 @@ class CallsInProgress {
   }
 
  private:
-  mutable std::mutex mu_;
-  std::list<Clock::time_point> started_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::list<Clock::time_point> started_ ACCELFS_GUARDED_BY(mu_);
 };
 
 }  // namespace accelfs

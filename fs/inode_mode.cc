@@ -13,14 +13,15 @@ struct InodeMode::Admission {
 };
 
 Result<InodeMode::Admission> InodeMode::Admit(const OpenRequest& request, Effects& effects,
-                                              std::unique_lock<std::mutex>& lock) {
+                                              MutexLock& lock) {
   if (passthrough_opens_ > 0 && passthrough_identity_ != request.identity) {
     // The file changed while open in passthrough mode: the kernel takes one backing file per
     // inode, so the new contents can be served only once the old handles are closed. The kernel
     // sends RELEASE asynchronously, so a handle closed just now may still count: wait a little
     // (not on the backend's thread, after a fill: its fetches took longer than that).
     if (request.may_wait) {
-      passthrough_closed_.wait_for(lock, kReleaseWait, [&] { return passthrough_opens_ == 0; });
+      passthrough_closed_.wait_for(lock.native(), kReleaseWait,
+                                   [&]() ACCELFS_REQUIRES(mu_) { return passthrough_opens_ == 0; });
     }
     if (passthrough_opens_ > 0) return Error(EBUSY);
   }
@@ -68,10 +69,10 @@ void InodeMode::Count(const OpenRequest& request, int backing_id, Effects& effec
 
 Result<InodeMode::Opened> InodeMode::Open(const OpenRequest& request, BackingRegistry* registry,
                                           Effects& effects) {
-  std::lock_guard open_lock(open_mu_);
+  MutexLock open_lock(open_mu_);
   Admission admission;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     Result<Admission> admitted = Admit(request, effects, lock);
     if (!admitted.ok()) return admitted.error();
     admission = admitted.value();
@@ -92,7 +93,7 @@ Result<InodeMode::Opened> InodeMode::Open(const OpenRequest& request, BackingReg
                                                 : Result<int>(Error(ENOTSUP));
     backing_id = id.ok() ? id.value() : 0;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Count(request, backing_id, effects, out);
   return out;
 }
@@ -101,7 +102,7 @@ void InodeMode::Release(bool passthrough, bool watched, BackingRegistry* registr
                         Effects& effects) {
   int close_backing = 0;  // the inode's backing file, unregistered after mu_
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (passthrough) {
       if (--passthrough_opens_ == 0) {
         close_backing = backing_id_;
@@ -118,7 +119,7 @@ void InodeMode::Release(bool passthrough, bool watched, BackingRegistry* registr
 }
 
 Status InodeMode::ClaimPagesFor(const FileKey& file, Effects& effects) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (opened_before_ && opened_identity_ != file) return Error(ESTALE);
   // An inode open in passthrough mode is read from the store's file, not from its pages.
   if (passthrough_opens_ > 0) return Error(EBUSY);
@@ -133,7 +134,7 @@ bool InodeMode::MayFill(const FileKey& identity) {
   // A handle of the inode open in cached mode keeps it out of passthrough mode anyway, and so do
   // passthrough handles of the file's old contents (the kernel binds one backing file to an
   // inode).
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (cached_opens_ > 0) return false;
   return passthrough_opens_ == 0 || passthrough_identity_ == identity;
 }

@@ -24,9 +24,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -123,20 +123,21 @@ class InodeMode {
   // Decides under mu_ (Open's first step): EBUSY, or the identity's pages and whether the file is
   // pinned for passthrough; counts a passthrough open that reuses the registered id.
   struct Admission;
-  Result<Admission> Admit(const OpenRequest& request, Effects& effects,
-                          std::unique_lock<std::mutex>& lock);
-  // Counts the open (Open's last step, mu_ held): passthrough with `backing_id`, else cached.
-  void Count(const OpenRequest& request, int backing_id, Effects& effects, Opened& out);
+  Result<Admission> Admit(const OpenRequest& request, Effects& effects, MutexLock& lock)
+      ACCELFS_REQUIRES(mu_);
+  // Counts the open (Open's last step): passthrough with `backing_id`, else cached.
+  void Count(const OpenRequest& request, int backing_id, Effects& effects, Opened& out)
+      ACCELFS_REQUIRES(mu_);
 
-  std::mutex open_mu_;
-  std::mutex mu_;
+  Mutex open_mu_;
+  Mutex mu_;
   // The identity seen at the last open (or load): the one the kernel's pages belong to.
-  FileKey opened_identity_;       // GUARDED_BY(mu_)
-  bool opened_before_ = false;    // GUARDED_BY(mu_)
-  int cached_opens_ = 0;          // GUARDED_BY(mu_) direct handles included
-  int passthrough_opens_ = 0;     // GUARDED_BY(mu_)
-  int backing_id_ = 0;            // GUARDED_BY(mu_) registered while passthrough_opens_ > 0
-  FileKey passthrough_identity_;  // GUARDED_BY(mu_)
+  FileKey opened_identity_ ACCELFS_GUARDED_BY(mu_);
+  bool opened_before_ ACCELFS_GUARDED_BY(mu_) = false;
+  int cached_opens_ ACCELFS_GUARDED_BY(mu_) = 0;  // direct handles included
+  int passthrough_opens_ ACCELFS_GUARDED_BY(mu_) = 0;
+  int backing_id_ ACCELFS_GUARDED_BY(mu_) = 0;  // registered while passthrough_opens_ > 0
+  FileKey passthrough_identity_ ACCELFS_GUARDED_BY(mu_);
   std::condition_variable passthrough_closed_;  // notified when passthrough_opens_ drops to 0
   // The kernel's page cache of the inode may hold pages of opened_identity_: a handle in cached
   // mode read them, a mapping of a direct handle faulted them in, or a load wrote them. Read and

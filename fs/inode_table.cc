@@ -63,7 +63,7 @@ InodeTable::InodeTable(int root_fd, const struct stat& root_st) {
 
 void InodeTable::ReplaceRoot(int fd, const struct stat& st) {
   std::shared_ptr<Inode> old;  // closed after the lock (when no one else holds it)
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Slot& root = by_id_.at(kRootId);
   old = std::move(root.inode);
   if (auto it = by_backing_.find({old->dev, old->ino});
@@ -75,19 +75,19 @@ void InodeTable::ReplaceRoot(int fd, const struct stat& st) {
 }
 
 uint64_t InodeTable::generation() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return generation_;
 }
 
 std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const struct stat& st,
                                                                uint64_t generation) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_backing_.find({st.st_dev, st.st_ino});
   if (it != by_backing_.end()) {
     Slot& slot = by_id_.at(it->second);
     ++slot.lookups;
     auto result = std::make_pair(it->second, slot.inode);
-    lock.unlock();
+    lock.Unlock();
     close(fd);
     return result;
   }
@@ -99,13 +99,13 @@ std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::Lookup(int fd, const str
 }
 
 std::shared_ptr<Inode> InodeTable::Get(uint64_t id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second.inode;
 }
 
 std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::FindBacking(dev_t dev, ino_t ino) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_backing_.find({dev, ino});
   if (it == by_backing_.end()) return {0, nullptr};
   return {it->second, by_id_.at(it->second).inode};
@@ -113,7 +113,7 @@ std::pair<uint64_t, std::shared_ptr<Inode>> InodeTable::FindBacking(dev_t dev, i
 
 void InodeTable::Forget(uint64_t id, uint64_t n) {
   std::shared_ptr<Inode> last;  // closed after the lock
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (id == kRootId) return;
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
@@ -127,7 +127,7 @@ void InodeTable::Forget(uint64_t id, uint64_t n) {
 }
 
 size_t InodeTable::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return by_id_.size();
 }
 

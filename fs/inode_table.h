@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 #include "fs/common/caller_access.h"
 #include "fs/inode_mode.h"
 
@@ -98,11 +99,11 @@ class InodeTable {
     uint64_t lookups = 0;
   };
   // Lock order: mu_ is a leaf.
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Slot> by_id_;                // GUARDED_BY(mu_)
-  std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_;  // GUARDED_BY(mu_)
-  uint64_t next_id_ = kRootId + 1;                          // GUARDED_BY(mu_)
-  uint64_t generation_ = 0;                                 // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Slot> by_id_ ACCELFS_GUARDED_BY(mu_);
+  std::map<std::pair<dev_t, ino_t>, uint64_t> by_backing_ ACCELFS_GUARDED_BY(mu_);
+  uint64_t next_id_ ACCELFS_GUARDED_BY(mu_) = kRootId + 1;
+  uint64_t generation_ ACCELFS_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace accelfs

@@ -22,14 +22,14 @@ PagePusher::~PagePusher() {
 
 void PagePusher::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
 }
 
 void PagePusher::Watch(const FileKey& file, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WatchLocked(file, ino);
 }
 
@@ -47,7 +47,7 @@ void PagePusher::WatchLocked(const FileKey& file, uint64_t ino) {
 bool PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, uint64_t blocks,
                            uint64_t epoch) {
   {
-    std::lock_guard lock(mu_);  // the same hold as Forget's: a watch is either before it or refused
+    MutexLock lock(mu_);  // the same hold as Forget's: a watch is either before it or refused
     if (epoch_ != epoch) return false;
     WatchLocked(file, ino);
     if (!options_.streamed || blocks == 0 || stop_) return true;
@@ -59,7 +59,7 @@ bool PagePusher::WatchFrom(const FileKey& file, uint64_t ino, uint64_t first, ui
 }
 
 void PagePusher::Unwatch(const FileKey& file, uint64_t ino) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto [first, last] = watchers_.equal_range(file);
   for (auto it = first; it != last; ++it) {
     if (it->second.ino == ino) {
@@ -71,7 +71,7 @@ void PagePusher::Unwatch(const FileKey& file, uint64_t ino) {
 
 void PagePusher::OnFetched(const FileKey& file, uint64_t block) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_ || !watchers_.contains(file)) return;
     queue_.push_back(BlockKey{file, block});
   }
@@ -79,24 +79,25 @@ void PagePusher::OnFetched(const FileKey& file, uint64_t block) {
 }
 
 void PagePusher::Drain() {
-  std::unique_lock lock(mu_);
-  drained_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
+  MutexLock lock(mu_);
+  drained_.wait(lock.native(),
+                [this]() ACCELFS_REQUIRES(mu_) { return stop_ || (queue_.empty() && !busy_); });
 }
 
 PushStats PagePusher::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
 void PagePusher::Forget(const FileKey& file) {
-  std::lock_guard push(push_mu_);
-  std::lock_guard lock(mu_);
+  MutexLock push(push_mu_);
+  MutexLock lock(mu_);
   watchers_.erase(file);
   ++epoch_;
 }
 
 uint64_t PagePusher::Epoch() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return epoch_;
 }
 
@@ -107,9 +108,9 @@ Result<uint64_t> PagePusher::Load(uint64_t ino, std::span<const BlockCache::Ref>
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockCache::Ref& block = blocks[i];
     const uint64_t offset = i * uint64_t{options_.block_size};
-    std::lock_guard push(push_mu_);
+    MutexLock push(push_mu_);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stop_ || epoch_ != epoch) {
         status = Error(ECANCELED);
         break;
@@ -120,7 +121,7 @@ Result<uint64_t> PagePusher::Load(uint64_t ino, std::span<const BlockCache::Ref>
     bytes += block.size();
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_.pushed_bytes += bytes;
     if (!status.ok() && status.error().code() != ECANCELED) ++stats_.failed_pushes;
   }
@@ -131,12 +132,13 @@ Result<uint64_t> PagePusher::Load(uint64_t ino, std::span<const BlockCache::Ref>
 void PagePusher::Run() {
   for (;;) {
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(),
+                 [this]() ACCELFS_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
       if (stop_) break;
     }
-    std::lock_guard push(push_mu_);
-    std::unique_lock lock(mu_);
+    MutexLock push(push_mu_);
+    MutexLock lock(mu_);
     if (queue_.empty()) continue;
     const BlockKey key = queue_.front();
     queue_.pop_front();
@@ -144,7 +146,7 @@ void PagePusher::Run() {
     auto [first, last] = watchers_.equal_range(key.file);
     for (auto it = first; it != last; ++it) inodes.push_back(it->second.ino);
     busy_ = true;
-    lock.unlock();
+    lock.Unlock();
     // Claimed only when nobody has read the block yet: a block a READ already took is in the
     // kernel's pages, and one the cache dropped has nothing to push.
     int failed = 0;
@@ -168,7 +170,7 @@ void PagePusher::Run() {
       }
     }
     if (bytes > 0 && options_.pushed) options_.pushed(key.file);
-    lock.lock();
+    lock.Lock();
     busy_ = false;
     if (bytes > 0) {
       stats_.pushed_bytes += bytes;
@@ -177,7 +179,7 @@ void PagePusher::Run() {
     stats_.failed_pushes += failed;
     if (queue_.empty()) drained_.notify_all();
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   queue_.clear();
   drained_.notify_all();
 }

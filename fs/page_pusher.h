@@ -25,13 +25,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <unordered_map>
 
 #include "cache/block.h"
 #include "cache/block_cache.h"
+#include "cache/mutex.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -114,22 +114,22 @@ class PagePusher {
     int opens = 0;
   };
   void Run();
-  void WatchLocked(const FileKey& file, uint64_t ino);  // Watch, mu_ held
+  void WatchLocked(const FileKey& file, uint64_t ino) ACCELFS_REQUIRES(mu_);  // Watch
 
   BlockCache& cache_;
   KernelCache& kernel_;
   const Options options_;
   // Lock order: push_mu_ (held across one push), then mu_ (a leaf: no push or cache call under it).
-  std::mutex push_mu_;
-  mutable std::mutex mu_;
+  Mutex push_mu_;
+  mutable Mutex mu_;
   std::condition_variable wake_;     // a push was queued, or stop
   std::condition_variable drained_;  // the queue emptied and no push runs
-  std::unordered_multimap<FileKey, Watcher, FileKeyHash> watchers_;  // GUARDED_BY(mu_)
-  std::deque<BlockKey> queue_;                                       // GUARDED_BY(mu_)
-  bool busy_ = false;                                                // GUARDED_BY(mu_)
-  bool stop_ = false;                                                // GUARDED_BY(mu_)
-  PushStats stats_;                                                  // GUARDED_BY(mu_)
-  uint64_t epoch_ = 0;  // GUARDED_BY(mu_) Forget calls so far
+  std::unordered_multimap<FileKey, Watcher, FileKeyHash> watchers_ ACCELFS_GUARDED_BY(mu_);
+  std::deque<BlockKey> queue_ ACCELFS_GUARDED_BY(mu_);
+  bool busy_ ACCELFS_GUARDED_BY(mu_) = false;
+  bool stop_ ACCELFS_GUARDED_BY(mu_) = false;
+  PushStats stats_ ACCELFS_GUARDED_BY(mu_);
+  uint64_t epoch_ ACCELFS_GUARDED_BY(mu_) = 0;  // Forget calls so far
   std::thread thread_;
 };
 

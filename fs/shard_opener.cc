@@ -29,7 +29,7 @@ ShardOpener::ShardOpener(Prefetcher& prefetcher, uint64_t lookahead_bytes, Block
 
 ShardOpener::~ShardOpener() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
@@ -44,14 +44,14 @@ void ShardOpener::StartNextAfter(std::shared_ptr<Inode> dir, std::string name,
 }
 
 void ShardOpener::Remember(const std::string& name, const FileKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (seen_.size() >= kMaxSeen) seen_.clear();
   seen_[{name, key.size, key.mtime_ns, key.ctime_ns}] = key;
 }
 
 std::optional<FileKey> ShardOpener::Seen(const std::string& name, const struct stat& st) {
   const FileKey attributes = FileKeyFromStat(st, 0, Place{});
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = seen_.find({name, attributes.size, attributes.mtime_ns, attributes.ctime_ns});
   if (it == seen_.end()) return std::nullopt;
   return it->second;
@@ -66,7 +66,7 @@ void ShardOpener::ChainAfter(const FileKey& key, const std::shared_ptr<Inode>& d
 
 void ShardOpener::Queue(Start start) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_) return;
     queue_.push_back(std::move(start));
   }
@@ -77,8 +77,9 @@ void ShardOpener::Run() {
   for (;;) {
     Start start;
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(),
+                 [this]() ACCELFS_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
       if (stop_) return;
       start = std::move(queue_.front());
       queue_.pop_front();

@@ -21,7 +21,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/mutex.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/prefetch/shard_order.h"
 #include "fs/inode_table.h"
@@ -92,14 +92,15 @@ class ShardOpener {
   const uint64_t lookahead_bytes_;
   const bool buffered_reads_;
   ShardOrder order_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable wake_;
-  std::deque<Start> queue_;  // GUARDED_BY(mu_)
+  std::deque<Start> queue_ ACCELFS_GUARDED_BY(mu_);
   // Identities seen, by name and attributes (size, mtime_ns, ctime_ns): at most kMaxSeen,
   // forgotten all at once beyond (a hint).
   static constexpr size_t kMaxSeen = 4096;
-  std::map<std::tuple<std::string, uint64_t, int64_t, int64_t>, FileKey> seen_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                                                            // GUARDED_BY(mu_)
+  std::map<std::tuple<std::string, uint64_t, int64_t, int64_t>, FileKey> seen_
+      ACCELFS_GUARDED_BY(mu_);
+  bool stop_ ACCELFS_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -15,7 +15,7 @@ bool Shows(const struct stat& st, const FileKey& key) {
 
 void ValidityWindow::Note(const FileKey& key, Clock::time_point began) {
   if (!enabled()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   checks_[key.place] = {key, began};
   // The map holds at most the files checked within one window, once the old ones are swept: a
   // sweep each time it doubles.
@@ -31,7 +31,7 @@ void ValidityWindow::Note(const FileKey& key, Clock::time_point began) {
 std::optional<FileKey> ValidityWindow::Find(const Place& place, const struct stat& st,
                                             Clock::time_point now) {
   if (!enabled()) return std::nullopt;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = checks_.find(place);
   if (it == checks_.end()) return std::nullopt;
   if (now - it->second.began >= length_ || !Shows(st, it->second.key)) {
@@ -43,20 +43,20 @@ std::optional<FileKey> ValidityWindow::Find(const Place& place, const struct sta
 
 bool ValidityWindow::Holds(const Place& place, Clock::time_point now) const {
   if (!enabled()) return false;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = checks_.find(place);
   return it != checks_.end() && now - it->second.began < length_;
 }
 
 void ValidityWindow::ForgetUnless(const Place& place, const struct stat& st) {
   if (!enabled()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = checks_.find(place);
   if (it != checks_.end() && !Shows(st, it->second.key)) checks_.erase(it);
 }
 
 size_t ValidityWindow::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return checks_.size();
 }
 

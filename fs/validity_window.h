@@ -13,11 +13,11 @@
 
 #include <chrono>
 #include <cstddef>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -60,13 +60,13 @@ class ValidityWindow {
     FileKey key;
     Clock::time_point began;
   };
-  // Drops the checks the window has passed. REQUIRES: mu_ held.
-  void SweepLocked(Clock::time_point now);
+  // Drops the checks the window has passed.
+  void SweepLocked(Clock::time_point now) ACCELFS_REQUIRES(mu_);
 
   const std::chrono::nanoseconds length_;
-  mutable std::mutex mu_;                               // a leaf
-  std::unordered_map<Place, Check, PlaceHash> checks_;  // GUARDED_BY(mu_)
-  size_t sweep_at_ = 1024;                              // GUARDED_BY(mu_) size of the next sweep
+  mutable Mutex mu_;  // a leaf
+  std::unordered_map<Place, Check, PlaceHash> checks_ ACCELFS_GUARDED_BY(mu_);
+  size_t sweep_at_ ACCELFS_GUARDED_BY(mu_) = 1024;  // size of the next sweep
 };
 
 }  // namespace accelfs

@@ -139,6 +139,9 @@ case "${1:-}" in
     tests/tools/install-kubernetes-models.sh >/dev/null ||
       echo "setup: kubernetes-models not installed (npm failed)" >&2
     tier "plain build"
+    # Clang's thread-safety analysis (cache/mutex.h) over the plain build's compiles.
+    tools/check_thread_safety.sh build
+    tier "thread-safety check"
     run_tests build
     tier "plain tests"
     # Kernels before 6.9 have no FUSE passthrough (the stock kernels of Ubuntu 22.04 and 24.04,

@@ -130,7 +130,7 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   const bool choose = bytes >= kChoiceBytes;
   PageChoice::Pages pages = PageChoice::Pages::kHuge;
   if (choose) {
-    std::lock_guard lock(pages_mu_);
+    MutexLock lock(pages_mu_);
     pages = pages_.Pick(reinterpret_cast<uintptr_t>(request.buffer), PageChoice::Clock::now());
   }
   // Only the buffer's range of its mapping is told: the mapping's other blocks keep their kind.
@@ -150,7 +150,7 @@ void PopulatingReader::Populate(const ReadRequest& request) {
   if (pages == PageChoice::Pages::kSmall) {
     small_page_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
-  std::lock_guard lock(pages_mu_);
+  MutexLock lock(pages_mu_);
   const PageChoice::Pages before = pages_.preferred();
   pages_.Note(pages, reinterpret_cast<uintptr_t>(request.buffer), bytes, took, end);
   const PageChoice::Pages after = pages_.preferred();
@@ -162,7 +162,7 @@ void PopulatingReader::Populate(const ReadRequest& request) {
 }
 
 PageChoice::Pages PopulatingReader::preferred_pages() const {
-  std::lock_guard lock(pages_mu_);
+  MutexLock lock(pages_mu_);
   return pages_.preferred();
 }
 

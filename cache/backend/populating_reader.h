@@ -27,6 +27,7 @@
 
 #include "cache/backend/page_choice.h"
 #include "cache/backend/reader.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -91,9 +92,9 @@ class PopulatingReader final : public BackendReader {
   std::atomic<uint64_t> populated_bytes_{0};
   std::atomic<uint64_t> viewed_bytes_{0};
   std::atomic<uint64_t> small_page_bytes_{0};
-  mutable std::mutex pages_mu_;
-  PageChoice pages_;                       // GUARDED_BY(pages_mu_)
-  bool pages_logged_[2] = {false, false};  // GUARDED_BY(pages_mu_) per kind, a switch to it
+  mutable Mutex pages_mu_;
+  PageChoice pages_ ACCELFS_GUARDED_BY(pages_mu_);
+  bool pages_logged_[2] ACCELFS_GUARDED_BY(pages_mu_) = {false, false};  // per kind, a switch to it
   std::atomic<int> lost_{0};
 
   ServedQueue served_;

@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "cache/block.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -28,7 +28,8 @@ struct ChunkData {
   ChunkData(const ChunkData&) = delete;
   ChunkData& operator=(const ChunkData&) = delete;
 
-  int count() const { return static_cast<int>(pieces.size()); }
+  // The vector's size is fixed at construction: only its elements are under mu.
+  int count() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS { return static_cast<int>(pieces.size()); }
   uint32_t PieceSize(int p) const {
     const uint64_t begin = uint64_t{piece_bytes} * static_cast<uint64_t>(p);
     return static_cast<uint32_t>(std::min<uint64_t>(piece_bytes, length - begin));
@@ -37,7 +38,7 @@ struct ChunkData {
   // The piece's memory, allocated on first use; nullptr when out of memory or out of range.
   std::byte* Piece(int p) {
     if (p < 0 || p >= count()) return nullptr;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     return AllocatedLocked(p);
   }
   // Copies `size` bytes into the piece at `offset`, under the lock: a reader that takes the
@@ -45,7 +46,7 @@ struct ChunkData {
   // thread sanitizer can see, too). False when out of range or out of memory.
   bool Write(int p, uint64_t offset, const char* bytes, uint64_t size) {
     if (p < 0 || p >= count() || offset + size > PieceSize(p)) return false;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     std::byte* piece = AllocatedLocked(p);
     if (piece == nullptr) return false;
     std::memcpy(piece + offset, bytes, size);
@@ -54,7 +55,7 @@ struct ChunkData {
   // The piece's memory if it was ever written, else nullptr.
   std::byte* Existing(int p) {
     if (p < 0 || p >= count()) return nullptr;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     return pieces[static_cast<size_t>(p)];
   }
 
@@ -63,8 +64,8 @@ struct ChunkData {
   std::atomic<uint64_t> allocated{0};
 
  private:
-  // The piece's memory, allocated on first use; nullptr when out of memory. REQUIRES: mu.
-  std::byte* AllocatedLocked(int p) {
+  // The piece's memory, allocated on first use; nullptr when out of memory.
+  std::byte* AllocatedLocked(int p) ACCELFS_REQUIRES(mu) {
     std::byte*& piece = pieces[static_cast<size_t>(p)];
     if (piece == nullptr) {
       piece = static_cast<std::byte*>(std::aligned_alloc(4096, Capacity(p)));
@@ -73,8 +74,8 @@ struct ChunkData {
     return piece;
   }
 
-  std::mutex mu;
-  std::vector<std::byte*> pieces;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<std::byte*> pieces ACCELFS_GUARDED_BY(mu);
 };
 
 }  // namespace accelfs

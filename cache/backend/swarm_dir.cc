@@ -97,7 +97,7 @@ std::chrono::nanoseconds SwarmDir::NodeNow() const {
 }
 
 std::chrono::nanoseconds SwarmDir::DirNow() const {
-  std::lock_guard lock(clock_mu_);
+  MutexLock lock(clock_mu_);
   const Clock::time_point now = Clock::now();
   if (clock_tried_ && now - clock_read_ < kClockRefresh) return NodeNow() + clock_offset_;
   clock_read_ = now;
@@ -295,7 +295,7 @@ SwarmDirThreads::~SwarmDirThreads() { Stop(); }
 
 void SwarmDirThreads::Post(std::function<void()> job, bool at_stop) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_ && !at_stop) return;
     queue_.push_back({std::move(job), at_stop});
   }
@@ -326,8 +326,9 @@ void SwarmDirThreads::Loop(size_t i) {
   for (;;) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(),
+                 [this]() ACCELFS_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
       while (stop_ && !queue_.empty() && !queue_.front().at_stop) queue_.pop_front();
       if (queue_.empty()) return;  // stopping, nothing left to let go
       job = std::move(queue_.front());
@@ -339,7 +340,7 @@ void SwarmDirThreads::Loop(size_t i) {
 
 void SwarmDirThreads::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();

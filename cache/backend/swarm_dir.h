@@ -19,13 +19,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -100,11 +100,11 @@ class SwarmDir {
   const std::string who_;
   const int root_fd_;  // DIR, O_PATH; -1 when it could not be opened
   std::atomic<int64_t> skew_ns_{0};
-  mutable std::mutex clock_mu_;
-  mutable int clock_fd_ = -1;                         // GUARDED_BY(clock_mu_) DIR/.clock-NODE
-  mutable bool clock_tried_ = false;                  // GUARDED_BY(clock_mu_)
-  mutable std::chrono::nanoseconds clock_offset_{0};  // GUARDED_BY(clock_mu_) dir - node
-  mutable Clock::time_point clock_read_;              // GUARDED_BY(clock_mu_)
+  mutable Mutex clock_mu_;
+  mutable int clock_fd_ ACCELFS_GUARDED_BY(clock_mu_) = -1;  // DIR/.clock-NODE
+  mutable bool clock_tried_ ACCELFS_GUARDED_BY(clock_mu_) = false;
+  mutable std::chrono::nanoseconds clock_offset_ ACCELFS_GUARDED_BY(clock_mu_){0};  // dir - node
+  mutable Clock::time_point clock_read_ ACCELFS_GUARDED_BY(clock_mu_);
 };
 
 // The shared dir's own threads. Every call into the dir is made on one of them, never under the
@@ -145,10 +145,10 @@ class SwarmDirThreads {
   };
   void Loop(size_t i);
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable wake_;
-  std::deque<Job> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;      // GUARDED_BY(mu_)
+  std::deque<Job> queue_ ACCELFS_GUARDED_BY(mu_);
+  bool stop_ ACCELFS_GUARDED_BY(mu_) = false;
   // Per thread: when its dir call began (steady clock, ns), 0 when it is in none.
   std::unique_ptr<std::atomic<int64_t>[]> busy_;
   std::vector<std::thread> threads_;

@@ -11,13 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "cache/backend/depth_policy.h"
 #include "cache/block.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 namespace {
@@ -70,7 +70,7 @@ class UringReader final : public BackendReader {
 
   void Submit(ReadRequest request) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!stopping_) {
         pending_.Push(std::move(request));
         Wake();
@@ -84,7 +84,7 @@ class UringReader final : public BackendReader {
 
   void NoteLost(int delta) override {
     lost_.fetch_add(delta, std::memory_order_relaxed);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Wake();  // room for more, or fewer
   }
 
@@ -96,13 +96,13 @@ class UringReader final : public BackendReader {
     unsigned was = start_wanted_.load(std::memory_order_relaxed);
     while (was < want && !start_wanted_.compare_exchange_weak(was, want)) {
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Wake();
   }
 
   void Stop() override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
       Wake();
     }
@@ -198,7 +198,7 @@ class UringReader final : public BackendReader {
         workers_for_lost_ = lost;
       }
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         // Prefetch may fill at most a prefetch share of the depth, so that a demand miss that
         // arrives behind a long stream finds a free slot at once.
         while (in_flight_ + batch.size() < limit_ + lost && !pending_.empty()) {
@@ -308,7 +308,7 @@ class UringReader final : public BackendReader {
   void FailQueued(int err) {
     RequestQueue queued;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       std::swap(queued, pending_);
     }
     while (!queued.empty()) queued.Pop().done(Error(err));
@@ -344,9 +344,9 @@ class UringReader final : public BackendReader {
   uint64_t wake_value_ = 0;
   std::thread thread_;
 
-  std::mutex mu_;
-  RequestQueue pending_;   // GUARDED_BY(mu_)
-  bool stopping_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  RequestQueue pending_ ACCELFS_GUARDED_BY(mu_);
+  bool stopping_ ACCELFS_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

@@ -38,7 +38,7 @@ void Prefetcher::OnOpen(const FileKey& file, const std::shared_ptr<BackingFile>&
   bool created = false;
   bool learn = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Stream* stream = StreamFor(file, backing, safetensors, &created);
     if (stream == nullptr) return;
     const bool finished = stream->state.done();
@@ -67,7 +67,7 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
                                   bool safetensors, bool whole) {
   bool created = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Stream* stream = StreamFor(file, backing, safetensors, &created);
     if (stream == nullptr) return;
     // Whole: its window is the file. A speculative stream asked for whole later (the budget has
@@ -79,7 +79,7 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
   // Marked once asked for: an open meanwhile asks too (the header applied twice walks the
   // stream again, skipping what was asked for), rather than never where prefetch found no room.
   if (created && safetensors && LearnOrder(file, backing, /*speculative=*/true)) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto it = streams_.find(file);
     if (it != streams_.end()) it->second.header_asked = true;
   }
@@ -88,7 +88,7 @@ void Prefetcher::StartSpeculative(const FileKey& file, const std::shared_ptr<Bac
 
 void Prefetcher::SetSuccessor(const FileKey& file, Successor start) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = streams_.find(file);
     if (it == streams_.end()) return;
     it->second.successor = std::move(start);
@@ -97,7 +97,7 @@ void Prefetcher::SetSuccessor(const FileKey& file, Successor start) {
 }
 
 std::vector<uint32_t> Prefetcher::OrderOf(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = streams_.find(file);
   return it == streams_.end() ? std::vector<uint32_t>() : it->second.order;
 }
@@ -157,7 +157,7 @@ void Prefetcher::ApplyHeader(const FileKey& file, const BlockCache::Ref& first_b
   std::vector<uint32_t> rank(order.size());
   for (size_t i = 0; i < order.size(); ++i) rank[order[i]] = static_cast<uint32_t>(i);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = streams_.find(file);
     if (it == streams_.end() || it->second.state.blocks != order.size()) return;
     Stream& stream = it->second;
@@ -175,7 +175,7 @@ bool Prefetcher::OnRead(const FileKey& file, const std::shared_ptr<BackingFile>&
                         uint64_t offset, uint64_t size, bool safetensors) {
   bool dropped_order = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Stream* stream = StreamFor(file, backing, safetensors);
     if (stream == nullptr) return false;
     stream->opened = true;
@@ -245,7 +245,7 @@ bool Prefetcher::NoteReadOrder(Stream& stream, uint64_t first, uint64_t last) {
 }
 
 void Prefetcher::Forget(const FileKey& file) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = streams_.find(file);
   // A stream with fetches outstanding stays until they finish (OnFetched finds it), but asks for
   // nothing more, and starts no successor.
@@ -256,19 +256,19 @@ void Prefetcher::Forget(const FileKey& file) {
 }
 
 size_t Prefetcher::stream_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return streams_.size();
 }
 
 bool Prefetcher::Streaming(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = streams_.find(file);
   return it != streams_.end() && !it->second.state.done();
 }
 
 void Prefetcher::Pump(const FileKey& file) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = streams_.find(file);
     if (it == streams_.end()) return;
     if (it->second.pumping) {
@@ -283,7 +283,7 @@ void Prefetcher::Pump(const FileKey& file) {
     std::shared_ptr<BackingFile> backing;
     std::vector<uint64_t> blocks;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       Stream& stream = streams_.at(file);
       range = NextStreamBlocks(stream.state, options_.limits);
       if (range.empty() && stream.state.next >= stream.state.blocks && stream.successor &&
@@ -321,12 +321,12 @@ void Prefetcher::Pump(const FileKey& file) {
         // read or completion asks again from this position.
         given_back += blocks.size() - i - 1;
         no_room = true;
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         streams_.at(file).state.next = range.first + i;
         break;
       }
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Stream& stream = streams_.at(file);
     stream.state.in_flight -= static_cast<uint32_t>(given_back);
     if (no_room && !stream.again) {
@@ -340,7 +340,7 @@ void Prefetcher::Pump(const FileKey& file) {
 void Prefetcher::OnFetched(const FileKey& file, uint64_t block) {
   if (fetched_hook_) fetched_hook_(file, block);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = streams_.find(file);
     if (it == streams_.end()) return;
     --it->second.state.in_flight;

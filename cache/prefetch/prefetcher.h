@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +29,7 @@
 #include "cache/block.h"
 #include "cache/block_cache.h"
 #include "cache/latency_histogram.h"
+#include "cache/mutex.h"
 #include "cache/prefetch/stream_policy.h"
 
 namespace accelfs {
@@ -133,9 +133,9 @@ class Prefetcher {
     bool load_timed = false;  // its cold load recorded (PrefetcherOptions::cold_loads)
   };
 
-  // Finds or creates the stream of a streamed file (`created` says which). REQUIRES: mu_ held.
+  // Finds or creates the stream of a streamed file (`created` says which).
   Stream* StreamFor(const FileKey& file, const std::shared_ptr<BackingFile>& backing,
-                    bool safetensors, bool* created = nullptr);
+                    bool safetensors, bool* created = nullptr) ACCELFS_REQUIRES(mu_);
   // Reads the file's first block and, when it starts with a valid safetensors header, orders the
   // stream by tensors. Takes no lock itself before the block arrives. An opened file's is a
   // demand read (its loader reads the header first anyway); a speculative stream's is prefetch,
@@ -147,8 +147,8 @@ class Prefetcher {
   void ApplyHeader(const FileKey& file, const BlockCache::Ref& first_block);
   // A reader asked for blocks [first, last) of a stream with an order: counts which order it
   // follows, and drops the order for file order once it is plainly the file's. Returns whether it
-  // dropped it. REQUIRES: mu_ held, stream.rank not empty.
-  bool NoteReadOrder(Stream& stream, uint64_t first, uint64_t last);
+  // dropped it. REQUIRES: stream.rank not empty.
+  bool NoteReadOrder(Stream& stream, uint64_t first, uint64_t last) ACCELFS_REQUIRES(mu_);
   // Asks the cache for what the policy allows now. Takes mu_; never holds it across the cache.
   void Pump(const FileKey& file);
   void OnFetched(const FileKey& file, uint64_t block);
@@ -158,8 +158,8 @@ class Prefetcher {
   FetchedHook fetched_hook_;
   // Lock order: mu_ is taken without the cache's lock held, and released before calling the cache
   // (whose fetches can complete synchronously and call OnFetched).
-  mutable std::mutex mu_;
-  std::unordered_map<FileKey, Stream, FileKeyHash> streams_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<FileKey, Stream, FileKeyHash> streams_ ACCELFS_GUARDED_BY(mu_);
 };
 
 }  // namespace accelfs

@@ -131,7 +131,7 @@ std::string ShardOrder::Next(int dir_fd, const std::string& dir_path, const std:
     std::vector<std::string> following = FollowingShardsByName(name, /*most=*/1);
     return following.empty() ? std::string() : following.front();
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Index unkept;
   if (const Index* index = IndexOf(dir_fd, dir_path, &unkept); index != nullptr && index->shards) {
     const std::span<const std::string> following = ShardsAfter(*index->shards, name);

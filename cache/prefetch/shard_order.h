@@ -8,11 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -58,13 +59,13 @@ class ShardOrder {
   // The directory's index as it is now: remembered, or read and remembered, or read into
   // `*unkept` when too big to remember; null when it has none (or none that is a regular file).
   // The pointer is good while mu_ is held and *unkept lives.
-  const Index* IndexOf(int dir_fd, const std::string& dir_path,
-                       Index* unkept);  // REQUIRES: mu_ held
+  const Index* IndexOf(int dir_fd, const std::string& dir_path, Index* unkept)
+      ACCELFS_REQUIRES(mu_);
 
   BlockCache* const cache_;
-  std::mutex mu_;  // held while an index is read: asks are few, one per shard opened
+  Mutex mu_;  // held while an index is read: asks are few, one per shard opened
 
-  std::map<std::pair<dev_t, ino_t>, Index> indexes_;  // by directory; GUARDED_BY(mu_)
-  size_t bytes_ = 0;  // every remembered index's `bytes`; GUARDED_BY(mu_)
+  std::map<std::pair<dev_t, ino_t>, Index> indexes_ ACCELFS_GUARDED_BY(mu_);  // by directory
+  size_t bytes_ ACCELFS_GUARDED_BY(mu_) = 0;  // every remembered index's `bytes`
 };
 }  // namespace accelfs

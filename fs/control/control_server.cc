@@ -222,7 +222,7 @@ void ControlServer::Stop() {
   acceptor_.join();
   std::list<std::unique_ptr<Connection>> connections;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     connections.swap(connections_);
   }
   for (auto& c : connections) {
@@ -239,7 +239,7 @@ void ControlServer::Stop() {
 void ControlServer::ReapFinished() {
   std::list<std::unique_ptr<Connection>> done;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
       if ((*it)->finished.load()) {
         done.push_back(std::move(*it));
@@ -275,7 +275,7 @@ void ControlServer::AcceptLoop() {
     connection->fd = fd;
     connection->may_control = MayControl(caller->uid, caller->gid, options_.owner, options_.group);
     connection->caller = std::move(caller.value());
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const uid_t uid = connection->caller.uid;
     const size_t of_uid =
         static_cast<size_t>(std::count_if(connections_.begin(), connections_.end(),

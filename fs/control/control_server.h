@@ -15,7 +15,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/mutex.h"
 #include "cache/result.h"
 #include "fs/common/caller_access.h"
 #include "fs/common/control_protocol.h"
@@ -128,8 +128,8 @@ class ControlServer {
   const ino_t socket_ino_;  // the socket file we bound, removed at Stop only if still ours
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  std::mutex mu_;                                       // a leaf
-  std::list<std::unique_ptr<Connection>> connections_;  // GUARDED_BY(mu_)
+  Mutex mu_;  // a leaf
+  std::list<std::unique_ptr<Connection>> connections_ ACCELFS_GUARDED_BY(mu_);
 };
 
 }  // namespace accelfs

@@ -103,8 +103,7 @@ Status ApplyOptionLists(const std::vector<std::string>& lists,
       const auto [key, value] =
           NewKey(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
                  eq != std::string::npos, warnings);
-      const auto spec = std::find_if(options.begin(), options.end(),
-                                     [&](const OptionSpec& o) { return o.Key() == key; });
+      const auto spec = std::ranges::find(options, key, &OptionSpec::Key);
       if (spec != options.end()) {
         if (!spec->flag() && value.empty()) return Bad("option -o " + key + " needs a value");
         given[spec - options.begin()] = spec->flag() ? "" : value;

@@ -99,7 +99,7 @@ ExitDeadline::ExitDeadline(Options options)
     : options_(std::move(options)), thread_([this] { Run(); }) {
   // The thread reads own_device_ and abort_fd_ only in Expire, after a grace that starts no
   // sooner than Watch or Arm, each of which takes mu_ after these are set.
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   try {
     if (const std::optional<MountInfo> mount = FindMount(options_.mountpoint, kAccelfsFsType)) {
       own_device_.emplace(mount->major, mount->minor);
@@ -112,7 +112,7 @@ ExitDeadline::ExitDeadline(Options options)
 
 ExitDeadline::~ExitDeadline() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     done_ = true;
   }
   wake_.notify_all();
@@ -122,7 +122,7 @@ ExitDeadline::~ExitDeadline() {
 
 void ExitDeadline::Watch(std::function<bool()> stopping) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = std::move(stopping);
   }
   wake_.notify_all();
@@ -130,7 +130,7 @@ void ExitDeadline::Watch(std::function<bool()> stopping) {
 
 void ExitDeadline::Arm() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (armed_) return;
     StartGrace();
   }
@@ -143,19 +143,21 @@ void ExitDeadline::StartGrace() {
 }
 
 void ExitDeadline::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!done_) {
     if (!armed_) {
       if (!stopping_) {
-        wake_.wait(lock);        // for Watch, Arm or the end
-      } else if (stopping_()) {  // asked under the lock: once Arm has returned, never running
+        wake_.wait(lock.native());  // for Watch, Arm or the end
+      } else if (stopping_()) {     // asked under the lock: once Arm has returned, never running
         StartGrace();
       } else {
-        wake_.wait_for(lock, kPoll);
+        wake_.wait_for(lock.native(), kPoll);
       }
       continue;
     }
-    if (wake_.wait_until(lock, deadline_, [this] { return done_; })) return;
+    if (wake_.wait_until(lock.native(), deadline_,
+                         [this]() ACCELFS_REQUIRES(mu_) { return done_; }))
+      return;
     Expire();
   }
 }

@@ -28,11 +28,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -66,7 +67,7 @@ class ExitDeadline {
 
  private:
   void Run();
-  void StartGrace();  // REQUIRES: mu_ held
+  void StartGrace() ACCELFS_REQUIRES(mu_);
   // The way out past the deadline. Never returns.
   [[noreturn]] void Expire() const;
 
@@ -76,12 +77,12 @@ class ExitDeadline {
   // holds that device, else the exit alone ends the connection).
   std::optional<std::pair<unsigned, unsigned>> own_device_;
   int abort_fd_ = -1;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable wake_;
-  std::function<bool()> stopping_;                  // GUARDED_BY(mu_)
-  bool armed_ = false;                              // GUARDED_BY(mu_)
-  bool done_ = false;                               // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point deadline_;  // GUARDED_BY(mu_), once armed_
+  std::function<bool()> stopping_ ACCELFS_GUARDED_BY(mu_);
+  bool armed_ ACCELFS_GUARDED_BY(mu_) = false;
+  bool done_ ACCELFS_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point deadline_ ACCELFS_GUARDED_BY(mu_);  // once armed_
   std::thread thread_;  // last: it starts once the fields above are ready
 };
 

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <thread>
 
@@ -19,6 +18,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "cache/mutex.h"
 
 namespace accelfs {
 namespace {
@@ -107,22 +108,23 @@ MountProbe ProbeMount(const std::string& path, std::chrono::milliseconds timeout
   // thread is left behind then; the caller is about to exit, which ends it (the FUSE wait is
   // killable).
   struct Shared {
-    std::mutex mu;
+    Mutex mu;
     std::condition_variable cv;
-    bool done = false;
-    int err = 0;
+    bool done ACCELFS_GUARDED_BY(mu) = false;
+    int err ACCELFS_GUARDED_BY(mu) = 0;
   };
   auto shared = std::make_shared<Shared>();
   std::thread([shared, path] {
     struct statfs st {};
     const int err = statfs(path.c_str(), &st) == 0 ? 0 : errno;
-    std::lock_guard lock(shared->mu);
+    MutexLock lock(shared->mu);
     shared->done = true;
     shared->err = err;
     shared->cv.notify_all();
   }).detach();
-  std::unique_lock lock(shared->mu);
-  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
+  MutexLock lock(shared->mu);
+  if (!shared->cv.wait_for(lock.native(), timeout,
+                           [&]() ACCELFS_REQUIRES(shared->mu) { return shared->done; })) {
     return MountProbe::kNotAnswering;
   }
   return shared->err == ENOTCONN || shared->err == ECONNABORTED ? MountProbe::kDead

@@ -1,4 +1,4 @@
-// accelfs-stat [MOUNT]: what accelfs mounts are doing (cache, hit ratio, backend rate, open files),
+// accelfs-stat [MOUNT]: what accelfs mounts are doing (cache, hit ratio, store rate, open files),
 // per-file residency (`files`), refreshed like iostat (--watch). Exit 1 when a daemon cannot be
 // reached, 2 on usage errors.
 #include <unistd.h>
@@ -70,7 +70,7 @@ Result<Sample> Take(const AccelfsMount& mount, bool with_open) {
 }
 
 // Backend bytes per second since `previous`, or since the daemon started.
-double BackendRate(const Sample& now, const Sample* previous) {
+double StoreRate(const Sample& now, const Sample* previous) {
   const DaemonStats& st = now.stats;
   const uint64_t fetched = st.cache.fetched_bytes;
   if (previous == nullptr) {
@@ -94,8 +94,8 @@ void PrintSummary(const Sample& s) {
   std::printf("  hits       %s of block reads (%llu hits, %llu misses)\n",
               HitRatio(c.hits, c.misses).c_str(), static_cast<unsigned long long>(c.hits),
               static_cast<unsigned long long>(c.misses));
-  std::printf("  backend    %s read, %s since start (%s up); depth %llu of %llu\n",
-              FormatBytes(c.fetched_bytes).c_str(), FormatRate(BackendRate(s, nullptr)).c_str(),
+  std::printf("  store      %s read, %s since start (%s up); depth %llu of %llu\n",
+              FormatBytes(c.fetched_bytes).c_str(), FormatRate(StoreRate(s, nullptr)).c_str(),
               FormatDuration(st.uptime_s).c_str(), static_cast<unsigned long long>(st.depth),
               static_cast<unsigned long long>(st.depth_limit));
   std::printf(
@@ -105,7 +105,7 @@ void PrintSummary(const Sample& s) {
       static_cast<unsigned long long>(c.failed_fetches));
   if (const uint64_t stuck = st.stuck_requests; stuck > 0 || st.timed_out_requests > 0) {
     std::printf(
-        "  stuck      %llu backend reads hung past --store-timeout now; %llu given up on "
+        "  stuck      %llu store reads hung past --store-timeout now; %llu given up on "
         "since start (their readers got ETIMEDOUT)\n",
         static_cast<unsigned long long>(stuck),
         static_cast<unsigned long long>(st.timed_out_requests));
@@ -141,7 +141,7 @@ void PrintSummary(const Sample& s) {
         static_cast<unsigned long long>(c.fallback_blocks));
   }
   if (const uint64_t waiting = st.waiting_requests; waiting > 0) {
-    std::printf("  held back  %llu backend reads of files that have their share in flight\n",
+    std::printf("  held back  %llu store reads of files that have their share in flight\n",
                 static_cast<unsigned long long>(waiting));
   }
   std::printf("  open files %llu (%llu passthrough)",
@@ -160,7 +160,7 @@ void PrintSummary(const Sample& s) {
 
 void PrintWatchHeader() {
   std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", "time", "mount", "cache used/budget",
-              "hit%", "backend", "in flight", "depth", "open(pt)");
+              "hit%", "store", "in flight", "depth", "open(pt)");
 }
 
 void PrintWatchLine(const Sample& s, const Sample* previous) {
@@ -182,14 +182,14 @@ void PrintWatchLine(const Sample& s, const Sample* previous) {
       std::to_string(st.open_files) + "(" + std::to_string(st.passthrough_files) + ")";
   std::printf("%-8s  %-24s %21s %7s %11s %10s %7s %9s\n", clock, EscapeName(st.mountpoint).c_str(),
               used.c_str(), HitRatio(hits, misses).c_str(),
-              FormatRate(BackendRate(s, previous)).c_str(), FormatBytes(c.fetching_bytes).c_str(),
+              FormatRate(StoreRate(s, previous)).c_str(), FormatBytes(c.fetching_bytes).c_str(),
               depth.c_str(), open.c_str());
 }
 
 nlohmann::json SampleJson(const Sample& s, const Sample* previous) {
   nlohmann::json j = DaemonStatsToJson(s.stats);
   j["open"] = OpenReply::ListToJson(s.open);
-  j["backend_bytes_per_s"] = BackendRate(s, previous);
+  j["store_bytes_per_s"] = StoreRate(s, previous);
   return j;
 }
 

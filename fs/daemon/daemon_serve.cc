@@ -271,7 +271,7 @@ int Daemon::ShutDown(const Status& loop) {
   const CacheStats stats = cache_->Stats();
   const PushStats pushed = pusher_ ? pusher_->Stats() : PushStats{};
   spdlog::info(
-      "served {} block reads from the cache and {} by fetching; read {} from the backend ({} "
+      "served {} block reads from the cache and {} by fetching; read {} from the store ({} "
       "prefetches, {} failed) at depth {}; pushed {} into the page cache",
       stats.hits, stats.misses, FormatBytes(stats.fetched_bytes), stats.prefetches,
       stats.failed_fetches, reader_->CurrentDepth(), FormatBytes(pushed.pushed_bytes));

@@ -204,7 +204,7 @@ start_accelfs() {
 # backend_read: what the last daemon read from NET, from its exit line.
 backend_read() {
   local r
-  r=$(sed -n 's/.*read \(.*\) from the backend.*/\1/p' "$work/accelfs.log" | tail -1)
+  r=$(sed -n 's/.*read \(.*\) from the \(backend\|store\).*/\1/p' "$work/accelfs.log" | tail -1)
   echo "${r:-?}"
 }
 # ttfb FILE: ms from open() to one byte read.

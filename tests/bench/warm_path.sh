@@ -77,7 +77,7 @@ mount_accelfs() {
   for _ in $(seq 100); do grep -q "passthrough o" "$log" 2>/dev/null && return; sleep 0.1; done
   echo "warm_path: the mount did not come up:" >&2; cat "$log" >&2; exit 1
 }
-backend_read() { sed -n 's/.*read \(.*\) from the backend.*/\1/p' "$log"; }
+backend_read() { sed -n 's/.*read \(.*\) from the \(backend\|store\).*/\1/p' "$log"; }
 
 declare -A r
 for mode in mmap read; do

@@ -474,7 +474,7 @@ void ExpectSeedContent(const std::string& path, uint64_t seed, uint64_t size) {
 }
 
 std::string BackendReadAtExit(const std::string& log) {
-  const size_t end = log.find(" from the backend");
+  const size_t end = log.find(" from the store");
   if (end == std::string::npos) return "(no exit line)";
   const size_t start = log.rfind("read ", end);
   return log.substr(start + 5, end - start - 5);

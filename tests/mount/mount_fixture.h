@@ -152,7 +152,7 @@ std::vector<uint8_t> ReadWholeFile(const std::string& path, int* error);
 // test seed `seed` (Bytes, tests/support/test_data.h). Use with ASSERT_NO_FATAL_FAILURE.
 void ExpectSeedContent(const std::string& path, uint64_t seed, uint64_t size);
 
-// From a daemon's log at --log-level info, its exit line's "read N from the backend": N, or
+// From a daemon's log at --log-level info, its exit line's "read N from the store": N, or
 // "(no exit line)".
 std::string BackendReadAtExit(const std::string& log);
 

@@ -49,7 +49,7 @@ class RestartTest : public MountTest {
     ExpectContent("config.json", 22, kSmall);
   }
 
-  // The daemon's exit line: "read N from the backend".
+  // The daemon's exit line: "read N from the store".
   static std::string BackendRead(const std::string& log) { return BackendReadAtExit(log); }
 
   std::string cache_dir_;

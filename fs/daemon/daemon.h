@@ -99,7 +99,7 @@ class Daemon {
   std::unique_ptr<BackendReader> reader_;
   BoundedReader* bounded_ = nullptr;  // reader_'s layer over the store's
   SwarmReader* swarm_ = nullptr;      // the outermost, with --swarm-listen
-  std::string backend_kind_ = "io_uring";
+  std::string store_reader_kind_ = "io_uring";
   std::unique_ptr<BlockCache> cache_;
   // What users feel, for the metrics: opens that waited for their file, streamed files' loads.
   LatencyHistogram open_waits_;

@@ -101,7 +101,7 @@ Status Daemon::MakeBackend() {
     spdlog::warn("io_uring unavailable ({}); using a pool of {} pread threads",
                  uring.error().Message(), config_.store_depth);
     reader_ = std::make_unique<PreadReader>(config_.store_depth);
-    backend_kind_ = "pread";
+    store_reader_kind_ = "pread";
   }
   // Blocks' memory is faulted in on a few threads ahead of the reads, not by the ring's one thread
   // inside each O_DIRECT read (cache/backend/populating_reader.h).

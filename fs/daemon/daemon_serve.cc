@@ -204,9 +204,9 @@ Status Daemon::Mount() {
 
 void Daemon::ReportStarted(const std::string& readahead) const {
   spdlog::info(
-      "mounted {} at {}: cache {} ({}) in {}, block {}, backend {} depth {}, read_ahead {}",
+      "mounted {} at {}: cache {} ({}) in {}, block {}, store reads {} depth {}, read_ahead {}",
       paths_->source, paths_->mountpoint, FormatBytes(config_.cache_size),
-      config_.cache_size_origin, store_name_, FormatBytes(config_.block_size), backend_kind_,
+      config_.cache_size_origin, store_name_, FormatBytes(config_.block_size), store_reader_kind_,
       config_.store_depth, readahead);
   if (open_file_limit_ != RLIM_INFINITY && open_file_limit_ < kFewDescriptors) {
     spdlog::warn(

@@ -1,6 +1,6 @@
 // One snapshot of what the daemon is doing: what accelfs-stat shows and /metrics exports. The
-// daemon builds it on request (fs/daemon/daemon_serve.cc wires the sources); nothing here is on the read
-// path.
+// daemon builds it on request (fs/daemon/daemon_serve.cc wires the sources); nothing here is on the
+// read path.
 //
 // kStatsFields below is the stats schema: one row per number, with its key in the stats JSON
 // (docs/CONTROL.md), its Prometheus metric (docs/METRICS.md) and its help. DaemonStatsToJson

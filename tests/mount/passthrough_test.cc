@@ -343,8 +343,7 @@ TEST_F(PassthroughTest, ColdOpenOfAStreamedFileWaitsForItAndIsPassedThrough) {
   EXPECT_EQ(CountOpens("passthrough"), 5u) << daemon_.Log();
   EXPECT_EQ(daemon_.Stop(), 0);
   // Each byte was fetched once: 24 MiB + 10 bytes, shown rounded by the exit line.
-  EXPECT_NE(daemon_.Log().find("read 24.0 MiB from the store"), std::string::npos)
-      << daemon_.Log();
+  EXPECT_NE(daemon_.Log().find("read 24.0 MiB from the store"), std::string::npos) << daemon_.Log();
 }
 
 TEST_F(PassthroughTest, FillOnOpenShardsStreamsTheLastShardInCachedMode) {

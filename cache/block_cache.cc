@@ -26,7 +26,7 @@ BlockCache::~BlockCache() {
   Freed freed;
   Freed kept;  // ready and stored blocks: a persistent store keeps them for the next daemon
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [key, entry] : map_) {
       if (entry->buffer.data == nullptr) continue;
       const bool keep = entry->state == State::kReady || entry->state == State::kStored;
@@ -55,7 +55,7 @@ uint32_t BlockCache::Ref::size() const { return entry_->expected; }
 
 BlockCache::Ref BlockCache::Ref::Share() const {
   if (entry_ == nullptr) return Ref();
-  std::lock_guard lock(cache_->mu_);
+  MutexLock lock(cache_->mu_);
   cache_->PinLocked(entry_, 1);
   return Ref(cache_, entry_);
 }
@@ -75,7 +75,7 @@ void BlockCache::Get(const BlockKey& key, uint32_t expected,
   bool stalled = false;
   bool cancelled = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = map_.find(key);
     if (it != map_.end()) {
       Entry* e = it->second.get();
@@ -138,7 +138,7 @@ void BlockCache::Offer(const BlockKey& key, std::span<const std::byte> bytes) {
   Entry* entry = nullptr;
   Freed freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (map_.contains(key) || !queued_.empty() ||
         !MakeRoom(store_.CapacityFor(bytes.size()), &freed, /*partial=*/false,
                   /*keep_unread=*/true)) {
@@ -167,7 +167,7 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
   std::vector<Fetch> fetches;
   Freed freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = map_.find(key); it != map_.end()) {
       // A stored block is checked ahead as a fetch would be made ahead: it takes no more room.
       Entry* e = it->second.get();
@@ -198,7 +198,7 @@ BlockCache::PrefetchResult BlockCache::Prefetch(const BlockKey& key, uint32_t ex
 }
 
 std::optional<BlockCache::Ref> BlockCache::ClaimUnread(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return std::nullopt;
   Entry* e = it->second.get();
@@ -213,7 +213,7 @@ void BlockCache::Shutdown() {
   std::vector<Waiter> cancelled;
   std::vector<std::unique_ptr<Entry>> dropped;  // destroyed (closing backing files) after the lock
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (Entry* e : queued_) {
       for (auto& w : e->waiters) cancelled.push_back(std::move(w));
       auto it = map_.find(e->key);
@@ -227,7 +227,7 @@ void BlockCache::Shutdown() {
 
 CacheStats BlockCache::Stats() const {
   const uint64_t fallbacks = store_.Fallbacks();  // the store's own counter, not under mu_
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CacheStats s = stats_;
   s.fallback_blocks = fallbacks;
   s.used_bytes = used_;
@@ -329,7 +329,7 @@ void BlockCache::Complete(Entry* entry, Result<size_t> read) {
   if (slow_commits_) {
     // A disk store's commit waits for the disk (fdatasync): on the worker threads, several at a
     // time, not on the backend's completion thread, whose next completions would wait behind it.
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (!workers_stop_) {
       commit_queue_.push_back(entry);
       work_cv_.notify_one();
@@ -348,7 +348,7 @@ void BlockCache::Publish(Entry* entry, Result<size_t> read) {
   std::vector<Fetch> fetches;
   Freed freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --fetching_;
     fetching_bytes_ -= entry->expected;
     entry->file.reset();
@@ -385,7 +385,7 @@ void BlockCache::Stall(Entry* entry) {
   std::vector<Waiter> waiters;
   std::function<void(Status)> prefetched;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     entry->stalled = true;
     ++stats_.stalled_fetches;
     waiters.swap(entry->waiters);
@@ -405,7 +405,7 @@ void BlockCache::Unpin(Entry* entry) {
   std::vector<Fetch> fetches;
   Freed freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (--entry->pins == 0) pinned_bytes_ -= entry->charged;
     if (entry->pins == 0 && entry->zombie) {
       freed.emplace_back(entry->key, entry->buffer);

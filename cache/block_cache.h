@@ -26,7 +26,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
@@ -37,6 +36,7 @@
 #include "cache/block_store.h"
 #include "cache/cache_stats.h"
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -203,16 +203,16 @@ class BlockCache {
   // Evicts unpinned ready blocks (oldest first) until `capacity` more bytes fit in the budget, and
   // returns whether they do. Without `partial` nothing is evicted unless that makes the room; with
   // `keep_unread` prefetched blocks nobody has read yet are not evicted either.
-  // Victims' buffers are appended to `freed` for release after the lock. REQUIRES: mu_ held.
+  // Victims' buffers are appended to `freed` for release after the lock.
   bool MakeRoom(size_t capacity, std::vector<std::pair<BlockKey, BlockBuffer>>* freed,
-                bool partial = false, bool keep_unread = false);
+                bool partial = false, bool keep_unread = false) ACCELFS_REQUIRES(mu_);
   // Moves queued entries to kFetching, oldest first, while room can be made. When nothing is in
   // flight the head is admitted even over budget: the budget is then full of blocks pinned by reads
-  // that wait for it, and only admitting it lets them finish and unpin. REQUIRES: mu_ held.
+  // that wait for it, and only admitting it lets them finish and unpin.
   void AdmitQueued(std::vector<Fetch>* fetches,
-                   std::vector<std::pair<BlockKey, BlockBuffer>>* freed);
-  // Reserves budget for `entry` and marks it kFetching. REQUIRES: mu_ held.
-  void BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetches);
+                   std::vector<std::pair<BlockKey, BlockBuffer>>* freed) ACCELFS_REQUIRES(mu_);
+  // Reserves budget for `entry` and marks it kFetching.
+  void BeginFetch(Entry* entry, bool demand, std::vector<Fetch>* fetches) ACCELFS_REQUIRES(mu_);
   // Allocates the buffers (outside the lock) and submits the reads.
   void StartFetches(std::vector<Fetch>& fetches);
   // A fetch's read ended: commits the block (on the workers where commits are slow), then
@@ -227,8 +227,8 @@ class BlockCache {
   // Starts the worker threads (once).
   void StartWorkers();
   // Hands a kStored entry to the verifiers: kFetching, `file` to fetch it from should its bytes
-  // be bad. REQUIRES: mu_ held.
-  void BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file);
+  // be bad.
+  void BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& file) ACCELFS_REQUIRES(mu_);
   // A worker thread: commits blocks for a store whose commits are slow, and checks stored blocks,
   // until StopWorkers.
   void WorkLoop();
@@ -242,8 +242,8 @@ class BlockCache {
   // The read of `entry` stalled: answers its waiters ETIMEDOUT (and its Prefetch `done`), and
   // every later Get until the read ends.
   void Stall(Entry* entry);
-  // Adds `n` pins to a ready entry (counting its bytes as pinned on the first). REQUIRES: mu_ held.
-  void PinLocked(Entry* entry, int n);
+  // Adds `n` pins to a ready entry (counting its bytes as pinned on the first).
+  void PinLocked(Entry* entry, int n) ACCELFS_REQUIRES(mu_);
   void Unpin(Entry* entry);
   void ReleaseAll(std::vector<std::pair<BlockKey, BlockBuffer>>& freed);
 
@@ -254,21 +254,21 @@ class BlockCache {
   // Lock order: mu_ is taken before the store's lock, and only BlockStore::HeldElsewhere (two
   // fcntl calls under the store's leaf lock) is called under it: no callback, no I/O and no
   // Release runs while it is held.
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, std::unique_ptr<Entry>, BlockKeyHash> map_;  // GUARDED_BY(mu_)
-  std::list<Entry*> lru_;                        // GUARDED_BY(mu_) ready blocks, newest first
-  std::list<Entry*> queued_;                     // GUARDED_BY(mu_) waiting for room, oldest first
-  std::vector<std::unique_ptr<Entry>> zombies_;  // GUARDED_BY(mu_)
-  uint64_t used_ = 0;                            // GUARDED_BY(mu_)
-  uint64_t fetching_ = 0;                        // GUARDED_BY(mu_)
-  uint64_t fetching_bytes_ = 0;                  // GUARDED_BY(mu_)
-  uint64_t pinned_bytes_ = 0;                    // GUARDED_BY(mu_)
-  CacheStats stats_;                             // GUARDED_BY(mu_) counters only
-  const bool slow_commits_;                      // BlockStore::SlowCommits
-  std::deque<Entry*> commit_queue_;              // GUARDED_BY(mu_) blocks read, to commit
-  std::deque<Entry*> verify_queue_;              // GUARDED_BY(mu_) stored blocks to check
-  bool workers_stop_ = false;                    // GUARDED_BY(mu_)
-  std::condition_variable work_cv_;              // a queue or workers_stop_ changed
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, std::unique_ptr<Entry>, BlockKeyHash> map_ ACCELFS_GUARDED_BY(mu_);
+  std::list<Entry*> lru_ ACCELFS_GUARDED_BY(mu_);     // ready blocks, newest first
+  std::list<Entry*> queued_ ACCELFS_GUARDED_BY(mu_);  // waiting for room, oldest first
+  std::vector<std::unique_ptr<Entry>> zombies_ ACCELFS_GUARDED_BY(mu_);
+  uint64_t used_ ACCELFS_GUARDED_BY(mu_) = 0;
+  uint64_t fetching_ ACCELFS_GUARDED_BY(mu_) = 0;
+  uint64_t fetching_bytes_ ACCELFS_GUARDED_BY(mu_) = 0;
+  uint64_t pinned_bytes_ ACCELFS_GUARDED_BY(mu_) = 0;
+  CacheStats stats_ ACCELFS_GUARDED_BY(mu_);                 // counters only
+  const bool slow_commits_;                                  // BlockStore::SlowCommits
+  std::deque<Entry*> commit_queue_ ACCELFS_GUARDED_BY(mu_);  // blocks read, to commit
+  std::deque<Entry*> verify_queue_ ACCELFS_GUARDED_BY(mu_);  // stored blocks to check
+  bool workers_stop_ ACCELFS_GUARDED_BY(mu_) = false;
+  std::condition_variable work_cv_;  // a queue or workers_stop_ changed
   std::atomic<bool> identify_interrupted_{false};
   // Started for slow commits, or by AdoptStored when it keeps blocks to check.
   std::vector<std::thread> workers_;

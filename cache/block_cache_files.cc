@@ -1,7 +1,6 @@
 // Whole files in the cache: how much of one is resident, which are cached, pinning every block of
 // one (passthrough) and dropping one. Part of BlockCache (cache/block_cache.h).
 #include <iterator>
-#include <mutex>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -14,7 +13,7 @@ namespace accelfs {
 using Freed = std::vector<std::pair<BlockKey, BlockBuffer>>;
 
 uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   uint64_t bytes = 0;
   const auto count = [&bytes](const Entry& e) {
     if (e.state == State::kReady && !e.zombie) bytes += e.expected;
@@ -38,7 +37,7 @@ uint64_t BlockCache::ResidentBytes(const FileKey& file) const {
 std::vector<FileKey> BlockCache::CachedFiles() const {
   std::unordered_set<FileKey, FileKeyHash> files;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [key, e] : map_) {
       if ((e->state == State::kReady || e->state == State::kStored) && !e->zombie) {
         files.insert(key.file);
@@ -49,7 +48,7 @@ std::vector<FileKey> BlockCache::CachedFiles() const {
 }
 
 bool BlockCache::HoldsOrFetches(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (BlockCount(file.size, options_.block_size) > map_.size()) return false;  // as above
   for (uint64_t b = 0; b < BlockCount(file.size, options_.block_size); ++b) {
     auto it = map_.find(BlockKey{file, b});
@@ -62,7 +61,7 @@ bool BlockCache::PinFile(const FileKey& file, std::vector<Ref>* refs) {
   const uint64_t blocks = BlockCount(file.size, options_.block_size);
   std::vector<Entry*> pinned;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (blocks > map_.size()) return false;  // cannot all be held: no walk of a sparse file's size
     for (uint64_t i = 0; i < blocks; ++i) {
       auto it = map_.find(BlockKey{file, i});
@@ -88,8 +87,8 @@ void BlockCache::DropFile(const FileKey& file) {
   if (store_.HeldElsewhere(file)) return;
   Freed freed;
   {
-    std::lock_guard lock(mu_);
-    const auto drop = [&](decltype(map_)::iterator it) {
+    MutexLock lock(mu_);
+    const auto drop = [&](decltype(map_)::iterator it) ACCELFS_REQUIRES(mu_) {
       Entry* e = it->second.get();
       if (e->state != State::kReady && e->state != State::kStored) return std::next(it);
       lru_.erase(e->lru_pos);

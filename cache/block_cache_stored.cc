@@ -8,7 +8,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -33,7 +32,7 @@ BlockCache::Adopted BlockCache::AdoptStored() {
         stored.bytes != 0 &&
         stored.bytes == BlockBytes(stored.key.index, stored.key.file.size, options_.block_size);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       take = take && map_.count(stored.key) == 0 && used_ + capacity <= options_.budget_bytes;
       if (take) used_ += capacity;  // reserved while the buffer is mapped outside the lock
     }
@@ -41,7 +40,7 @@ BlockCache::Adopted BlockCache::AdoptStored() {
         take ? store_.Allocate(stored.key, stored.bytes) : Result<BlockBuffer>(Error(ENOSPC));
     if (!buffer.ok()) {
       if (take) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         used_ -= capacity;
       }
       store_.Discard(stored.key);
@@ -55,7 +54,7 @@ BlockCache::Adopted BlockCache::AdoptStored() {
     entry->buffer = buffer.value();
     entry->expected = stored.bytes;
     entry->charged = capacity;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     lru_.push_back(entry.get());  // oldest: what this daemon reads counts as newer
     entry->lru_pos = std::prev(lru_.end());
     map_.emplace(stored.key, std::move(entry));
@@ -78,17 +77,18 @@ void BlockCache::BeginVerify(Entry* entry, const std::shared_ptr<BackingFile>& f
 }
 
 void BlockCache::WorkLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    work_cv_.wait(
-        lock, [this] { return workers_stop_ || !commit_queue_.empty() || !verify_queue_.empty(); });
+    work_cv_.wait(lock.native(), [this]() ACCELFS_REQUIRES(mu_) {
+      return workers_stop_ || !commit_queue_.empty() || !verify_queue_.empty();
+    });
     if (workers_stop_) return;
     // Commits first: their blocks' readers wait, and their buffers hold budget.
     const bool commit = !commit_queue_.empty();
     std::deque<Entry*>& queue = commit ? commit_queue_ : verify_queue_;
     Entry* e = queue.front();
     queue.pop_front();
-    lock.unlock();
+    lock.Unlock();
     // Only this thread touches the entry until it is published or fetched again, as a fetch's
     // reader would.
     if (commit) {
@@ -98,7 +98,7 @@ void BlockCache::WorkLoop() {
     } else {
       Refetch(e, checked.error());
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -115,7 +115,7 @@ void BlockCache::Refetch(Entry* entry, const Error& why) {
   constexpr uint64_t kLoggedFailures = 8;
   uint64_t failures = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     failures = ++stats_.verify_failed_blocks;
     entry->stored = false;
   }
@@ -132,7 +132,7 @@ void BlockCache::FetchAgain(Entry* entry) {
   std::vector<Fetch> fetches;
   BlockBuffer stale;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stale = entry->buffer;
     entry->buffer = BlockBuffer{};
     fetches.push_back({entry, entry->file, /*demand=*/!entry->unread});
@@ -146,7 +146,7 @@ void BlockCache::StopWorkers() {
   std::vector<Waiter> cancelled;
   std::vector<std::function<void(Status)>> prefetched;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     workers_stop_ = true;
     work_cv_.notify_all();
   }
@@ -156,7 +156,7 @@ void BlockCache::StopWorkers() {
   for (;;) {
     Entry* e = nullptr;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (commit_queue_.empty()) break;
       e = commit_queue_.front();
       commit_queue_.pop_front();
@@ -164,7 +164,7 @@ void BlockCache::StopWorkers() {
     CommitAndPublish(e);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (Entry* e : verify_queue_) {
       e->state = State::kStored;
       e->file.reset();

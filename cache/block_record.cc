@@ -82,7 +82,7 @@ std::string StoredName(const FileKey& key) {
 
 // Reading a cache directory's records back at start (FileBlockStore::OpenDir).
 void FileBlockStore::LoadStored() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const int dir_fd = dup(root_fd_);
   DIR* dir = dir_fd < 0 ? nullptr : fdopendir(dir_fd);
   if (dir == nullptr) {

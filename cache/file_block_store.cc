@@ -158,7 +158,7 @@ void FileBlockStore::RemoveFiles(const std::string& stem) const {
 }
 
 std::vector<StoredBlock> FileBlockStore::TakeStored() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return std::move(stored_);
 }
 
@@ -217,7 +217,7 @@ Result<BlockBuffer> FileBlockStore::Allocate(const BlockKey& key, size_t bytes) 
   bool fresh = false;  // no other buffer of this block is allocated
   int err = 0;         // why the block cannot be in the file: it is then given from memory
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     File& file = files_[key.file];
     if (file.fd < 0 && !file.in_memory) {
       if (Status s = OpenFile(key.file, &file); !s.ok()) {
@@ -289,7 +289,7 @@ int FileBlockStore::Reserve(int fd, uint64_t offset, size_t length, bool fresh) 
 Result<BlockBuffer> FileBlockStore::AllocateInMemory(const BlockKey& key, size_t length, int why) {
   std::byte* data = MapAligned(length, /*fd=*/-1, 0);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = files_.find(key.file);  // there: counted in Allocate, not released yet
     if (data == nullptr) {
       Unlive(it->second, key.index);
@@ -379,7 +379,7 @@ void FileBlockStore::CloseIfUnused(const FileKey& key, File& file) {
 }
 
 void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(key.file);
   if (it == files_.end()) return;
   File& file = it->second;
@@ -406,7 +406,7 @@ void FileBlockStore::Release(const BlockKey& key, BlockBuffer buffer) {
 void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
   if (!persistent_) return Release(key, buffer);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = files_.find(key.file);
     if (it == files_.end()) return;
     if (!InMemory(it->second, buffer)) {
@@ -421,7 +421,7 @@ void FileBlockStore::Retain(const BlockKey& key, BlockBuffer buffer) {
 }
 
 void FileBlockStore::Discard(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(key.file);
   if (it == files_.end()) return;
   File& file = it->second;
@@ -436,7 +436,7 @@ void FileBlockStore::Discard(const BlockKey& key) {
 }
 
 bool FileBlockStore::HeldElsewhere(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(file);
   return it != files_.end() && HeldByOthers(it->second.fd);
 }
@@ -456,14 +456,14 @@ bool FileBlockStore::HeldByOthers(int fd) {
 }
 
 int FileBlockStore::FileDescriptor(const FileKey& file) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = files_.find(file);
   // A file with a block in memory is not whole in its store file: the kernel cannot read it there.
   return it == files_.end() || it->second.memory_blocks > 0 ? -1 : it->second.fd;
 }
 
 size_t FileBlockStore::file_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return files_.size();
 }
 

@@ -35,7 +35,6 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -45,6 +44,7 @@
 #include "cache/block_mac.h"
 #include "cache/block_record.h"
 #include "cache/block_store.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -122,11 +122,11 @@ class FileBlockStore final : public BlockStore {
   void NoteFailure(int err);
   // Whether `buffer` is one of `file`'s blocks in memory, not in its mapping.
   static bool InMemory(const File& file, const BlockBuffer& buffer);
-  // Opens (creating when missing) `file`'s data and record. REQUIRES: mu_ held.
-  Status OpenFile(const FileKey& key, File* file);
-  // One buffer of block `index` released or retained; true when another is still allocated.
-  // REQUIRES: mu_ held.
-  static bool Unlive(File& file, uint64_t index);
+  // Opens (creating when missing) `file`'s data and record.
+  Status OpenFile(const FileKey& key, File* file) ACCELFS_REQUIRES(mu_);
+  // One buffer of block `index` released or retained; true when another is still allocated. Not
+  // static, so that the analysis can name mu_.
+  bool Unlive(File& file, uint64_t index) ACCELFS_REQUIRES(mu_);
   // Whether an open file other than `fd` itself refers to `fd`'s inode (HeldElsewhere).
   static bool HeldByOthers(int fd);
   // Unmaps both of `file`'s mappings.
@@ -134,8 +134,7 @@ class FileBlockStore final : public BlockStore {
   // Writes block `index`'s presence byte. REQUIRES: the file is open.
   void Mark(const File& file, uint64_t index, bool present) const;
   // When no block of `file` is allocated or recorded any more, closes it and removes its files.
-  // REQUIRES: mu_ held.
-  void CloseIfUnused(const FileKey& key, File& file);
+  void CloseIfUnused(const FileKey& key, File& file) ACCELFS_REQUIRES(mu_);
   // Removes the cache-directory files named `stem` (StoredName): the record, then the data.
   void RemoveFiles(const std::string& stem) const;
   // Scans the directory (OpenDir).
@@ -148,11 +147,11 @@ class FileBlockStore final : public BlockStore {
   const bool persistent_;              // blocks are recorded and outlive the store
   const bool sync_;                    // fdatasync the data before recording it (not RAM-backed)
   const std::optional<BlockMac> mac_;  // keyed with the cache dir's secret; set where persistent_
-  mutable std::mutex mu_;              // a leaf lock
-  std::unordered_map<FileKey, File, FileKeyHash> files_;  // GUARDED_BY(mu_)
-  std::vector<StoredBlock> stored_;                       // GUARDED_BY(mu_) until TakeStored
+  mutable Mutex mu_;                   // a leaf lock
+  std::unordered_map<FileKey, File, FileKeyHash> files_ ACCELFS_GUARDED_BY(mu_);
+  std::vector<StoredBlock> stored_ ACCELFS_GUARDED_BY(mu_);  // until TakeStored
   // Blocks whose Commit failed, fetched again, and its errno: their next Allocate gives memory.
-  std::unordered_map<BlockKey, int, BlockKeyHash> retry_in_memory_;  // GUARDED_BY(mu_)
+  std::unordered_map<BlockKey, int, BlockKeyHash> retry_in_memory_ ACCELFS_GUARDED_BY(mu_);
   std::atomic<int> failed_{0};              // the errno that made every block go to memory; 0: none
   std::atomic<bool> short_of_room_{false};  // the last block that found no room went to memory
   std::atomic<bool> other_logged_{false};   // a fallback for another reason was logged

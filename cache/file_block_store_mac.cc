@@ -6,7 +6,6 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "cache/block.h"
@@ -24,7 +23,7 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
   if (!persistent_) return Status::Ok();
   File file;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = files_.find(key.file);
     if (it == files_.end() || InMemory(it->second, buffer)) return Status::Ok();  // not recorded
     file.fd = it->second.fd;  // what Mark needs, not the whole File
@@ -72,7 +71,7 @@ Status FileBlockStore::Commit(const BlockKey& key, const BlockBuffer& buffer, si
     NoteFailure(err);
   }
   if (err != 0) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     retry_in_memory_.insert_or_assign(key, err);
     return Error(err);
   }
@@ -87,7 +86,7 @@ Status FileBlockStore::Verify(const BlockKey& key, uint32_t bytes) {
   int fd = -1;
   int map_fd = -1;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = files_.find(key.file);
     if (it == files_.end()) return Error(ENOENT);
     fd = it->second.fd;  // open while the block is allocated, as in Commit

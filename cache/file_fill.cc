@@ -25,9 +25,7 @@ void FileFill::RunRound() {
   // One more than the blocks: this loop's own count, so that answers arriving during the loop
   // (cached blocks answer at once) cannot end the round before every Get was made.
   left_.store(blocks_ + 1, std::memory_order_relaxed);
-  {
-    std::unique_lock<std::mutex> order;
-    if (options_.issue_order != nullptr) order = std::unique_lock(*options_.issue_order);
+  const auto get_all = [this] {
     const uint32_t block_size = cache_.block_size();
     for (uint64_t b = 0; b < blocks_; ++b) {
       cache_.Get(BlockKey{file_, b}, BlockBytes(b, file_.size, block_size), backing_,
@@ -38,6 +36,12 @@ void FileFill::RunRound() {
                    self->Answered(ok);
                  });
     }
+  };
+  if (options_.issue_order != nullptr) {
+    MutexLock order(*options_.issue_order);
+    get_all();
+  } else {
+    get_all();
   }
   // Outside the lock: ending the round may start the next one.
   if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) RoundDone();

@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 
 #include "cache/backend/reader.h"
 #include "cache/block_cache.h"
 #include "cache/file_key.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -40,7 +40,7 @@ class FileFill : public std::enable_shared_from_this<FileFill> {
     // Held while a round's Gets are made, so that the rounds of the fills sharing it are queued
     // whole (the backend serves demand first come, first served: the file started first is cached
     // first). Null: none. Must outlive the fill.
-    std::mutex* issue_order = nullptr;
+    Mutex* issue_order = nullptr;
     // Called once, when the last round ended. Required.
     std::function<void(const Outcome&)> done;
   };

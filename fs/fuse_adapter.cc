@@ -475,8 +475,10 @@ Status FuseSession::Loop() {
 bool FuseSession::Exiting() const { return fuse_session_exited(impl_->session) != 0; }
 
 bool FuseSession::WaitInitialized() {
-  std::unique_lock lock(impl_->init_mu);
-  impl_->init_cv.wait(lock, [&] { return impl_->init_done || impl_->init_abandoned; });
+  MutexLock lock(impl_->init_mu);
+  impl_->init_cv.wait(lock.native(), [&]() ACCELFS_REQUIRES(impl_->init_mu) {
+    return impl_->init_done || impl_->init_abandoned;
+  });
   return impl_->init_done;
 }
 

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
-#include <mutex>
 
+#include "cache/mutex.h"
 #include "cache/result.h"
 
 namespace accelfs {
@@ -25,12 +25,12 @@ struct SessionIo {
   std::atomic<bool> direct_io_mmap{false};                // agreed in our INIT reply
   // Set once the kernel has processed our INIT reply (it does so inside the reply's write), or
   // when the session is being unmounted.
-  std::mutex init_mu;
+  Mutex init_mu;
   std::condition_variable init_cv;
-  bool init_done = false;       // GUARDED_BY(init_mu)
-  bool init_abandoned = false;  // GUARDED_BY(init_mu)
+  bool init_done ACCELFS_GUARDED_BY(init_mu) = false;
+  bool init_abandoned ACCELFS_GUARDED_BY(init_mu) = false;
   void EndInitWait(bool done) {
-    std::lock_guard lock(init_mu);
+    MutexLock lock(init_mu);
     (done ? init_done : init_abandoned) = true;
     init_cv.notify_all();
   }

@@ -15,7 +15,7 @@ bool IsAncestorOrSelf(const std::shared_ptr<Inode>& maybe, std::shared_ptr<Inode
     if (of == maybe) return true;
     std::shared_ptr<Inode> parent;
     {
-      std::lock_guard lock(of->mu);
+      MutexLock lock(of->mu);
       parent = of->parent;
     }
     of = std::move(parent);
@@ -33,7 +33,7 @@ std::string SourcePath(const std::shared_ptr<Inode>& inode) {
     std::shared_ptr<Inode> parent;
     std::string name;
     {
-      std::lock_guard lock(node->mu);
+      MutexLock lock(node->mu);
       parent = node->parent;
       name = node->name;
     }

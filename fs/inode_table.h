@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -37,19 +36,19 @@ struct Inode {
 
   // Guards the fields marked so below. Lock order: taken with no other inode's mu held, and never
   // together with kernel_mode's locks (fs/inode_mode.h).
-  std::mutex mu;
+  Mutex mu;
   // Cached, direct or passthrough, the backing id, and which version of the file the kernel's
   // pages belong to.
   InodeMode kernel_mode;
   // Where the kernel last looked this inode up: its directory and name (for shard sets, and the
   // check at open that the name still leads to it).
-  std::shared_ptr<Inode> parent;  // GUARDED_BY(mu)
-  std::string name;               // GUARDED_BY(mu)
+  std::shared_ptr<Inode> parent ACCELFS_GUARDED_BY(mu);
+  std::string name ACCELFS_GUARDED_BY(mu);
   // The attributes permission checks read, as last given to the kernel (LOOKUP, GETATTR,
   // READDIRPLUS): what its default_permissions checks against until attr_timeout. Meaningless
   // until told_known.
-  AccessAttrs told;         // GUARDED_BY(mu)
-  bool told_known = false;  // GUARDED_BY(mu)
+  AccessAttrs told ACCELFS_GUARDED_BY(mu);
+  bool told_known ACCELFS_GUARDED_BY(mu) = false;
 };
 
 // The path relative to SOURCE's root by which `inode` was last looked up: its names up the parents

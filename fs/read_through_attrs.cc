@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <climits>
-#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -52,7 +51,7 @@ Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view na
   // directory, what a file's place in SOURCE is made of (SourcePath). Never one that would make a
   // directory its own ancestor (a bind mount of a directory inside itself).
   if (S_ISREG(out.attr.st_mode) || (S_ISDIR(out.attr.st_mode) && !IsAncestorOrSelf(node, *dir))) {
-    std::lock_guard lock(node->mu);
+    MutexLock lock(node->mu);
     node->parent = *dir;
     node->name = child;
   }

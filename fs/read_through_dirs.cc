@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <memory>
-#include <mutex>
 
 #include "fs/read_through_fs.h"
 #include "fs/read_through_handles.h"
@@ -47,7 +46,7 @@ Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino, const Caller& caller) {
   closedir(dir);
   if (err != 0) return Error(err);
   const uint64_t dh = reinterpret_cast<uint64_t>(handle.get());
-  std::lock_guard lock(handles_mu_);
+  MutexLock lock(handles_mu_);
   dir_handles_.emplace(dh, std::move(handle));
   return dh;
 }
@@ -73,6 +72,12 @@ Status ReadThroughFs::ReadDir(uint64_t dh, uint64_t offset, bool plus, const Dir
   return Status::Ok();
 }
 
-void ReadThroughFs::ReleaseDir(uint64_t dh) { TakeHandle(handles_mu_, dir_handles_, dh); }
+void ReadThroughFs::ReleaseDir(uint64_t dh) {
+  std::unique_ptr<DirHandle> handle;
+  {
+    MutexLock lock(handles_mu_);
+    handle = TakeHandle(dir_handles_, dh);
+  }
+}
 
 }  // namespace accelfs

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
-#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -31,11 +30,24 @@ std::string DescriptorPath(int fd) {
 
 // One READ that spans one or more blocks; replies once every block has answered.
 struct PendingRead {
-  std::mutex mu;
-  std::vector<ReadPiece> pieces;  // GUARDED_BY(mu)
-  size_t remaining = 0;           // GUARDED_BY(mu)
-  int error = 0;                  // GUARDED_BY(mu) first failure
+  explicit PendingRead(size_t count) : pieces(count), remaining(count) {}
+
+  Mutex mu;
+  std::vector<ReadPiece> pieces ACCELFS_GUARDED_BY(mu);
+  size_t remaining ACCELFS_GUARDED_BY(mu) = 0;
+  int error ACCELFS_GUARDED_BY(mu) = 0;  // first failure
   ReadDone done;
+
+  // The reply, once the last block has answered: without mu, since no other answer writes any
+  // more.
+  void Reply() ACCELFS_NO_THREAD_SAFETY_ANALYSIS {
+    if (error != 0) {
+      pieces.clear();  // unpin before replying
+      done(Error(error));
+    } else {
+      done(std::move(pieces));
+    }
+  }
 };
 
 }  // namespace
@@ -125,7 +137,7 @@ int ReadThroughFs::OpenRoot() {
 
 void ReadThroughFs::FollowSource() {
   if (source_.empty()) return;
-  std::lock_guard lock(follow_mu_);
+  MutexLock lock(follow_mu_);
   const std::shared_ptr<Inode> root = inodes_.Get(InodeTable::kRootId);
   struct stat st {};
   if (stat(source_.c_str(), &st) != 0 || (st.st_dev == root->dev && st.st_ino == root->ino)) {
@@ -147,7 +159,7 @@ Status ReadThroughFs::CheckFresh(uint64_t id, Inode& node, const struct stat& fr
                                  const Caller& caller, int mask) {
   const AccessAttrs now = AccessAttrsOf(fresh);
   {
-    std::lock_guard lock(node.mu);
+    MutexLock lock(node.mu);
     if (!node.told_known || node.told == now) return Status::Ok();  // the kernel checked these
   }
   if (kernel_attrs_ != nullptr) kernel_attrs_->Invalidate(id);
@@ -156,7 +168,7 @@ Status ReadThroughFs::CheckFresh(uint64_t id, Inode& node, const struct stat& fr
 }
 
 void ReadThroughFs::NoteTold(Inode& node, const struct stat& st) {
-  std::lock_guard lock(node.mu);
+  MutexLock lock(node.mu);
   node.told = AccessAttrsOf(st);
   node.told_known = true;
 }
@@ -198,7 +210,7 @@ void ReadThroughFs::Read(uint64_t fh, uint64_t offset, size_t size, ReadDone don
   BlockRange ahead;
   std::shared_ptr<const std::vector<std::byte>> head;
   {
-    std::lock_guard lock(handle->mu);
+    MutexLock lock(handle->mu);
     if (!streamed) {
       ahead = NextReadahead(handle->readahead, offset, size, identity.size, block_size,
                             options_.readahead_blocks);
@@ -261,29 +273,23 @@ std::vector<ReadPiece> ReadThroughFs::HeadPieces(
 void ReadThroughFs::GetSlices(const FileKey& identity, const std::shared_ptr<BackingFile>& file,
                               const std::vector<BlockSlice>& slices, ReadDone done) {
   const uint32_t block_size = options_.block_size;
-  auto pending = std::make_shared<PendingRead>();
-  pending->pieces.resize(slices.size());
-  pending->remaining = slices.size();
+  auto pending = std::make_shared<PendingRead>(slices.size());
   pending->done = std::move(done);
   for (size_t i = 0; i < slices.size(); ++i) {
     const BlockSlice slice = slices[i];
     cache_.Get(
         BlockKey{identity, slice.index}, BlockBytes(slice.index, identity.size, block_size), file,
         [pending, i, slice](Result<BlockCache::Ref> block) {
-          std::unique_lock lock(pending->mu);
-          if (block.ok()) {
-            pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length, nullptr};
-          } else if (pending->error == 0) {
-            pending->error = block.error().code();
+          {
+            MutexLock lock(pending->mu);
+            if (block.ok()) {
+              pending->pieces[i] = {std::move(block.value()), slice.offset, slice.length, nullptr};
+            } else if (pending->error == 0) {
+              pending->error = block.error().code();
+            }
+            if (--pending->remaining > 0) return;
           }
-          if (--pending->remaining > 0) return;
-          lock.unlock();
-          if (pending->error != 0) {
-            pending->pieces.clear();  // unpin before replying
-            pending->done(Error(pending->error));
-          } else {
-            pending->done(std::move(pending->pieces));
-          }
+          pending->Reply();
         });
   }
 }
@@ -303,7 +309,7 @@ void ReadThroughFs::ReadPinned(const Handle& handle, const std::vector<BlockSlic
 std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
   std::vector<std::pair<std::shared_ptr<Inode>, OpenFileInfo>> open;
   {
-    std::lock_guard lock(handles_mu_);
+    MutexLock lock(handles_mu_);
     for (const auto& [fh, handle] : handles_) {
       open.push_back(
           {handle->inode, {"", "", handle->identity.size, handle->backing_id > 0, handle->direct}});
@@ -320,7 +326,7 @@ std::vector<OpenFileInfo> ReadThroughFs::OpenFiles() {
         !at.ends_with(" (deleted)")) {
       info.path = at.substr(prefix.size());
     }
-    std::lock_guard lock(inode->mu);
+    MutexLock lock(inode->mu);
     info.name = inode->name;
     out.push_back(std::move(info));
   }

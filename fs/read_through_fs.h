@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -22,6 +21,7 @@
 #include "cache/block_cache.h"
 #include "cache/file_fill.h"
 #include "cache/latency_histogram.h"
+#include "cache/mutex.h"
 #include "cache/prefetch/prefetcher.h"
 #include "cache/result.h"
 #include "cache/source_file.h"  // FdPath
@@ -325,7 +325,7 @@ class ReadThroughFs {
   InodeTable inodes_;
   std::string source_;          // SOURCE's path (Create); empty: the root never follows it
   int64_t source_fs_type_ = 0;  // its statfs f_type then
-  std::mutex follow_mu_;        // one FollowSource at a time
+  Mutex follow_mu_;             // one FollowSource at a time
   Prefetcher* const prefetcher_;
   std::unique_ptr<ShardOpener> shard_opener_;  // with a prefetcher
   BackingRegistry* registry_ = nullptr;
@@ -344,13 +344,14 @@ class ReadThroughFs {
   // queued whole. Taken before the cache's locks, never after them (the cache calls back outside
   // its lock), and never again inside: a round is ended, and the next begun, only after it is
   // released.
-  std::mutex fill_order_mu_;
+  Mutex fill_order_mu_;
   // Handles the kernel has not released yet, owned here so that none outlives the filesystem: the
   // kernel sends RELEASE asynchronously, and one still queued when the session ends (a close just
   // before SIGTERM) never arrives. Lock order: handles_mu_ is a leaf.
-  std::mutex handles_mu_;
-  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;         // GUARDED_BY(handles_mu_)
-  std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_;  // GUARDED_BY(handles_mu_)
+  Mutex handles_mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_ ACCELFS_GUARDED_BY(handles_mu_);
+  std::unordered_map<uint64_t, std::unique_ptr<DirHandle>> dir_handles_
+      ACCELFS_GUARDED_BY(handles_mu_);
 };
 
 }  // namespace accelfs

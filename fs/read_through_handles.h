@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/readahead.h"
@@ -33,11 +33,16 @@ struct ReadThroughFs::Handle {
   std::atomic<int> watch{kNotWatched};
   uint64_t push_epoch = 0;              // PagePusher::Epoch() at the open
   std::vector<BlockCache::Ref> pinned;  // passthrough: every block, so none is evicted
-  std::mutex mu;
-  ReadaheadState readahead;  // GUARDED_BY(mu)
+  Mutex mu;
+  ReadaheadState readahead ACCELFS_GUARDED_BY(mu);
   // The file's first bytes, read with its identity at the open (SourceFile::head), kept until a
   // READ goes past them: its first READs are answered from them while their block comes.
-  std::shared_ptr<const std::vector<std::byte>> head;  // GUARDED_BY(mu)
+  std::shared_ptr<const std::vector<std::byte>> head ACCELFS_GUARDED_BY(mu);
+  // Sets `head` while the open owns the handle alone (before it is in handles_): no lock.
+  void SetHeadUnpublished(std::shared_ptr<const std::vector<std::byte>> bytes)
+      ACCELFS_NO_THREAD_SAFETY_ANALYSIS {
+    head = std::move(bytes);
+  }
 };
 
 // An open waiting for its whole file to be cached (FsOptions::fill_on_open).
@@ -60,12 +65,11 @@ struct ReadThroughFs::DirHandle {
 };
 
 // Removes handle `id` from `handles` and returns it (destroyed by the caller, after the lock);
-// nullptr for an id that is not there. REQUIRES: `mu` guards `handles`.
+// nullptr for an id that is not there. `handles`: ReadThroughFs::handles_ or dir_handles_, with
+// handles_mu_ held (the caller's: the analysis cannot tie a parameter to the mutex guarding it).
 template <typename T>
-std::unique_ptr<T> TakeHandle(std::mutex& mu,
-                              std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
+std::unique_ptr<T> TakeHandle(std::unordered_map<uint64_t, std::unique_ptr<T>>& handles,
                               uint64_t id) {
-  std::lock_guard lock(mu);
   auto it = handles.find(id);
   if (it == handles.end()) return nullptr;
   std::unique_ptr<T> handle = std::move(it->second);

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -73,7 +72,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   window_.Note(file->key, check_began);
   handle->file = std::move(file->backing);
   handle->identity = file->key;
-  handle->head = KeepHead(std::move(file->head));
+  handle->SetHeadUnpublished(KeepHead(std::move(file->head)));
   handle->inode = *inode;
   handle->ino = ino;
   if (!WantsFill(*handle)) {
@@ -86,7 +85,11 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   // way (Fill::next, NextShardLead). The identity samples just read told which.
   auto fill = std::make_shared<Fill>();
   {
-    auto [dir, name] = PlaceOf(*handle->inode);
+    // Named variables, not a structured binding, for the lambda to capture (clang-14 cannot
+    // capture a binding: tools/check_thread_safety.sh).
+    std::pair<std::shared_ptr<Inode>, std::string> place = PlaceOf(*handle->inode);
+    std::shared_ptr<Inode> dir = std::move(place.first);
+    std::string name = std::move(place.second);
     if (dir && handle->safetensors) {
       fill->next = [opener = shard_opener_.get(), dir, name, key = handle->identity] {
         opener->StartNextAfter(dir, name, key);
@@ -141,7 +144,7 @@ std::unique_ptr<ReadThroughFs::Handle> ReadThroughFs::OpenTrusted(
 }
 
 std::pair<std::shared_ptr<Inode>, std::string> ReadThroughFs::PlaceOf(Inode& inode) {
-  std::lock_guard lock(inode.mu);
+  MutexLock lock(inode.mu);
   return {inode.parent, inode.name};
 }
 
@@ -210,7 +213,8 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   if (handle->backing_id > 0) passthrough_files_.fetch_add(1, std::memory_order_relaxed);
   // Unpinned with no inode lock held; a handle with no store file (OpenTrusted) keeps its pins.
   if (handle->backing_id == 0 && handle->file) handle->pinned.clear();
-  if (handle->backing_id > 0) handle->head.reset();  // its READs never reach the daemon
+  if (handle->backing_id > 0)
+    handle->SetHeadUnpublished(nullptr);  // its READs never reach the daemon
   const OpenOut out{.fh = reinterpret_cast<uint64_t>(handle.get()),
                     .backing_id = mode->backing_id,
                     .keep_cache = mode->keep_cache,
@@ -231,7 +235,7 @@ void ReadThroughFs::FinishOpen(std::unique_ptr<Handle> handle, bool next_started
   std::shared_ptr<BackingFile> closed_after_reply;
   if (handle->backing_id > 0 && may_wait) closed_after_reply = std::move(handle->file);
   {
-    std::lock_guard lock(handles_mu_);
+    MutexLock lock(handles_mu_);
     handles_.emplace(out.fh, std::move(handle));
   }
   open_files_.fetch_add(1, std::memory_order_relaxed);
@@ -261,7 +265,11 @@ void ReadThroughFs::StartStreams(const StreamStart& open, const std::shared_ptr<
 
 void ReadThroughFs::Release(uint64_t fh) {
   const CallsInProgress::Scope store_call(store_calls_);  // calls SOURCE's filesystem
-  std::unique_ptr<Handle> handle = TakeHandle(handles_mu_, handles_, fh);
+  std::unique_ptr<Handle> handle;
+  {
+    MutexLock lock(handles_mu_);
+    handle = TakeHandle(handles_, fh);
+  }
   if (!handle) return;
   const bool passthrough = handle->backing_id > 0;
   if (passthrough) passthrough_files_.fetch_sub(1, std::memory_order_relaxed);

@@ -2,8 +2,9 @@
 // read goes to the inner reader next. Per-file share, slow start with its probe, the store's queue
 // limits, the flight cap and the O_DIRECT or page cache choice per store.
 //
-// Thread safety: none of its own. Every method REQUIRES the owner's mutex (BoundedReader::mu_),
-// and none calls out (no callback, no Submit): it only counts and picks.
+// Thread safety: none of its own. Every method runs with the owner's mutex held
+// (BoundedReader::mu_; its member is ACCELFS_GUARDED_BY that mutex, so the analysis checks each
+// call there), and none calls out (no callback, no Submit): it only counts and picks.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <mutex>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -41,7 +40,7 @@ BoundedReader::~BoundedReader() {
 
 StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (const std::optional<StoreLimits> known = admission_.KnownLimits(file.dev())) return *known;
   }
   // sysfs and mountinfo: no lock held
@@ -49,7 +48,7 @@ StoreLimits BoundedReader::LimitsOf(const BackingFile& file) {
   bool inserted = false;
   StoreLimits kept;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::tie(kept, inserted) = admission_.AddStore(file.dev(), limits);
   }
   // A store that takes more of one file than the share of the start depth: the depth starts
@@ -98,7 +97,7 @@ void BoundedReader::Submit(ReadRequest request) {
   bool taken = false;
   bool held_back = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!stopping_) {
       taken = true;
       if (pieces.size() > 1) admission_.CountSplit();
@@ -121,7 +120,7 @@ void BoundedReader::Completed(uint64_t id, Result<size_t> result) {
   std::vector<ReadRequest> send;
   bool held_back = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const StallWatch::InFlight& f = watch_.at(id);
     chosen = admission_.Back(f.sent, result, f.state == StallWatch::State::kInFlight);
     chosen_store = f.sent.store;
@@ -145,7 +144,7 @@ void BoundedReader::StallWhere(
   std::vector<ReadRequest> send;
   bool held_back = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stalling = watch_.Stall(pick);
     for (size_t i = 0; i < stalling.size(); ++i) admission_.LeftFlight();
     watch_.CountTimedOut(admission_.Expire(expired, &timed_out));
@@ -164,7 +163,7 @@ void BoundedReader::RunStalled(std::vector<std::pair<uint64_t, std::function<voi
     std::optional<Result<size_t>> result;
     StallWatch::Answer answer;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       answer = watch_.Settle(id, &result);
     }
     if (answer.done) {
@@ -177,31 +176,33 @@ void BoundedReader::RunStalled(std::vector<std::pair<uint64_t, std::function<voi
 void BoundedReader::Watch() {
   for (;;) {
     {
-      std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, watch_.Every(), [this] { return stopping_; })) return;
+      MutexLock lock(mu_);
+      if (cv_.wait_for(lock.native(), watch_.Every(),
+                       [this]() ACCELFS_REQUIRES(mu_) { return stopping_; }))
+        return;
       admission_.ProbeQuiet(Clock::now());
     }
-    if (!watch_.times_out()) continue;
-    const Clock::time_point deadline = watch_.Deadline();
+    if (!TimesOut()) continue;
+    const Clock::time_point deadline = Deadline();
     StallWhere(
-        [&](const StallWatch::InFlight& f) {
+        [&](const StallWatch::InFlight& f) ACCELFS_REQUIRES(mu_) {  // StallWhere holds mu_
           if (f.sent.at > deadline) return false;
-          // mu_ held by StallWhere
           const std::optional<Clock::time_point> progress = admission_.ProgressOf(f.sent.file);
           return !progress || *progress <= deadline;
         },
         // Waiting for its own file's share, not for the flight: the file is the one stuck.
-        [&, share = Share()](Clock::time_point queued, const AdmissionPolicy::PerFile& file) {
-          return queued <= deadline && file.progress <= deadline &&
-                 admission_.HeldByShare(file, share);
-        });
+        [&, share = Share()](Clock::time_point queued, const AdmissionPolicy::PerFile& file)
+            ACCELFS_REQUIRES(mu_) {
+              return queued <= deadline && file.progress <= deadline &&
+                     admission_.HeldByShare(file, share);
+            });
   }
 }
 
 void BoundedReader::Stop() {
   std::vector<ReadRequest> cancelled;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
     cv_.notify_all();
@@ -210,7 +211,7 @@ void BoundedReader::Stop() {
   if (watcher_.joinable()) watcher_.join();
   for (ReadRequest& r : cancelled) r.done(Error(ECANCELED));
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     abandoned_ = watch_.WaitGrace(lock, cv_);
   }
   // What is left will not be waited for: its readers are answered now.
@@ -220,12 +221,12 @@ void BoundedReader::Stop() {
 }
 
 bool BoundedReader::abandoned() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return abandoned_;
 }
 
 BoundedReaderStats BoundedReader::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const AdmissionStats& a = admission_.stats();
   const StallStats& w = watch_.stats();
   BoundedReaderStats stats;

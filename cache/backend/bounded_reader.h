@@ -73,7 +73,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -81,6 +80,7 @@
 #include "cache/backend/io_choice.h"
 #include "cache/backend/reader.h"
 #include "cache/backend/stall_watch.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -132,37 +132,45 @@ class BoundedReader final : public BackendReader {
   using Clock = std::chrono::steady_clock;
   using Admitted = AdmissionPolicy::Admitted;
 
-  // Registers each admitted request with the watchdog, its answer routed to Completed.
-  // REQUIRES: mu_ held; the caller submits what it returns after unlocking.
-  std::vector<ReadRequest> Register(std::vector<Admitted> admitted);
+  // Registers each admitted request with the watchdog, its answer routed to Completed. The
+  // caller submits what it returns after unlocking.
+  std::vector<ReadRequest> Register(std::vector<Admitted> admitted) ACCELFS_REQUIRES(mu_);
   // The admission policy's AdmitWaiting, registered: what to submit once mu_ is released, and
-  // whether a file waits that only the share holds (NoteHeldBack then). REQUIRES: mu_ held.
-  std::vector<ReadRequest> AdmitWaiting(bool* held_back);
-  void Completed(uint64_t id, Result<size_t> result);
-  unsigned Share() const { return admission_.Share(inner_->CurrentDepth()); }
-  // The limits of `file`'s filesystem, asked of options_.limits the first time. REQUIRES: mu_
-  // not held.
-  StoreLimits LimitsOf(const BackingFile& file);
+  // whether a file waits that only the share holds (NoteHeldBack then).
+  std::vector<ReadRequest> AdmitWaiting(bool* held_back) ACCELFS_REQUIRES(mu_);
+  void Completed(uint64_t id, Result<size_t> result) ACCELFS_EXCLUDES(mu_);
+  // Without mu_: Share reads only the options, fixed at construction.
+  unsigned Share() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS {
+    return admission_.Share(inner_->CurrentDepth());
+  }
+  // The limits of `file`'s filesystem, asked of options_.limits the first time.
+  StoreLimits LimitsOf(const BackingFile& file) ACCELFS_EXCLUDES(mu_);
   // The watcher thread: slow start's probes, then the timeout.
   void Watch();
   // Stalls every in-flight request for which `pick` holds, and answers ETIMEDOUT every waiting
-  // one for which `expired` does. REQUIRES: mu_ not held.
+  // one for which `expired` does. Both run with mu_ held.
   void StallWhere(
       const std::function<bool(const StallWatch::InFlight&)>& pick,
-      const std::function<bool(Clock::time_point, const AdmissionPolicy::PerFile&)>& expired);
+      const std::function<bool(Clock::time_point, const AdmissionPolicy::PerFile&)>& expired)
+      ACCELFS_EXCLUDES(mu_);
   // Runs the stall callbacks of `stalling`, then answers those that came back meanwhile.
-  // REQUIRES: mu_ not held.
-  void RunStalled(std::vector<std::pair<uint64_t, std::function<void()>>> stalling);
+  void RunStalled(std::vector<std::pair<uint64_t, std::function<void()>>> stalling)
+      ACCELFS_EXCLUDES(mu_);
+  // Without mu_: the watchdog's timeout, fixed at construction.
+  bool TimesOut() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS { return watch_.times_out(); }
+  Clock::time_point Deadline() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS { return watch_.Deadline(); }
 
   std::unique_ptr<BackendReader> inner_;  // released, not destroyed, when reads were abandoned
   const BoundedReaderOptions options_;
 
-  mutable std::mutex mu_;  // a leaf: no callback and no Submit below runs under it
+  mutable Mutex mu_;  // a leaf: no callback and no Submit below runs under it
   std::condition_variable cv_;
-  AdmissionPolicy admission_;  // GUARDED_BY(mu_)
-  StallWatch watch_;           // GUARDED_BY(mu_)
-  bool stopping_ = false;      // GUARDED_BY(mu_)
-  bool abandoned_ = false;     // GUARDED_BY(mu_)
+  // Neither has a lock of its own: each of their methods runs with mu_ held, which the analysis
+  // checks here (a call of one is a read or write of the member).
+  AdmissionPolicy admission_ ACCELFS_GUARDED_BY(mu_);
+  StallWatch watch_ ACCELFS_GUARDED_BY(mu_);
+  bool stopping_ ACCELFS_GUARDED_BY(mu_) = false;
+  bool abandoned_ ACCELFS_GUARDED_BY(mu_) = false;
   std::thread watcher_;
 };
 

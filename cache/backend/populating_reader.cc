@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -47,7 +46,7 @@ void PopulatingReader::Submit(ReadRequest request) { served_.Submit(std::move(re
 void PopulatingReader::NoteLost(int delta) {
   lost_.fetch_add(delta, std::memory_order_relaxed);
   inner_->NoteLost(delta);
-  std::lock_guard lock(served_.mu);
+  MutexLock lock(served_.mu);
   served_.cv.notify_all();
 }
 
@@ -61,12 +60,14 @@ void PopulatingReader::Run() {
     ReadRequest request;
     bool stopping;
     {
-      std::unique_lock lock(served_.mu);
-      served_.cv.wait(lock, [this] { return served_.stopping || !filled_.empty() || MayPassOn(); });
+      MutexLock lock(served_.mu);
+      served_.cv.wait(lock.native(), [this]() ACCELFS_REQUIRES(served_.mu) {
+        return served_.stopping || !filled_.empty() || MayPassOn();
+      });
       if (!filled_.empty()) {
         Filled filled = std::move(filled_.front());
         filled_.pop_front();
-        lock.unlock();
+        lock.Unlock();
         ReadView(filled);
         continue;
       }
@@ -88,7 +89,7 @@ void PopulatingReader::Run() {
 void PopulatingReader::Finish(const std::byte* view, bool demand,
                               std::function<void(Result<size_t>)> done, Result<size_t> result) {
   {
-    std::lock_guard lock(served_.mu);
+    MutexLock lock(served_.mu);
     --passed_on_;
     if (demand) --demand_passed_on_;
     served_.cv.notify_one();  // a window slot, or a view to read

@@ -23,7 +23,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 
 #include "cache/backend/page_choice.h"
 #include "cache/backend/reader.h"
@@ -84,7 +83,7 @@ class PopulatingReader final : public BackendReader {
   void Finish(const std::byte* view, bool demand, std::function<void(Result<size_t>)> done,
               Result<size_t> result);
   void ReadView(const Filled& filled);
-  bool MayPassOn() const;  // REQUIRES: served_.mu held
+  bool MayPassOn() const ACCELFS_REQUIRES(served_.mu);
 
   const std::unique_ptr<BackendReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
@@ -98,9 +97,10 @@ class PopulatingReader final : public BackendReader {
   std::atomic<int> lost_{0};
 
   ServedQueue served_;
-  unsigned passed_on_ = 0;         // GUARDED_BY(served_.mu) requests with inner_, not yet answered
-  unsigned demand_passed_on_ = 0;  // GUARDED_BY(served_.mu) those of them that are demand
-  std::deque<Filled> filled_;      // GUARDED_BY(served_.mu)
+  // requests with inner_, not yet answered
+  unsigned passed_on_ ACCELFS_GUARDED_BY(served_.mu) = 0;
+  unsigned demand_passed_on_ ACCELFS_GUARDED_BY(served_.mu) = 0;  // those of them that are demand
+  std::deque<Filled> filled_ ACCELFS_GUARDED_BY(served_.mu);
 };
 
 // The populating threads for this machine: half its CPUs, from 2 to 4.

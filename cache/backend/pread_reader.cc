@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <mutex>
 #include <thread>
 
 #include "cache/block.h"
@@ -49,7 +48,7 @@ void DropBackingPageCache(const ReadRequest& request, size_t bytes) {
 
 void ServedQueue::Submit(ReadRequest request) {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (!stopping) {
       queue.Push(std::move(request));
       cv.notify_one();
@@ -61,7 +60,7 @@ void ServedQueue::Submit(ReadRequest request) {
 
 void ServedQueue::StopAndJoin() {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     stopping = true;
     cv.notify_all();
   }
@@ -79,7 +78,7 @@ PreadReader::~PreadReader() { Stop(); }
 
 void PreadReader::NoteLost(int delta) {
   if (delta <= 0) return;  // a thread that came back stays: the pool only grows by stalls
-  std::lock_guard lock(served_.mu);
+  MutexLock lock(served_.mu);
   if (served_.stopping) return;
   for (int i = 0; i < delta; ++i) {
     served_.threads.emplace_back([this] { RunGuarded("pread", [this] { Run(); }); });
@@ -94,8 +93,10 @@ void PreadReader::Run() {
   for (;;) {
     ReadRequest request;
     {
-      std::unique_lock lock(served_.mu);
-      served_.cv.wait(lock, [this] { return served_.stopping || !served_.queue.empty(); });
+      MutexLock lock(served_.mu);
+      served_.cv.wait(lock.native(), [this]() ACCELFS_REQUIRES(served_.mu) {
+        return served_.stopping || !served_.queue.empty();
+      });
       if (served_.queue.empty()) return;  // stopping, and everything submitted has been served
       request = served_.queue.Pop();
     }

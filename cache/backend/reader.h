@@ -12,10 +12,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "cache/mutex.h"
 #include "cache/result.h"
 #include "cache/store/backing_file.h"
 
@@ -119,10 +119,10 @@ struct ServedQueue {
   void Submit(ReadRequest request);
   void StopAndJoin();
 
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
-  RequestQueue queue;     // GUARDED_BY(mu)
-  bool stopping = false;  // GUARDED_BY(mu)
+  RequestQueue queue ACCELFS_GUARDED_BY(mu);
+  bool stopping ACCELFS_GUARDED_BY(mu) = false;
   std::vector<std::thread> threads;
 };
 

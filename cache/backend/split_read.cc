@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <optional>
+
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -11,19 +12,30 @@ std::vector<ReadRequest> SplitRead(ReadRequest request, uint64_t bytes) {
   // The whole read's answer, made of its pieces': bytes up to the first short piece (the end of
   // the file), or the first error; `stalled` once, when the first piece stalls.
   struct Whole {
-    std::mutex mu;
-    size_t left = 0;               // GUARDED_BY(mu)
-    std::vector<size_t> got;       // GUARDED_BY(mu) bytes per piece
-    std::vector<size_t> expected;  // set before the pieces are sent
-    std::optional<Error> error;    // GUARDED_BY(mu)
-    bool stalled = false;          // GUARDED_BY(mu)
+    explicit Whole(size_t count) : left(count), got(count, 0) {}
+
+    Mutex mu;
+    size_t left ACCELFS_GUARDED_BY(mu) = 0;
+    std::vector<size_t> got ACCELFS_GUARDED_BY(mu);  // bytes per piece
+    std::vector<size_t> expected;                    // set before the pieces are sent
+    std::optional<Error> error ACCELFS_GUARDED_BY(mu);
+    bool stalled ACCELFS_GUARDED_BY(mu) = false;
     std::function<void(Result<size_t>)> done;
     std::function<void()> on_stalled;
+
+    // The answer, once the last piece's is in: without mu, since no other piece writes any more.
+    void Answer() ACCELFS_NO_THREAD_SAFETY_ANALYSIS {
+      if (error) return done(*error);
+      size_t total = 0;
+      for (size_t k = 0; k < got.size(); ++k) {
+        total += got[k];
+        if (got[k] < expected[k]) break;  // the file ended here
+      }
+      done(total);
+    }
   };
-  auto whole = std::make_shared<Whole>();
   const size_t count = (request.expected + bytes - 1) / bytes;
-  whole->left = count;
-  whole->got.assign(count, 0);
+  auto whole = std::make_shared<Whole>(count);
   whole->done = std::move(request.done);
   whole->on_stalled = std::move(request.stalled);
   std::vector<ReadRequest> pieces;
@@ -40,25 +52,20 @@ std::vector<ReadRequest> SplitRead(ReadRequest request, uint64_t bytes) {
     piece.view = request.view != nullptr ? request.view + at : nullptr;
     whole->expected.push_back(piece.expected);
     piece.done = [whole, i](Result<size_t> result) {
-      std::unique_lock lock(whole->mu);
-      if (result.ok()) {
-        whole->got[i] = result.value();
-      } else if (!whole->error) {
-        whole->error = result.error();
+      {
+        MutexLock lock(whole->mu);
+        if (result.ok()) {
+          whole->got[i] = result.value();
+        } else if (!whole->error) {
+          whole->error = result.error();
+        }
+        if (--whole->left > 0) return;
       }
-      if (--whole->left > 0) return;
-      lock.unlock();
-      if (whole->error) return whole->done(*whole->error);
-      size_t total = 0;
-      for (size_t k = 0; k < whole->got.size(); ++k) {
-        total += whole->got[k];
-        if (whole->got[k] < whole->expected[k]) break;  // the file ended here
-      }
-      whole->done(total);
+      whole->Answer();
     };
     piece.stalled = [whole] {
       {
-        std::lock_guard lock(whole->mu);
+        MutexLock lock(whole->mu);
         if (whole->stalled) return;
         whole->stalled = true;
       }

@@ -64,8 +64,8 @@ StallWatch::Answer StallWatch::Settle(uint64_t id, std::optional<Result<size_t>>
   return answer;
 }
 
-bool StallWatch::WaitGrace(std::unique_lock<std::mutex>& lock, std::condition_variable& cv) {
-  cv.wait_for(lock, stop_grace_, [this] {
+bool StallWatch::WaitGrace(MutexLock& lock, std::condition_variable& cv) {
+  cv.wait_for(lock.native(), stop_grace_, [this] {
     return std::all_of(in_flight_.begin(), in_flight_.end(),
                        [](const auto& f) { return f.second.state == State::kStalled; });
   });

@@ -6,15 +6,16 @@
 // owner runs its `stalled` callback with no lock held -> Settle: kStalled, or erased with the
 // answer that came while the callback ran -> (kStalled) Back, whenever the read returns.
 //
-// Thread safety: none of its own. Every method REQUIRES the owner's mutex (BoundedReader::mu_),
-// and none calls out: callbacks are handed to the owner, which runs them after unlocking.
+// Thread safety: none of its own. Every method runs with the owner's mutex held
+// (BoundedReader::mu_; its member is ACCELFS_GUARDED_BY that mutex, so the analysis checks each
+// call there), and none calls out: callbacks are handed to the owner, which runs them after
+// unlocking.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -22,6 +23,7 @@
 
 #include "cache/backend/admission_policy.h"
 #include "cache/backend/reader.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -83,7 +85,7 @@ class StallWatch {
   // Stop's grace: waits on `cv` (with `lock` of the owner's mutex held) up to stop_grace for every
   // request in flight to be answered or stalled, then records what is left as abandoned. Returns
   // whether any is.
-  bool WaitGrace(std::unique_lock<std::mutex>& lock, std::condition_variable& cv);
+  bool WaitGrace(MutexLock& lock, std::condition_variable& cv);
 
   const StallStats& stats() const { return stats_; }
 

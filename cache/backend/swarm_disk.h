@@ -7,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include <libtorrent/storage_defs.hpp>
 
 #include "cache/backend/swarm_chunk.h"
+#include "cache/mutex.h"
 
 namespace accelfs::swarm_disk {
 
@@ -24,11 +24,11 @@ namespace accelfs::swarm_disk {
 class Registry {
  public:
   void Put(const lt::sha1_hash& hash, std::shared_ptr<ChunkData> data) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending_[hash] = std::move(data);
   }
   std::shared_ptr<ChunkData> Take(const lt::sha1_hash& hash) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto it = pending_.find(hash);
     if (it == pending_.end()) return nullptr;
     std::shared_ptr<ChunkData> data = std::move(it->second);
@@ -37,8 +37,8 @@ class Registry {
   }
 
  private:
-  std::mutex mu_;
-  std::map<lt::sha1_hash, std::shared_ptr<ChunkData>> pending_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<lt::sha1_hash, std::shared_ptr<ChunkData>> pending_ ACCELFS_GUARDED_BY(mu_);
 };
 
 // The engine's storage: each torrent's ChunkData, in memory. Called on the engine's network

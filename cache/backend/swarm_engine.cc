@@ -11,7 +11,6 @@
 #include <cstring>
 #include <iterator>
 #include <map>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 
@@ -32,6 +31,7 @@
 
 #include "cache/backend/swarm_address.h"
 #include "cache/backend/swarm_disk.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 namespace {
@@ -143,12 +143,12 @@ struct SwarmEngine::Impl {
   // The reader's names of the torrents and the engine's (a handle hashes and compares without a
   // call into the engine; its info_hashes() waits on the engine's thread: 55 ms an alert with
   // four nodes on two cores).
-  std::mutex mu;
-  std::unordered_map<TorrentId, lt::torrent_handle> handles;  // GUARDED_BY(mu)
-  std::unordered_map<lt::torrent_handle, TorrentId> ids;      // GUARDED_BY(mu)
+  Mutex mu;
+  std::unordered_map<TorrentId, lt::torrent_handle> handles ACCELFS_GUARDED_BY(mu);
+  std::unordered_map<lt::torrent_handle, TorrentId> ids ACCELFS_GUARDED_BY(mu);
 
   lt::torrent_handle Handle(TorrentId id) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const auto it = handles.find(id);
     return it == handles.end() ? lt::torrent_handle() : it->second;
   }
@@ -160,7 +160,7 @@ struct SwarmEngine::Impl {
     });
   }
   TorrentId Id(const lt::torrent_handle& handle) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const auto it = ids.find(handle);
     return it == ids.end() ? 0 : it->second;
   }
@@ -300,7 +300,7 @@ Status SwarmEngine::Add(TorrentId id, const std::vector<char>& bytes,
     // Named before Poll can see its first piece: its alerts are looked up by handle (Id), and
     // one of a piece no reader waits on, dropped for want of the name, was never caught up
     // (CatchUp asks the engine only for waited pieces). No thread of the engine takes `mu`.
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     handle = impl_->session->add_torrent(std::move(atp), ec);
     if (!ec) {
       impl_->handles[id] = handle;
@@ -349,7 +349,7 @@ std::vector<bool> SwarmEngine::Have(TorrentId id) {
 void SwarmEngine::Remove(TorrentId id) {
   lt::torrent_handle h;
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     const auto it = impl_->handles.find(id);
     if (it == impl_->handles.end()) return;
     h = it->second;

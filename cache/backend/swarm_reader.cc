@@ -18,9 +18,9 @@ void SwarmReader::Impl::Submit(ReadRequest r) {
   }
   Later later;
   {
-    std::unique_lock lock(mu);
+    MutexLock lock(mu);
     if (stopping) {
-      lock.unlock();
+      lock.Unlock();
       return ToStore(std::move(r));
     }
     const Clock::time_point now = Clock::now();
@@ -144,7 +144,7 @@ SwarmReader::Impl::Decision SwarmReader::Impl::Consult(const Chunk& ch, bool may
 void SwarmReader::Impl::Decided(const ChunkPtr& ch, Decision d) {
   Later later;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (stopping || ch->state != State::kDeciding) {  // given up on meanwhile (the dir was down)
       if (d.verdict == Verdict::kFetch) LetGo(ch->claim);
       return;
@@ -240,7 +240,7 @@ void SwarmReader::Impl::FetchRest(const ChunkPtr& ch, int demand, Later& later) 
 void SwarmReader::Impl::Fetched(const ChunkPtr& ch, int p, Result<size_t> n) {
   Later later;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (stopping || ch->state != State::kFetching) return;  // given up on (its bytes counted)
     auto& waiting = ch->waiters[static_cast<size_t>(p)];
     if (!n.ok() || n.value() != ch->data->PieceSize(p)) {
@@ -269,7 +269,7 @@ void SwarmReader::Impl::Fetched(const ChunkPtr& ch, int p, Result<size_t> n) {
 void SwarmReader::Impl::Stalled(const ChunkPtr& ch, int p) {
   std::vector<std::function<void()>> calls;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     for (Waiter& w : ch->waiters[static_cast<size_t>(p)]) {
       if (w.request.stalled) calls.push_back(std::exchange(w.request.stalled, nullptr));
     }
@@ -342,7 +342,7 @@ Status SwarmReader::Impl::Start() {
 void SwarmReader::Impl::Stop() {
   std::vector<ReadRequest> cancelled;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (stopping) return;
     stopping = true;
     for (auto& [name, ch] : chunks) {
@@ -403,7 +403,7 @@ SwarmStats SwarmReader::Stats() const {
   s.fallbacks = i.fallbacks.load(std::memory_order_relaxed);
   s.hedges = i.hedges.load(std::memory_order_relaxed);
   {
-    std::lock_guard lock(i.mu);
+    MutexLock lock(i.mu);
     s.store_rate = i.store_meter.rate;
     s.peer_rate = i.peer_meter.rate;
   }

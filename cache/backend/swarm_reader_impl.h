@@ -10,7 +10,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -23,6 +22,7 @@
 #include "cache/backend/swarm_dir.h"
 #include "cache/backend/swarm_engine.h"
 #include "cache/backend/swarm_reader.h"
+#include "cache/mutex.h"
 
 namespace accelfs {
 
@@ -124,36 +124,37 @@ struct SwarmReader::Impl {
   mutable std::shared_mutex engine_use;
   uint64_t chunk_bytes = 0;
 
-  mutable std::mutex mu;
+  mutable Mutex mu;
   // The swarm thread sleeps on these between ticks; not under `mu` (the engine's thread wakes it).
-  std::mutex wake_mu;
+  Mutex wake_mu;
   std::condition_variable wake;
   std::atomic<bool> stop_flag{false}, alerts_ready{false}, publish_ready{false};
   void Wake(std::atomic<bool>& flag) {
     {
-      std::lock_guard lock(wake_mu);
+      MutexLock lock(wake_mu);
       flag.store(true);
     }
     wake.notify_one();
   }
-  std::map<std::string, ChunkPtr> chunks;         // GUARDED_BY(mu)
-  std::unordered_map<TorrentId, ChunkPtr> by_id;  // GUARDED_BY(mu)
-  TorrentId last_id = 0;                          // GUARDED_BY(mu)
-  std::deque<ChunkPtr> to_publish;                // GUARDED_BY(mu)
-  bool stopping = false;                          // GUARDED_BY(mu)
-  bool dir_down = false;                          // GUARDED_BY(mu)
+  std::map<std::string, ChunkPtr> chunks ACCELFS_GUARDED_BY(mu);
+  std::unordered_map<TorrentId, ChunkPtr> by_id ACCELFS_GUARDED_BY(mu);
+  TorrentId last_id ACCELFS_GUARDED_BY(mu) = 0;
+  std::deque<ChunkPtr> to_publish ACCELFS_GUARDED_BY(mu);
+  bool stopping ACCELFS_GUARDED_BY(mu) = false;
+  bool dir_down ACCELFS_GUARDED_BY(mu) = false;
   // This node's load began at `load_began`: its first read after peer_wait without one.
   // `load_known`: a chunk of it has been looked up in the dir since (joined, waited on, claimed).
-  Clock::time_point load_began, last_read;  // GUARDED_BY(mu)
-  bool load_known = false;                  // GUARDED_BY(mu)
+  Clock::time_point load_began ACCELFS_GUARDED_BY(mu);
+  Clock::time_point last_read ACCELFS_GUARDED_BY(mu);
+  bool load_known ACCELFS_GUARDED_BY(mu) = false;
   // This node follows nodes ahead of it (Decide): it found a chunk published more than kAhead
   // before its load began, and within peer_wait since it has got a piece from peers or waited
   // on another node's chunk (`followed`: the last time, set by a piece in and by each tick's
   // chunks). kAhead: more than nodes started together are apart (under 1 s in the fleet's
   // bench), which each claim chunks for the fleet.
   static constexpr std::chrono::seconds kAhead{2};
-  bool behind = false;         // GUARDED_BY(mu)
-  Clock::time_point followed;  // GUARDED_BY(mu)
+  bool behind ACCELFS_GUARDED_BY(mu) = false;
+  Clock::time_point followed ACCELFS_GUARDED_BY(mu);
   std::thread thread;
 
   std::atomic<uint64_t> store_bytes{0}, peer_bytes{0}, fallbacks{0}, hash_failures{0}, claimed{0},
@@ -174,14 +175,17 @@ struct SwarmReader::Impl {
     void Tick(Clock::time_point now, uint64_t total, bool busy_now, uint64_t enough);
   };
   std::atomic<int> store_in_flight{0};
-  RateMeter store_meter;  // GUARDED_BY(mu): store_bytes while a store read is in flight
-  RateMeter peer_meter;   // GUARDED_BY(mu): peer_bytes while a joined chunk is not whole
+  // store_bytes while a store read is in flight
+  RateMeter store_meter ACCELFS_GUARDED_BY(mu);
+  // peer_bytes while a joined chunk is not whole
+  RateMeter peer_meter ACCELFS_GUARDED_BY(mu);
   // The store sends this node more than kStoreMargin times what its peers do (each measured,
   // the peers over at least kPeerSamples figures): reads of joined chunks go to the store (Hedge).
   static constexpr double kStoreMargin = 1.25;
   static constexpr int kPeerSamples = 4;
-  bool prefer_store = false;          // GUARDED_BY(mu)
-  bool store_probed = false;          // GUARDED_BY(mu): pieces read from the store to meter it
+  bool prefer_store ACCELFS_GUARDED_BY(mu) = false;
+  // pieces read from the store to meter it
+  bool store_probed ACCELFS_GUARDED_BY(mu) = false;
   std::atomic<double> probe_rate{0};  // their bytes over their time, once all answered
   static constexpr int kProbePieces = 4;
   // The reads of the probe: how many are out, their bytes, since when.
@@ -190,16 +194,18 @@ struct SwarmReader::Impl {
     std::atomic<uint64_t> bytes{0};
     Clock::time_point asked = Clock::now();
   };
-  std::shared_ptr<StoreProbe> store_probe;  // GUARDED_BY(mu)
-  Clock::time_point peer_piece_at;          // GUARDED_BY(mu) the last piece got from peers
-  bool hedge_logged = false;                // GUARDED_BY(mu)
+  std::shared_ptr<StoreProbe> store_probe ACCELFS_GUARDED_BY(mu);
+  // the last piece got from peers
+  Clock::time_point peer_piece_at ACCELFS_GUARDED_BY(mu);
+  bool hedge_logged ACCELFS_GUARDED_BY(mu) = false;
 
   // --- the read path ---
   void Submit(ReadRequest r);
-  ChunkPtr ChunkOf(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file);
+  ChunkPtr ChunkOf(const FileKey& key, uint64_t index, const std::shared_ptr<BackingFile>& file)
+      ACCELFS_REQUIRES(mu);
   // The chunk is looked up in the dir on the dir's threads (Consult, then Decided); its readers
   // wait meanwhile. While the dir is down, its readers go to the store instead. `demand`: a
-  // reader waits on it (the read that asks, or a waiter). REQUIRES: mu.
+  // reader waits on it (the read that asks, or a waiter).
   //
   // A node behind others (`behind`) claims only chunks its readers wait on: a chunk nobody
   // claimed that only its prefetch asks for is deferred (kWaiting, looked at again each tick)
@@ -209,7 +215,7 @@ struct SwarmReader::Impl {
   // shard from the store (0.75 of its bytes from peers; DESIGN.md §6.13). So that the shard
   // opener's first reads do not claim before the loader's first read says whether the node is
   // behind, prefetch is deferred too until one chunk of the load was looked up (at most kAhead).
-  void Decide(const ChunkPtr& chp, Later& later, bool demand);
+  void Decide(const ChunkPtr& chp, Later& later, bool demand) ACCELFS_REQUIRES(mu);
   // What to do with a chunk: join its swarm, wait for the node that reads it, or read it.
   //   - published (its torrent in the dir) and its claim live (a node that holds it said so
   //     within stale_claim): join;
@@ -239,7 +245,7 @@ struct SwarmReader::Impl {
   static void Wait(Chunk& ch);
   void StartFetching(Chunk& ch);
   // The chunk gets an id and its torrent is added to the engine once `mu` is let go (Join).
-  void StartJoining(const ChunkPtr& ch, Later& later);
+  void StartJoining(const ChunkPtr& ch, Later& later) ACCELFS_REQUIRES(mu);
   // Asks the store for every piece of a claimed chunk not yet asked for (the whole chunk is
   // needed for its hashes); `demand` is the piece a reader waits on (-1: none but those with
   // waiters), each piece with waiters a demand too.
@@ -272,8 +278,8 @@ struct SwarmReader::Impl {
   void PieceIn(TorrentId id, int p);
   void HashFailed(TorrentId id);
   void Failed(TorrentId id, const std::string& why);
-  // Piece `p` of `ch` passed its hash in the engine: its readers get it. REQUIRES: mu.
-  void PieceInLocked(Chunk& ch, int p, Later& later);
+  // Piece `p` of `ch` passed its hash in the engine: its readers get it.
+  void PieceInLocked(Chunk& ch, int p, Later& later) ACCELFS_REQUIRES(mu);
 
   // --- the swarm's thread, each tick (swarm_upkeep.cc) ---
   void Tick();
@@ -284,49 +290,49 @@ struct SwarmReader::Impl {
   };
   static constexpr std::chrono::milliseconds kProbeAfter{200};
   // Asks the engine which of `probes` it has (one call per chunk), and takes those in as pieces
-  // that came. REQUIRES: mu not held.
-  void AskHave(std::vector<Probe> probes, Later& later);
+  // that came.
+  void AskHave(std::vector<Probe> probes, Later& later) ACCELFS_EXCLUDES(mu);
   void CatchUp(const ChunkPtr& chp, Clock::time_point now, std::vector<Probe>& probes);
   // On a dir thread: a stuck chunk's claim looked at (Age), taken again when no live node
   // holds it (Reclaim), else its readers given one more peer_wait or sent to the store
   // (GiveUpOn).
   void CheckStuck(const ChunkPtr& chp);
-  void Reclaim(const ChunkPtr& chp, Later& later);
+  void Reclaim(const ChunkPtr& chp, Later& later) ACCELFS_REQUIRES(mu);
   void GiveUpOn(const ChunkPtr& chp, Clock::time_point now, Later& later);
-  void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later);
+  void FallBackIfStuck(const ChunkPtr& chp, Clock::time_point now, Later& later)
+      ACCELFS_REQUIRES(mu);
   // How long readers of a joined chunk wait on peers that send no piece (to any of this node's
   // chunks) before they go to the store: twice the store's time for a piece at its rate, and at
-  // least a tenth of peer_wait (a torrent's first piece waits on its connections). REQUIRES: mu.
-  Clock::duration HedgeAfter() const;
+  // least a tenth of peer_wait (a torrent's first piece waits on its connections).
+  Clock::duration HedgeAfter() const ACCELFS_REQUIRES(mu);
   // Each tick, for a joined chunk with readers: to the store (ToStoreFaster) where
   //   - the store sends this node more than kStoreMargin times what peers do (prefer_store);
   //   - or a reader has waited HedgeAfter() since the chunk was joined with no piece from
   //     peers meanwhile (peers that stall, or send at half the store's rate or less).
-  // REQUIRES: mu.
-  void Hedge(Chunk& ch, Clock::time_point now, Later& later);
+  void Hedge(Chunk& ch, Clock::time_point now, Later& later) ACCELFS_REQUIRES(mu);
   // Its readers, and its later reads of pieces it does not hold, go to the store (hedges); the
-  // engine goes on fetching it for the fleet. REQUIRES: mu.
-  void ToStoreFaster(Chunk& ch, Later& later);
+  // engine goes on fetching it for the fleet.
+  void ToStoreFaster(Chunk& ch, Later& later) ACCELFS_REQUIRES(mu);
   // As a chunk starts joining: a node that started after others held the model (`behind`: a late
   // node, a restarted one) and has not read its store does not know whether its peers are faster;
   // up to kProbePieces pieces readers wait on in the first chunk it joins (when it starts joining,
   // or after: probe_left) are read from the store at once to meter it (probe_rate: their bytes over
   // their time; one piece alone says less than the store gives a node), once. Nodes that start
-  // together meter the store with the chunks they claim. REQUIRES: mu.
-  void MeterByPieces(Chunk& ch, Later& later);
-  // One read of the probe to the store, timed. REQUIRES: mu.
-  void ProbeRead(ReadRequest r, Later& later);
-  // Each tick: `behind` ends once this node has followed nobody for peer_wait. REQUIRES: mu.
-  void Follow(Clock::time_point now);
-  // Each tick: whether a call into the dir has waited longer than dir_timeout. REQUIRES: mu.
-  void WatchDir(Clock::time_point now, Later& later);
-  // Readers of a chunk that waits on the dir, to the store (a fallback each). REQUIRES: mu.
-  void ToStoreForDir(Chunk& ch, Later& later);
+  // together meter the store with the chunks they claim.
+  void MeterByPieces(Chunk& ch, Later& later) ACCELFS_REQUIRES(mu);
+  // One read of the probe to the store, timed.
+  void ProbeRead(ReadRequest r, Later& later) ACCELFS_REQUIRES(mu);
+  // Each tick: `behind` ends once this node has followed nobody for peer_wait.
+  void Follow(Clock::time_point now) ACCELFS_REQUIRES(mu);
+  // Each tick: whether a call into the dir has waited longer than dir_timeout.
+  void WatchDir(Clock::time_point now, Later& later) ACCELFS_REQUIRES(mu);
+  // Readers of a chunk that waits on the dir, to the store (a fallback each).
+  void ToStoreForDir(Chunk& ch, Later& later) ACCELFS_REQUIRES(mu);
   // Drops the least recently read chunks nobody waits on until the swarm's memory fits.
-  void Evict(uint64_t held, Later& later);
+  void Evict(uint64_t held, Later& later) ACCELFS_REQUIRES(mu);
   // Drops a chunk nobody waits on: its torrent leaves the engine, its next read makes it anew.
-  // REQUIRES: mu.
-  void Forget(Chunk& ch, Later& later);
+  //
+  void Forget(Chunk& ch, Later& later) ACCELFS_REQUIRES(mu);
 
   Status Start();
   void Stop();

@@ -33,7 +33,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
     }
   }
   if (added.ok()) added = engine->Add(ch->id, bytes, ch->data, /*seed=*/false);
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   if (!added.ok() || ch->state != State::kJoining) {
     by_id.erase(ch->id);
     if (added.ok()) engine->Remove(ch->id);  // given up on meanwhile (stopping, an error)
@@ -68,7 +68,7 @@ void SwarmReader::Impl::Publish(const ChunkPtr& ch) {
   }
   TorrentId id = 0;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (stopping || ch->state != State::kFetching) return;
     id = ch->id = ++last_id;
     by_id[id] = ch;
@@ -94,7 +94,7 @@ void SwarmReader::Impl::Published(const ChunkPtr& ch, TorrentId id, Result<Manif
   }
   bool remove = false;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (why.empty() && !stopping && ch->state == State::kFetching) {
       ch->state = State::kSwarm;
       ch->progress = Clock::now();
@@ -124,15 +124,16 @@ void SwarmReader::Impl::Loop() {
   };
   for (;;) {
     {
-      std::unique_lock lock(wake_mu);
-      wake.wait_for(lock, o.tick, [this] { return stop_flag || alerts_ready || publish_ready; });
+      MutexLock lock(wake_mu);
+      wake.wait_for(lock.native(), o.tick,
+                    [this] { return stop_flag || alerts_ready || publish_ready; });
       if (stop_flag) return;
       alerts_ready = false;
       publish_ready = false;
     }
     std::deque<ChunkPtr> publish;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       publish.swap(to_publish);
     }
     const Clock::time_point t0 = Clock::now();
@@ -159,7 +160,7 @@ void SwarmReader::Impl::Loop() {
 void SwarmReader::Impl::PieceIn(TorrentId id, int p) {
   Later later;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const auto it = by_id.find(id);
     if (it == by_id.end()) return;
     PieceInLocked(*it->second, p, later);
@@ -169,7 +170,7 @@ void SwarmReader::Impl::PieceIn(TorrentId id, int p) {
 
 void SwarmReader::Impl::HashFailed(TorrentId id) {
   hash_failures.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   const auto it = by_id.find(id);
   if (it != by_id.end() && !it->second->hash_logged) {  // one line per chunk
     it->second->hash_logged = true;
@@ -183,7 +184,7 @@ void SwarmReader::Impl::HashFailed(TorrentId id) {
 void SwarmReader::Impl::Failed(TorrentId id, const std::string& why) {
   Later later;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const auto it = by_id.find(id);
     if (it == by_id.end()) return;
     spdlog::warn("swarm: {} in error ({}); its reads go to the store", it->second->name, why);

@@ -12,7 +12,7 @@ void SwarmReader::Impl::Tick() {
   std::vector<Probe> probes;
   std::vector<ChunkPtr> retry;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     const Clock::time_point now = Clock::now();
     store_meter.Tick(now, store_bytes.load(std::memory_order_relaxed),
                      store_in_flight.load(std::memory_order_relaxed) > 0, o.piece_bytes);
@@ -22,7 +22,7 @@ void SwarmReader::Impl::Tick() {
     bool peers_asked = false;  // a joined chunk not whole: the engine asks peers for pieces
     WatchDir(now, later);
     uint64_t held = 0;
-    const auto refresh = [&](Chunk& ch) {
+    const auto refresh = [&](Chunk& ch) ACCELFS_REQUIRES(mu) {
       if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
       dir_threads->Post([this, claim = ch.claim] {
         const SwarmDirThreads::Call call;
@@ -96,7 +96,7 @@ void SwarmReader::Impl::AskHave(std::vector<Probe> probes, Later& later) {
     if (p < have.size() && have[p]) had.push_back(probes[i]);
   }
   if (!had.empty()) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     for (const Probe& probe : had) {
       const auto it = by_id.find(probe.id);
       if (it != by_id.end()) PieceInLocked(*it->second, probe.piece, later);
@@ -168,7 +168,7 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
   }
   Later later;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     chp->checking = false;
     if (stopping || chp->state != State::kSwarm) {
       if (claimed) LetGo(chp->claim);
@@ -185,7 +185,7 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
 
 // Claims a joined chunk again (CheckStuck took its claim): its torrent leaves the engine, the
 // pieces this node has stay, the rest are read from the store, and it is published anew (the
-// same torrent: the same bytes). REQUIRES: mu.
+// same torrent: the same bytes).
 void SwarmReader::Impl::Reclaim(const ChunkPtr& chp, Later& later) {
   Chunk& ch = *chp;
   spdlog::info(

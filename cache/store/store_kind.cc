@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <iterator>
-#include <mutex>
 #include <string_view>
 #include <unordered_map>
 
+#include "cache/mutex.h"
 #include "cache/store/mountinfo.h"
 
 namespace accelfs {
@@ -64,10 +64,10 @@ FsKind KindByMountInfo(dev_t dev) {
 }  // namespace
 
 FsKind KindOf(int fd, dev_t dev, uint64_t mount) {
-  static std::mutex mu;
-  static std::unordered_map<uint64_t, FsKind> known;  // GUARDED_BY(mu), by mount
+  static Mutex mu;
+  static std::unordered_map<uint64_t, FsKind> known ACCELFS_GUARDED_BY(mu);  // by mount
   if (mount != 0) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (const auto it = known.find(mount); it != known.end()) return it->second;
   }
   FsKind kind = KindByMountInfo(dev);
@@ -81,7 +81,7 @@ FsKind KindOf(int fd, dev_t dev, uint64_t mount) {
     }
   }
   if (mount != 0 && kind.known) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     known.emplace(mount, kind);
   }
   return kind;

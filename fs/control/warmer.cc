@@ -56,7 +56,7 @@ WarmJob::~WarmJob() {
 }
 
 WarmProgress WarmJob::Progress() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WarmProgress p = progress_;
   if (p.state == "running") {
     p.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
@@ -65,8 +65,9 @@ WarmProgress WarmJob::Progress() const {
 }
 
 bool WarmJob::WaitFinished(std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(mu_);
-  return changed_.wait_for(lock, timeout, [&] { return progress_.finished(); });
+  MutexLock lock(mu_);
+  return changed_.wait_for(lock.native(), timeout,
+                           [&]() ACCELFS_REQUIRES(mu_) { return progress_.finished(); });
 }
 
 Warmer::Warmer(RootOpener open_root, BlockCache& cache, WarmerOptions options)
@@ -78,14 +79,14 @@ Warmer::~Warmer() { Stop(); }
 
 void Warmer::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::deque<std::shared_ptr<WarmJob>> left;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     left.swap(queue_);
   }
   for (auto& job : left) Fail(*job, "the daemon is stopping");
@@ -102,7 +103,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   // jobs asked with their own rights.
   if (!caller.unrestricted()) key += caller.RightsKey();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (running_ && running_->key() == key) {
       *attached = true;
       return running_;
@@ -127,8 +128,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
   for (const FoundFile& f : *found) {
     const uint64_t size = static_cast<uint64_t>(f.st.st_size);
     need += WholeFileBudget(cache_.store(), size, block_size);
-    job->progress_.files_total++;
-    job->progress_.bytes_total += size;
+    job->CountUnqueued(size);
     WarmJob::File file;
     file.path = f.path;
     file.fd = fcntl(f.fd, F_DUPFD_CLOEXEC, 0);
@@ -147,7 +147,7 @@ Result<std::shared_ptr<WarmJob>> Warmer::Warm(const std::vector<std::string>& pa
                              " missing; mount with a larger --cache-size or warm fewer files)");
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) {
       return Error(ECANCELED, "the daemon is stopping");
     }
@@ -197,7 +197,7 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
 
 void Warmer::Fail(WarmJob& job, const std::string& error) {
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     job.progress_.state = "failed";
     job.progress_.error = error;
     job.progress_.waiting_for_room = false;
@@ -209,18 +209,18 @@ void Warmer::Fail(WarmJob& job, const std::string& error) {
 }
 
 void Warmer::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    wake_.wait(lock.native(), [&]() ACCELFS_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
     running_ = std::move(queue_.front());
     queue_.pop_front();
     std::shared_ptr<WarmJob> job = running_;
-    lock.unlock();
+    lock.Unlock();
     RunJob(*job);
-    lock.lock();
+    lock.Lock();
     // The job's fetches finish before the next job starts (and before Stop returns).
-    wake_.wait(lock, [&] { return outstanding_ == 0; });
+    wake_.wait(lock.native(), [&]() ACCELFS_REQUIRES(mu_) { return outstanding_ == 0; });
     running_.reset();
   }
 }
@@ -242,7 +242,7 @@ Result<std::shared_ptr<BackingFile>> Warmer::OpenForTurn(WarmJob& job, WarmJob::
   file.identified = true;
   const uint64_t resident = cache_.ResidentBytes(file.key);
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     job.progress_.resident_at_start += resident;
     job.progress_.bytes_done += resident;
   }
@@ -254,7 +254,7 @@ std::function<void(Status)> Warmer::Fetched(const std::shared_ptr<WarmJob>& owne
   return [this, owner, index, expected](Status fetched) {
     WarmJob& j = *owner;
     {
-      std::lock_guard lock(j.mu_);
+      MutexLock lock(j.mu_);
       WarmJob::File& f = j.files_[index];
       if (!fetched.ok() && fetched.error().code() == ETIMEDOUT && !j.timed_out_) {
         j.timed_out_ = index;
@@ -265,22 +265,26 @@ std::function<void(Status)> Warmer::Fetched(const std::shared_ptr<WarmJob>& owne
     j.changed_.notify_all();
     // Notified under the lock: once outstanding_ is 0, Stop may return and the Warmer (and
     // wake_) go, so nothing of it may be touched after the lock is released.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --outstanding_;
     wake_.notify_all();
   };
 }
 
-bool Warmer::WaitForRoom(WarmJob& job, std::unique_lock<std::mutex>& lock,
-                         Clock::time_point* last_progress) {
+// Its body is not analysed: on failure it lets go of `lock` (for Fail) before it returns, which
+// the analysis cannot follow through a MutexLock passed in. Its callers still must hold mu_
+// (ACCELFS_REQUIRES on the declaration).
+bool Warmer::WaitForRoom(WarmJob& job, MutexLock& lock,
+                         Clock::time_point* last_progress) ACCELFS_NO_THREAD_SAFETY_ANALYSIS {
   // No room: wait for one of our fetches to finish (or a little while, for readers to consume
   // unread blocks), then ask again.
   const uint64_t before = outstanding_;
-  wake_.wait_for(lock, kRoomPoll, [&] { return stopping_ || outstanding_ < before; });
+  wake_.wait_for(lock.native(), kRoomPoll,
+                 [&]() ACCELFS_REQUIRES(mu_) { return stopping_ || outstanding_ < before; });
   if (stopping_) return false;
   if (outstanding_ < before) *last_progress = Clock::now();
   if (outstanding_ == 0 && Clock::now() - *last_progress > options_.no_room_timeout) {
-    lock.unlock();
+    lock.Unlock();
     Fail(job, "no room in the cache for " +
                   std::to_string(
                       std::chrono::duration_cast<std::chrono::seconds>(options_.no_room_timeout)
@@ -308,13 +312,15 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
   for (uint64_t b = 0; b < blocks;) {
     const uint32_t expected = BlockBytes(b, file.key.size, block_size);
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || outstanding_ < options_.max_in_flight; });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(), [&]() ACCELFS_REQUIRES(mu_) {
+        return stopping_ || outstanding_ < options_.max_in_flight;
+      });
       if (stopping_) return false;
       ++outstanding_;
     }
     {
-      std::lock_guard lock(job.mu_);
+      MutexLock lock(job.mu_);
       ++file.pending;
     }
     const BlockCache::PrefetchResult r =
@@ -325,7 +331,7 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
       continue;
     }
     {
-      std::lock_guard lock(job.mu_);
+      MutexLock lock(job.mu_);
       --file.pending;
       if (r == BlockCache::PrefetchResult::kPresent) {
         job.progress_.waiting_for_room = false;
@@ -333,7 +339,7 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
         job.progress_.waiting_for_room = true;
       }
     }
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     --outstanding_;
     if (r == BlockCache::PrefetchResult::kPresent) {
       ++b;  // cached already, or fetched for someone else: verified at the end
@@ -342,7 +348,7 @@ bool Warmer::IssueFile(WarmJob& job, size_t index, const std::shared_ptr<WarmJob
     if (!WaitForRoom(job, lock, &last_progress)) return false;
   }
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     file.issued = true;
     job.progress_.waiting_for_room = false;
     if (file.pending == 0) ++job.progress_.files_done;
@@ -355,23 +361,23 @@ bool Warmer::TellResident(const WarmJob& job) {
   if (!options_.resident) return true;
   for (const WarmJob::File& file : job.files_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return false;
     }
     options_.resident(file.key, file.dev, file.ino);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return !stopping_;
 }
 
 void Warmer::RunJob(WarmJob& job) {
   std::shared_ptr<WarmJob> owner;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     owner = running_;
   }
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     job.progress_.state = "running";
     job.started_ = Clock::now();
   }
@@ -388,7 +394,7 @@ void Warmer::RunJob(WarmJob& job) {
     return;
   }
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     job.progress_.state = "done";
     job.progress_.files_done = job.progress_.files_total;
     job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
@@ -405,7 +411,7 @@ std::vector<std::string> Warmer::Missing(WarmJob& job) {
     if (r != job.files_[i].key.size) missing.push_back(job.files_[i].path);
   }
   {
-    std::lock_guard lock(job.mu_);
+    MutexLock lock(job.mu_);
     job.progress_.bytes_done = resident;
   }
   return missing;
@@ -418,17 +424,18 @@ bool Warmer::Verify(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
   int idle_rounds = 0;
   for (int round = 0; round < kMaxVerifyRounds && idle_rounds < kIdleVerifyRounds; ++round) {
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || outstanding_ == 0; });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(),
+                 [&]() ACCELFS_REQUIRES(mu_) { return stopping_ || outstanding_ == 0; });
       if (stopping_) {
-        lock.unlock();
+        lock.Unlock();
         Fail(job, "the daemon is stopping");
         return false;
       }
     }
     std::optional<size_t> timed_out;
     {
-      std::lock_guard lock(job.mu_);
+      MutexLock lock(job.mu_);
       timed_out = job.timed_out_;
     }
     if (timed_out) {
@@ -459,7 +466,7 @@ bool Warmer::IssueMissing(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
   for (size_t i = 0; i < job.files_.size(); ++i) {
     if (cache_.ResidentBytes(job.files_[i].key) == job.files_[i].key.size) continue;
     {
-      std::lock_guard lock(job.mu_);
+      MutexLock lock(job.mu_);
       if (job.files_[i].issued && job.files_[i].pending == 0) --job.progress_.files_done;
       job.files_[i].issued = false;
     }

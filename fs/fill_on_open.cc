@@ -5,12 +5,15 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "cache/block.h"
 #include "cache/file_fill.h"
 #include "cache/prefetch/stream_policy.h"
 #include "fs/read_through_fs.h"
 #include "fs/read_through_handles.h"
+#include "fs/shard_opener.h"
 
 namespace accelfs {
 namespace {
@@ -49,6 +52,32 @@ bool ReadThroughFs::WantsFill(const Handle& handle) {
 
 uint64_t ReadThroughFs::FillBudget(const FileKey& file) const {
   return WholeFileBudget(cache_.store(), file.size, options_.block_size);
+}
+
+void ReadThroughFs::StartFill(std::unique_ptr<Handle> handle, OpenDone done) {
+  // Fill on open. The next shard of a set streams in beside this file's fetches (the backend
+  // serves demand reads first), so it is on its way while the loader reads this one: at once
+  // where this file alone cannot take all its store gives, else once its last blocks are on their
+  // way (Fill::next, NextShardLead). The identity samples just read told which.
+  auto fill = std::make_shared<Fill>();
+  {
+    // Named variables, not a structured binding, for the lambda to capture (clang-14 cannot
+    // capture a binding: tools/check_thread_safety.sh).
+    std::pair<std::shared_ptr<Inode>, std::string> place = PlaceOf(*handle->inode);
+    std::shared_ptr<Inode> dir = std::move(place.first);
+    std::string name = std::move(place.second);
+    if (dir && handle->safetensors) {
+      fill->next = [opener = shard_opener_.get(), dir, name, key = handle->identity] {
+        opener->StartNextAfter(dir, name, key);
+      };
+      if (!handle->file->alone_fills_store()) fill->StartNext();
+    }
+  }
+  fill->handle = std::move(handle);
+  fill->done = std::move(done);
+  fill->started = std::chrono::steady_clock::now();
+  filling_opens_.fetch_add(1, std::memory_order_relaxed);
+  RunFill(fill);
 }
 
 void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {

@@ -295,6 +295,9 @@ class ReadThroughFs {
   // The budget bytes all of `file` takes in the cache (WholeFileBudget).
   uint64_t FillBudget(const FileKey& file) const;
   // Fetches all of the fill's file (a FileFill, cache/file_fill.h); FillDone answers the open.
+  // Answers the open of `handle` once its whole file is cached (fill on open), starting the next
+  // shard of its set beside it.
+  void StartFill(std::unique_ptr<Handle> handle, OpenDone done);
   void RunFill(const std::shared_ptr<Fill>& fill);
   void FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome);
   // Gives the handle its mode (Inode::kernel_mode: passthrough when the file is whole in the

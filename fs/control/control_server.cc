@@ -138,9 +138,15 @@ bool MayControl(uid_t uid, gid_t gid, uid_t owner, std::optional<gid_t> group) {
 }
 
 WarmProgressMessage WarmProgressToMessage(const WarmProgress& p) {
-  return {p.state,       p.files_total,      p.files_done,
-          p.bytes_total, p.bytes_done,       p.resident_at_start,
-          p.elapsed_s,   p.waiting_for_room, p.error};
+  return {std::string(WarmStateName(p.state)),
+          p.files_total,
+          p.files_done,
+          p.bytes_total,
+          p.bytes_done,
+          p.resident_at_start,
+          p.elapsed_s,
+          p.waiting_for_room,
+          p.error};
 }
 
 Result<std::unique_ptr<ControlServer>> ControlServer::Start(ControlServerOptions options,
@@ -430,7 +436,7 @@ bool ControlServer::HandleWarm(Connection& connection, const ControlRequest& req
     update.progress = WarmProgressToMessage(p);
     if (finished) {
       update.done = true;
-      update.ok = p.state == "done";
+      update.ok = p.state == WarmState::kDone;
       return Send(connection, update.ToJson());
     }
     if (stopping_.load()) {

@@ -15,6 +15,21 @@
 #include "fs/control/warm_files.h"
 
 namespace accelfs {
+
+std::string_view WarmStateName(WarmState state) {
+  switch (state) {
+    case WarmState::kQueued:
+      return "queued";
+    case WarmState::kRunning:
+      return "running";
+    case WarmState::kDone:
+      return "done";
+    case WarmState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -58,7 +73,7 @@ WarmJob::~WarmJob() {
 WarmProgress WarmJob::Progress() const {
   MutexLock lock(mu_);
   WarmProgress p = progress_;
-  if (p.state == "running") {
+  if (p.state == WarmState::kRunning) {
     p.elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
   }
   return p;
@@ -198,7 +213,7 @@ Result<std::vector<FileResidency>> Warmer::Residency(const std::vector<std::stri
 void Warmer::Fail(WarmJob& job, const std::string& error) {
   {
     MutexLock lock(job.mu_);
-    job.progress_.state = "failed";
+    job.progress_.state = WarmState::kFailed;
     job.progress_.error = error;
     job.progress_.waiting_for_room = false;
     if (job.started_ != Clock::time_point{}) {  // it ran (a queued job fails at Stop)
@@ -378,7 +393,7 @@ void Warmer::RunJob(WarmJob& job) {
   }
   {
     MutexLock lock(job.mu_);
-    job.progress_.state = "running";
+    job.progress_.state = WarmState::kRunning;
     job.started_ = Clock::now();
   }
   job.changed_.notify_all();
@@ -395,7 +410,7 @@ void Warmer::RunJob(WarmJob& job) {
   }
   {
     MutexLock lock(job.mu_);
-    job.progress_.state = "done";
+    job.progress_.state = WarmState::kDone;
     job.progress_.files_done = job.progress_.files_total;
     job.progress_.elapsed_s = std::chrono::duration<double>(Clock::now() - job.started_).count();
   }

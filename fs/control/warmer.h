@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -28,8 +29,12 @@
 
 namespace accelfs {
 
+enum class WarmState { kQueued, kRunning, kDone, kFailed };
+// "queued", "running", "done", "failed": the state as the control protocol writes it.
+std::string_view WarmStateName(WarmState state);
+
 struct WarmProgress {
-  std::string state = "queued";  // queued, running, done, failed
+  WarmState state = WarmState::kQueued;
   uint64_t files_total = 0;
   uint64_t files_done = 0;
   uint64_t bytes_total = 0;
@@ -38,7 +43,7 @@ struct WarmProgress {
   double elapsed_s = 0;            // since the job started running
   bool waiting_for_room = false;   // the budget is full of blocks in use; retrying as room appears
   std::string error;               // when failed
-  bool finished() const { return state == "done" || state == "failed"; }
+  bool finished() const { return state == WarmState::kDone || state == WarmState::kFailed; }
 };
 
 class WarmJob {

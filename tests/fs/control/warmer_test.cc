@@ -212,7 +212,7 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
   EXPECT_FALSE(attached);
   ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
   const WarmProgress p = (*job)->Progress();
-  EXPECT_EQ(p.state, "done") << p.error;
+  EXPECT_EQ(p.state, WarmState::kDone) << p.error;
   EXPECT_EQ(p.files_total, 3u);
   EXPECT_EQ(p.files_done, 3u);
   EXPECT_EQ(p.bytes_total, 8 * kBlock + 123);
@@ -226,7 +226,7 @@ TEST_F(WarmerCacheTest, WarmsEveryBlockThenEvicts) {
   auto again = warmer_->Warm({"m/a", "m/b"}, &attached);
   ASSERT_TRUE(again.ok()) << again.error().Message();
   ASSERT_TRUE((*again)->WaitFinished(std::chrono::seconds(30)));
-  EXPECT_EQ((*again)->Progress().state, "done");
+  EXPECT_EQ((*again)->Progress().state, WarmState::kDone);
   EXPECT_EQ((*again)->Progress().resident_at_start, 8 * kBlock + 123);
   EXPECT_EQ(cache_->Stats().fetched_bytes, 8 * kBlock + 123);
 
@@ -255,7 +255,7 @@ TEST_F(WarmerCacheTest, EachFileIsReportedResidentInOrderBeforeTheJobIsDone) {
   auto job = warmer_->Warm({"m"}, &attached);
   ASSERT_TRUE(job.ok()) << job.error().Message();
   ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
-  EXPECT_EQ((*job)->Progress().state, "done") << (*job)->Progress().error;
+  EXPECT_EQ((*job)->Progress().state, WarmState::kDone) << (*job)->Progress().error;
   std::lock_guard lock(mu);
   const std::vector<std::pair<uint64_t, uint64_t>> want = {
       {5 * kBlock + 123, 5 * kBlock + 123}, {3 * kBlock, 3 * kBlock}, {0, 0}};
@@ -284,7 +284,7 @@ TEST_F(WarmerCacheTest, NoRoomIsReportedThenFailsInsteadOfHanging) {
   auto first = warmer_->Warm({"first"}, &attached);
   ASSERT_TRUE(first.ok()) << first.error().Message();
   ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
-  ASSERT_EQ((*first)->Progress().state, "done");
+  ASSERT_EQ((*first)->Progress().state, WarmState::kDone);
   auto second = warmer_->Warm({"second"}, &attached);
   ASSERT_TRUE(second.ok()) << second.error().Message();
   bool saw_waiting = false;
@@ -293,7 +293,7 @@ TEST_F(WarmerCacheTest, NoRoomIsReportedThenFailsInsteadOfHanging) {
   }
   EXPECT_TRUE(saw_waiting);
   const WarmProgress p = (*second)->Progress();
-  EXPECT_EQ(p.state, "failed");
+  EXPECT_EQ(p.state, WarmState::kFailed);
   EXPECT_NE(p.error.find("no room in the cache for 2 s"), std::string::npos) << p.error;
 }
 
@@ -311,7 +311,7 @@ TEST_F(WarmerCacheTest, TheSamePathsAttachToTheRunningJob) {
   }
   ASSERT_TRUE((*second)->WaitFinished(std::chrono::seconds(30)));
   ASSERT_TRUE((*first)->WaitFinished(std::chrono::seconds(30)));
-  EXPECT_EQ((*first)->Progress().state, "done");
+  EXPECT_EQ((*first)->Progress().state, WarmState::kDone);
   EXPECT_EQ(Resident("m"), 40 * kBlock);
 }
 
@@ -342,12 +342,12 @@ TEST_F(WarmerCacheTest, AFifoRenamedOverAFileBeforeItsTurnFailsTheJobWithoutBloc
     if (writer >= 0) close(writer);
   }
   const WarmProgress p = (*job)->Progress();
-  EXPECT_EQ(p.state, "failed");
+  EXPECT_EQ(p.state, WarmState::kFailed);
   EXPECT_NE(p.error.find("'m/b'"), std::string::npos) << p.error;
   auto next = warmer_->Warm({"m/a"}, &attached);
   ASSERT_TRUE(next.ok()) << next.error().Message();
   ASSERT_TRUE((*next)->WaitFinished(std::chrono::seconds(10)));
-  EXPECT_EQ((*next)->Progress().state, "done") << (*next)->Progress().error;
+  EXPECT_EQ((*next)->Progress().state, WarmState::kDone) << (*next)->Progress().error;
   EXPECT_EQ(Resident("m/a"), 3 * kBlock);
 }
 
@@ -376,7 +376,7 @@ TEST_F(WarmerCacheTest, ALinkRenamedOverAFileBeforeItsTurnIsNotFollowed) {
   ASSERT_TRUE(job.ok()) << job.error().Message();
   ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
   const WarmProgress p = (*job)->Progress();
-  EXPECT_EQ(p.state, "failed");
+  EXPECT_EQ(p.state, WarmState::kFailed);
   EXPECT_NE(p.error.find("'m/b' changed since it was asked for"), std::string::npos) << p.error;
   EXPECT_EQ(Resident("secret"), 0u);
 }
@@ -394,7 +394,7 @@ TEST_F(WarmerCacheTest, EvictAndResidencyNeverReadTheStore) {
   auto job = warmer_->Warm({"m"}, &attached);
   ASSERT_TRUE(job.ok()) << job.error().Message();
   ASSERT_TRUE((*job)->WaitFinished(std::chrono::seconds(30)));
-  ASSERT_EQ((*job)->Progress().state, "done") << (*job)->Progress().error;
+  ASSERT_EQ((*job)->Progress().state, WarmState::kDone) << (*job)->Progress().error;
   store.Hold();  // every read from now on waits
   const uint64_t asked = store.submitted();
   // Each call on a thread of its own, so that one that reads the store fails the test.

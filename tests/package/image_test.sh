@@ -172,12 +172,15 @@ grep -q "not connected" "$work/stat.err" || fail "the dead mount: $(cat "$work/s
 say "killed: the dead mount answers ENOTCONN at once"
 "${podman[@]}" start "$name" >/dev/null
 wait_mount "$mnt" "$name"
-# conmon writes the container's log behind it: give the line a moment.
+# conmon writes the container's log behind it: give the line a moment. The log is read whole
+# before grep looks at it: `podman logs | grep -q` fails under pipefail when grep stops reading
+# early (SIGPIPE), and the line now comes before the start's other lines.
+cleared() { grep -q "cleared a dead accelfs mount" <<<"$("${podman[@]}" logs "$name" 2>&1)"; }
 for _ in $(seq 100); do
-  "${podman[@]}" logs "$name" 2>&1 | grep -q "cleared a dead accelfs mount" && break
+  cleared && break
   sleep 0.1
 done
-"${podman[@]}" logs "$name" 2>&1 | grep -q "cleared a dead accelfs mount" || {
+cleared || {
   "${podman[@]}" logs "$name" >&2
   fail "the next start did not say it cleared the dead mount"
 }

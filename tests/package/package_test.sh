@@ -81,7 +81,8 @@ installed=1
 dpkg-query -L accelfs >"$work/files"
 man -w accelfs >/dev/null 2>&1 || [[ -f /usr/share/man/man8/accelfs.8.gz ]] || fail "no man page"
 /usr/bin/accelfs --version | grep -qx "accelfs $version" || fail "accelfs --version"
-zcat /usr/share/man/man8/accelfs.8.gz | grep -q -- 'cache\\-size' || fail "accelfs(8) lacks --cache-size"
+# grep reads a whole file, not a pipe it may stop reading early (SIGPIPE fails it under pipefail).
+grep -q -- 'cache\\-size' <(zcat /usr/share/man/man8/accelfs.8.gz) || fail "accelfs(8) lacks --cache-size"
 # The monitoring files as installed: the dashboard loads as JSON, the rules pass promtool (where
 # it is installed: tests/tools/monitoring_test.sh tests them in full), the runbook they link is
 # there.
@@ -91,7 +92,7 @@ if command -v promtool >/dev/null; then
   promtool check rules /usr/share/accelfs/monitoring/accelfs-alerts.yml >"$work/promtool.log" 2>&1 ||
     { cat "$work/promtool.log"; fail "promtool check rules of the installed accelfs-alerts.yml"; }
 fi
-zcat /usr/share/doc/accelfs/RUNBOOK.md.gz | grep -q '^## AccelfsDown$' ||
+grep -q '^## AccelfsDown$' <(zcat /usr/share/doc/accelfs/RUNBOOK.md.gz) ||
   fail "/usr/share/doc/accelfs/RUNBOOK.md.gz lacks the alerts' sections"
 
 # mount -t fuse.accelfs, as fstab does (mount.fuse3 runs accelfs SRC DST -o OPTIONS).

@@ -55,6 +55,20 @@ int OpenAbortFile(unsigned major, unsigned minor) {
   return open((FuseConnectionDir(major, minor) + "/abort").c_str(), O_WRONLY | O_CLOEXEC);
 }
 
+// The connection's "waiting" file, opened while the mount is this daemon's: once the connection's
+// superblock is gone (its mount unmounted), the kernel unhooks the open file from it and a read
+// answers nothing, though a new mount may since hold the same device number.
+int OpenWaitingFile(unsigned major, unsigned minor) {
+  return open((FuseConnectionDir(major, minor) + "/waiting").c_str(), O_RDONLY | O_CLOEXEC);
+}
+
+// Whether the connection `waiting_fd` was opened on still has its mount (see OpenWaitingFile).
+// Asked once: the file cannot be read at an offset (no pread), and a second read() is at its end.
+bool ConnectionMounted(int waiting_fd) {
+  char buf[32];
+  return read(waiting_fd, buf, sizeof(buf)) > 0;
+}
+
 // Lets go of the daemon's descriptors of /dev/fuse (the session's and libfuse's clone for each
 // worker) and of `cache_dir` (its lock among them), leaving every other one open. Once the last of
 // /dev/fuse is closed the kernel ends the connection and answers each request still waiting on it
@@ -104,6 +118,7 @@ ExitDeadline::ExitDeadline(Options options)
     if (const std::optional<MountInfo> mount = FindMount(options_.mountpoint, kAccelfsFsType)) {
       own_device_.emplace(mount->major, mount->minor);
       abort_fd_ = OpenAbortFile(mount->major, mount->minor);
+      waiting_fd_ = OpenWaitingFile(mount->major, mount->minor);
     }
   } catch (...) {
     // Out of memory reading mountinfo: nothing of the mount is known, so nothing is touched.
@@ -168,10 +183,14 @@ void ExitDeadline::Expire() const {
         "the daemon did not stop within {} s: threads still wait in calls into SOURCE's own "
         "filesystem (a hung store?); detaching {} and exiting without waiting for them",
         std::chrono::duration<double>(options_.grace).count(), options_.mountpoint);
-    // Detached only while the mountpoint still holds this daemon's own mount (no new daemon's).
+    // Detached only while the mountpoint still holds this daemon's own mount (no new daemon's):
+    // the device number alone does not tell, as the kernel gives an unmounted one's number to the
+    // next mount, so where the connection's files were open its own mount must still be there.
     int abort_fd = abort_fd_;
     const std::optional<MountInfo> mount = FindMount(options_.mountpoint, kAccelfsFsType);
-    if (mount && own_device_ && *own_device_ == std::pair(mount->major, mount->minor)) {
+    const bool still_mounted = waiting_fd_ < 0 || ConnectionMounted(waiting_fd_);
+    if (mount && own_device_ && still_mounted &&
+        *own_device_ == std::pair(mount->major, mount->minor)) {
       // fusectl mounted since (store_limits.cc mounts it): the number is still this mount's.
       if (abort_fd < 0) abort_fd = OpenAbortFile(mount->major, mount->minor);
       Detach(options_.mountpoint);

@@ -77,6 +77,7 @@ class ExitDeadline {
   // holds that device, else the exit alone ends the connection).
   std::optional<std::pair<unsigned, unsigned>> own_device_;
   int abort_fd_ = -1;
+  int waiting_fd_ = -1;  // its connection's "waiting" file: read empty once that mount is gone
   Mutex mu_;
   std::condition_variable wake_;
   std::function<bool()> stopping_ ACCELFS_GUARDED_BY(mu_);

@@ -260,7 +260,7 @@ std::vector<OptionSpec> StoreOptions() {
   };
 }
 
-std::vector<OptionSpec> MonitoringAndAdvancedOptions() {
+std::vector<OptionSpec> MonitoringOptions() {
   return {
       {kMonitoringGroup, "metrics", "", "[ADDR:]PORT",
        "Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone: 127.0.0.1:PORT)",
@@ -274,6 +274,11 @@ std::vector<OptionSpec> MonitoringAndAdvancedOptions() {
          c.control_group = v;
          return Status::Ok();
        }},
+  };
+}
+
+std::vector<OptionSpec> AdvancedOptions() {
+  return {
       {kAdvancedGroup, "readahead", "", "SIZE",
        "The mount's kernel read_ahead_kb, as a size with K/M/G (0 keeps the kernel's)",
        [](C c) { return ShortSize(uint64_t{c.readahead_kb} << 10); }, ApplyReadahead},
@@ -300,20 +305,12 @@ std::string OldSpellingWarning(std::string_view given, std::string_view now) {
 
 const std::vector<OptionSpec>& Options() {
   static const std::vector<OptionSpec> kOptions = [] {
+    // In --help's order of groups: CLI11 lists a group where its first option comes.
     std::vector<OptionSpec> options;
-    for (auto part : {MountAndCacheOptions(), StoreOptions(), MonitoringAndAdvancedOptions(),
-                      SwarmOptionSpecs()}) {
+    for (auto part : {MountAndCacheOptions(), StoreOptions(), MonitoringOptions(),
+                      SwarmOptionSpecs(), AdvancedOptions()}) {
       options.insert(options.end(), part.begin(), part.end());
     }
-    // --help lists the groups in the order their first option comes.
-    std::stable_sort(options.begin(), options.end(), [](const OptionSpec& a, const OptionSpec& b) {
-      static constexpr std::string_view kOrder[] = {kMountGroup,      kCacheGroup, kStoreGroup,
-                                                    kMonitoringGroup, kFleetGroup, kAdvancedGroup};
-      const auto rank = [](std::string_view g) {
-        return std::find(std::begin(kOrder), std::end(kOrder), g) - std::begin(kOrder);
-      };
-      return rank(a.group) < rank(b.group);
-    });
     return options;
   }();
   return kOptions;

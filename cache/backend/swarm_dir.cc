@@ -46,6 +46,22 @@ std::chrono::nanoseconds MtimeOf(const struct stat& st) {
   return std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec);
 }
 
+// What a claim says (who took it, and a name of that taking: kMaxTag bytes at most); empty where
+// NAME is gone or no regular file.
+constexpr size_t kMaxTag = 256;
+std::string TagAt(int parent, const std::string& name) {
+  // O_NONBLOCK: a FIFO put there opens without waiting for a writer, and is refused below.
+  const int fd = openat(parent, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return {};
+  struct stat st {};
+  std::string tag(kMaxTag, '\0');
+  ssize_t n = -1;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) n = pread(fd, tag.data(), tag.size(), 0);
+  close(fd);
+  tag.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return tag;
+}
+
 }  // namespace
 
 SwarmDir::SwarmDir(std::string dir, std::chrono::milliseconds stale_claim, std::string who)
@@ -161,6 +177,33 @@ bool SwarmDir::RetireStaleClaim(const std::string& claim, bool force) const {
   return stale;
 }
 
+std::string SwarmDir::ClaimTag(const std::string& claim) const {
+  std::string name;
+  const int parent = OpenParent(claim, &name);
+  if (parent < 0) return {};
+  std::string tag = TagAt(parent, name);
+  close(parent);
+  return tag;
+}
+
+// As RetireStaleClaim: two nodes that both saw TAG may both rename; the second renames the first
+// one's new claim, which says another taking, and puts it back.
+bool SwarmDir::RetireClaimTagged(const std::string& claim, const std::string& tag) const {
+  if (tag.empty()) return false;
+  std::string name;
+  const int parent = OpenParent(claim, &name);
+  if (parent < 0) return false;
+  const std::string dead = name + ".dead." + Unguessable();
+  bool same = false;
+  if (renameat(parent, name.c_str(), parent, dead.c_str()) == 0) {
+    same = TagAt(parent, dead) == tag;
+    if (!same) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
+    unlinkat(parent, dead.c_str(), 0);
+  }
+  close(parent);
+  return same;
+}
+
 bool SwarmDir::TakeClaim(const std::string& claim) const {
   std::string name;
   const int parent = OpenParent(claim, &name);
@@ -173,7 +216,8 @@ bool SwarmDir::TakeClaim(const std::string& claim) const {
     errno = err;
     return false;
   }
-  const std::string line = who_ + "\n";
+  // Who took it, and this taking's own name (RetireClaimTagged tells it from the one before).
+  const std::string line = who_ + " " + Unguessable() + "\n";
   [[maybe_unused]] ssize_t n = write(fd, line.data(), line.size());
   close(fd);
   return true;

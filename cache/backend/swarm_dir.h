@@ -64,6 +64,13 @@ class SwarmDir {
   // whose holder published nothing for too long, or not a regular file); false when it is gone
   // or live again.
   bool RetireStaleClaim(const std::string& claim, bool force = false) const;
+  // What the claim says: who took it and a name of that taking, its own to each taking; empty
+  // where there is none or it is no regular file.
+  std::string ClaimTag(const std::string& claim) const;
+  // Moves the claim out of the way, live or not, when it still says `tag` (the taking this node
+  // saw: one whose holder is gone, though its claim is not stale yet); false when it is gone or
+  // another taking's (another node took it over first).
+  bool RetireClaimTagged(const std::string& claim, const std::string& tag) const;
   // Creates the claim (O_EXCL: one node only); false and errno when it cannot (EEXIST: another
   // node's).
   bool TakeClaim(const std::string& claim) const;

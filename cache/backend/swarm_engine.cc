@@ -20,6 +20,7 @@
 #include <libtorrent/disk_interface.hpp>
 #include <libtorrent/hasher.hpp>
 #include <libtorrent/ip_filter.hpp>
+#include <libtorrent/peer_info.hpp>
 #include <libtorrent/session.hpp>
 #include <libtorrent/session_params.hpp>
 #include <libtorrent/session_stats.hpp>
@@ -344,6 +345,28 @@ std::vector<bool> SwarmEngine::Have(TorrentId id) {
       have[static_cast<size_t>(p)] = pieces[lt::piece_index_t{p}];
   });
   return have;
+}
+
+std::vector<int> SwarmEngine::Sources(TorrentId id) {
+  const lt::torrent_handle h = impl_->Handle(id);
+  std::vector<int> sources;
+  OnHandle([&] {
+    // From each connected peer's own bitfield (a seed: every piece): piece_availability counts
+    // no seed.
+    const std::shared_ptr<const lt::torrent_info> info = h.torrent_file();
+    if (!info) return;
+    sources.assign(static_cast<size_t>(info->num_pieces()), 0);
+    std::vector<lt::peer_info> peers;
+    h.get_peer_info(peers);
+    for (const lt::peer_info& peer : peers) {
+      const bool seed = static_cast<bool>(peer.flags & lt::peer_info::seed);
+      for (size_t p = 0; p < sources.size(); ++p) {
+        const lt::piece_index_t piece{static_cast<int>(p)};
+        if (seed || (piece < peer.pieces.end_index() && peer.pieces[piece])) ++sources[p];
+      }
+    }
+  });
+  return sources;
 }
 
 void SwarmEngine::Remove(TorrentId id) {

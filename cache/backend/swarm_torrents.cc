@@ -16,9 +16,11 @@ namespace accelfs {
 void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
   std::vector<char> bytes;
   bool read = false;
+  std::string tag;
   {
     const SwarmDirThreads::Call call;  // on a dir thread (Decided)
     read = dir->Read(ch->torrent, bytes);
+    tag = dir->ClaimTag(ch->claim);
   }
   Status added = read ? Status::Ok() : Error(errno, "gone from the dir");
   bool forged = false;
@@ -45,6 +47,7 @@ void SwarmReader::Impl::Join(const ChunkPtr& ch, Later& later) {
     return ToStoreAll(*ch, later);
   }
   ch->state = State::kSwarm;
+  ch->claim_tag = std::move(tag);
   ch->waited_since = {};  // not at StartJoining: a torrent that cannot be read waits on
   ch->progress = ch->joined_at = Clock::now();
   joined.fetch_add(1, std::memory_order_relaxed);

@@ -11,6 +11,7 @@ void SwarmReader::Impl::Tick() {
   Later later;
   std::vector<Probe> probes;
   std::vector<ChunkPtr> retry;
+  std::vector<ChunkPtr> stalls;
   {
     MutexLock lock(mu);
     const Clock::time_point now = Clock::now();
@@ -21,6 +22,7 @@ void SwarmReader::Impl::Tick() {
         peer_meter.samples >= kPeerSamples && store_meter.rate > kStoreMargin * peer_meter.rate;
     bool peers_asked = false;  // a joined chunk not whole: the engine asks peers for pieces
     WatchDir(now, later);
+    const Clock::duration after = HedgeAfter();
     uint64_t held = 0;
     const auto refresh = [&](Chunk& ch) ACCELFS_REQUIRES(mu) {
       if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
@@ -59,9 +61,12 @@ void SwarmReader::Impl::Tick() {
             refresh(*ch);
           } else {
             followed = now;
-            peers_asked = true;
+            // Peers are metered while they send: a chunk that stalled (its holder gone, a window
+            // of the store's) is the stall rule's. Metered, its stall drained the peers' rate to
+            // nothing, and every joined chunk went to the store.
+            peers_asked = peers_asked || (now >= ch->progress && now - ch->progress < after);
           }
-          Hedge(*ch, now, later);
+          Hedge(ch, now, after, later, stalls);
           CatchUp(ch, now, probes);
           FallBackIfStuck(ch, now, later);
           break;
@@ -80,6 +85,7 @@ void SwarmReader::Impl::Tick() {
   // Let go first: a reclaimed chunk's torrent is published anew on the next round.
   for (TorrentId id : std::exchange(later.removed, {})) engine->Remove(id);
   AskHave(std::move(probes), later);
+  AskSources(std::move(stalls), later);
   Run(later);
 }
 
@@ -155,13 +161,18 @@ void SwarmReader::Impl::CatchUp(const ChunkPtr& chp, Clock::time_point now,
   }
 }
 
-void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
+void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp, const std::string& holder) {
   bool claimed = false;
   {
     const SwarmDirThreads::Call call;
-    const std::optional<Clock::duration> age = dir->Age(chp->claim);
-    if (!dir->Live(age) && (!age || dir->RetireStaleClaim(chp->claim)) &&
-        dir->TakeClaim(chp->claim)) {
+    bool retired = false;
+    if (holder.empty()) {
+      const std::optional<Clock::duration> age = dir->Age(chp->claim);
+      retired = !dir->Live(age) && (!age || dir->RetireStaleClaim(chp->claim));
+    } else {
+      retired = dir->RetireClaimTagged(chp->claim, holder);
+    }
+    if (retired && dir->TakeClaim(chp->claim)) {
       claimed = true;
       dir->Remove(chp->torrent);  // published anew once read
     }
@@ -175,7 +186,9 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
       return;
     }
     if (claimed) {
-      Reclaim(chp, later);
+      Reclaim(chp, !holder.empty(), later);
+    } else if (!holder.empty()) {
+      chp->lost_takeover = Clock::now();  // another node reads it and shares it
     } else {
       GiveUpOn(chp, Clock::now(), later);
     }
@@ -186,12 +199,19 @@ void SwarmReader::Impl::CheckStuck(const ChunkPtr& chp) {
 // Claims a joined chunk again (CheckStuck took its claim): its torrent leaves the engine, the
 // pieces this node has stay, the rest are read from the store, and it is published anew (the
 // same torrent: the same bytes).
-void SwarmReader::Impl::Reclaim(const ChunkPtr& chp, Later& later) {
+void SwarmReader::Impl::Reclaim(const ChunkPtr& chp, bool holder_gone, Later& later) {
   Chunk& ch = *chp;
-  spdlog::info(
-      "swarm: no live node holds {} and no peer sent a piece of it in {} ms; this node "
-      "reads the rest of it from the store and shares it again",
-      ch.name, o.peer_wait.count());
+  if (holder_gone) {
+    spdlog::info(
+        "swarm: no connected peer has the pieces of {} its readers wait on (the node that held "
+        "it is gone); this node reads the rest of it from the store and shares it again",
+        ch.name);
+  } else {
+    spdlog::info(
+        "swarm: no live node holds {} and no peer sent a piece of it in {} ms; this node "
+        "reads the rest of it from the store and shares it again",
+        ch.name, o.peer_wait.count());
+  }
   later.removed.push_back(ch.id);
   by_id.erase(ch.id);
   ch.id = 0;
@@ -301,29 +321,66 @@ SwarmReader::Impl::Clock::duration SwarmReader::Impl::HedgeAfter() const {
   return std::min<Clock::duration>(after, o.peer_wait);
 }
 
-void SwarmReader::Impl::Hedge(Chunk& ch, Clock::time_point now, Later& later) {
-  if (!o.hedge || ch.store_faster) return;
+void SwarmReader::Impl::Hedge(const ChunkPtr& chp, Clock::time_point now, Clock::duration after,
+                              Later& later, std::vector<ChunkPtr>& stalls) {
+  Chunk& ch = *chp;
+  if (!o.hedge || ch.store_faster || ch.sourcing || ch.checking) return;
   Clock::time_point oldest = Clock::time_point::max();
   for (const auto& waiting : ch.waiters) {
     if (!waiting.empty()) oldest = std::min(oldest, waiting.front().since);
   }
   if (oldest == Clock::time_point::max()) return;
-  const Clock::duration after = HedgeAfter();
-  const bool stalled = now - std::max({oldest, ch.joined_at, peer_piece_at}) >= after;
-  if (!prefer_store && !stalled) return;
-  ToStoreFaster(ch, later);
-  if (!hedge_logged) {
-    hedge_logged = true;
-    spdlog::info(
-        "swarm: the peers of {} are slower than the store ({}); such chunks are read from the "
-        "store (swarm_hedges counts the reads)",
-        ch.name,
-        prefer_store
-            ? fmt::format("{:.0f} MB/s from peers, {:.0f} MB/s from the store",
-                          peer_meter.rate / 1e6, store_meter.rate / 1e6)
-            : fmt::format("a reader waited {} ms with no piece",
-                          std::chrono::duration_cast<std::chrono::milliseconds>(after).count()));
+  if (prefer_store) {
+    ToStoreFaster(ch, later);
+    LogHedge(ch, after);
+    return;
   }
+  const bool stalled = now - std::max({oldest, ch.joined_at, peer_piece_at}) >= after;
+  // Another node took it over: it shares it once read (FallBackIfStuck bounds the wait).
+  if (!stalled || now - ch.lost_takeover < o.peer_wait) return;
+  ch.sourcing = true;
+  stalls.push_back(chp);
+}
+
+void SwarmReader::Impl::AskSources(std::vector<ChunkPtr> stalls, Later& later) {
+  for (const ChunkPtr& chp : stalls) {
+    TorrentId id = 0;
+    {
+      MutexLock lock(mu);
+      id = chp->id;
+    }
+    // Off the lock: the call waits on the engine's thread.
+    const std::vector<int> sources = id == 0 ? std::vector<int>{} : engine->Sources(id);
+    MutexLock lock(mu);
+    Chunk& ch = *chp;
+    ch.sourcing = false;
+    if (stopping || ch.state != State::kSwarm || ch.id != id || id == 0 || !ch.Waited()) continue;
+    bool sent = sources.empty();  // the engine has no such torrent: the hedge, as before
+    for (size_t p = 0; p < ch.waiters.size() && !sent; ++p) {
+      sent = !ch.waiters[p].empty() && p < sources.size() && sources[p] > 0;
+    }
+    if (sent || ch.claim_tag.empty() || dir_down) {
+      ToStoreFaster(ch, later);
+      LogHedge(ch, HedgeAfter());
+      continue;
+    }
+    ch.checking = true;
+    dir_threads->Post([this, chp, holder = ch.claim_tag] { CheckStuck(chp, holder); });
+  }
+}
+
+void SwarmReader::Impl::LogHedge(const Chunk& ch, Clock::duration after) {
+  if (hedge_logged) return;
+  hedge_logged = true;
+  spdlog::info(
+      "swarm: the peers of {} are slower than the store ({}); such chunks are read from the "
+      "store (swarm_hedges counts the reads)",
+      ch.name,
+      prefer_store
+          ? fmt::format("{:.0f} MB/s from peers, {:.0f} MB/s from the store", peer_meter.rate / 1e6,
+                        store_meter.rate / 1e6)
+          : fmt::format("a reader waited {} ms with no piece",
+                        std::chrono::duration_cast<std::chrono::milliseconds>(after).count()));
 }
 
 void SwarmReader::Impl::ToStoreFaster(Chunk& ch, Later& later) {

@@ -192,6 +192,35 @@ TEST_F(SwarmDirTest, AgesComeFromTheDirsClock) {
   EXPECT_TRUE(S_ISREG(st.st_mode));
 }
 
+// A live claim whose holder is gone is taken over by its tag, as joined: once, by one node. Node b
+// and node c both saw node a's taking; b retires it and takes the claim; c's retire then finds
+// b's taking, another tag, and leaves it (it and its content) where it is.
+TEST_F(SwarmDirTest, ALiveClaimIsTakenOverByTheTakingSeenOnly) {
+  dir_->MakeFileDir(kId);
+  const std::string claim = dir_->Claim(kId, 0);
+  ASSERT_TRUE(dir_->TakeClaim(claim));
+  const std::string seen = dir_->ClaimTag(claim);
+  ASSERT_EQ(seen.rfind("node-a ", 0), 0u) << seen;
+  SwarmDir b(shared_, 1000ms, "node-b");
+  SwarmDir c(shared_, 1000ms, "node-c");
+  EXPECT_FALSE(b.RetireClaimTagged(claim, "node-a 0\n")) << "another taking's tag";
+  EXPECT_EQ(dir_->ClaimTag(claim), seen) << "put back";
+  ASSERT_TRUE(b.RetireClaimTagged(claim, seen));
+  ASSERT_TRUE(b.TakeClaim(claim));
+  const std::string taken = b.ClaimTag(claim);
+  EXPECT_NE(taken, seen);
+  EXPECT_FALSE(c.RetireClaimTagged(claim, seen));
+  EXPECT_EQ(c.ClaimTag(claim), taken) << "b's claim left as it was";
+  EXPECT_FALSE(c.TakeClaim(claim));
+  EXPECT_FALSE(c.RetireClaimTagged(claim, "")) << "no tag seen: nothing taken over";
+  EXPECT_EQ(c.ClaimTag(claim), taken);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(shared_ + "/" + kId)) {
+    names.push_back(e.path().filename());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"0.claim"}) << "no renamed claim left behind";
+}
+
 // A node whose clock is a minute off either way (NTP down, a VM restored) judges claims by the
 // dir's clock all the same: a claim another node touched just now is live, one it last touched
 // 20 s ago (2x stale_claim) is not.

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <iostream>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -85,7 +87,9 @@ class SwarmHedgeTest : public SwarmReaderTest {};
 // 8 s) is at its address; node 1, which has read its store (a file outside the swarm), joins
 // chunk 0. Its readers wait on the peer no longer than peer_wait/10 (the store's rate unknown:
 // that read was too short to meter) or twice the store's time for a piece, then read the store;
-// so does its next read of the chunk, at once.
+// so does its next read of the chunk, at once. (peer_wait is the daemon's, 10 s: by the hedge,
+// 1 s, the seed has shown its pieces; a peer that has shown none of the pieces waited on is not a
+// slow peer but none, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach.)
 TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
   ACCELFS_SKIP_WITH_AN_OUTSIDER();
   ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
@@ -98,6 +102,7 @@ TEST_F(SwarmHedgeTest, ReadersOfPeersSlowerThanTheStoreGoToTheStore) {
   SwarmOptions o = Options(1);
   o.stale_claim = 60s;  // node 0's claims count as live: node 1 joins
   o.hedge = true;
+  o.peer_wait = 10s;
   auto b = Node(o);
   ASSERT_TRUE(b);
   const std::shared_ptr<BackingFile> outside = OpenBackingFile(path_);  // no identity: no chunk
@@ -174,6 +179,33 @@ TEST_F(SwarmHedgeTest, ALateNodeReadsPiecesFromItsStoreToMeterItThenTakesTheFast
   // fleet: not counted here, a piece no reader waits on is seen by its alert only).
   EXPECT_GE(b->Stats().peer_bytes, kChunkPieces * kPiece);
   EXPECT_EQ(b->Stats().fallbacks, 0u);
+}
+
+// The node that held the chunks died right after publishing them; its claims are still live
+// (stale_claim 60 s), so nodes 1 and 2 join them, and their readers get no piece. The hedge's
+// stall rule fires, but no connected peer has a piece they wait on: not slow peers, a holder gone.
+// One of them takes each chunk's claim over and reads it from the store, the other takes it from
+// that one: the store serves the file once more, not once per node (each read the dead node's
+// chunks itself before, and a fleet of three took 2.14x the model from the store).
+TEST_F(SwarmHedgeTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
+  ASSERT_NO_FATAL_FAILURE(PublishedByAGoneNode());
+  SwarmOptions o1 = Options(1), o2 = Options(2);
+  for (SwarmOptions* o : {&o1, &o2}) {
+    o->stale_claim = 60s;
+    o->hedge = true;
+  }
+  auto b = Node(o1);
+  auto c = Node(o2);
+  ASSERT_TRUE(b && c);
+  const uint64_t seed = std::random_device{}();
+  std::cout << "seed " << seed << "\n";
+  std::thread other([&] { ReadAll(*c, Shuffled(seed)); });
+  ReadAll(*b, InOrder());
+  other.join();
+  EXPECT_EQ(b->Stats().store_bytes + c->Stats().store_bytes, kSize)
+      << "b " << b->Stats().store_bytes << ", c " << c->Stats().store_bytes;
+  EXPECT_EQ(b->Stats().hedges + c->Stats().hedges, 0u);
+  EXPECT_EQ(b->Stats().fallbacks + c->Stats().fallbacks, 0u);
 }
 
 }  // namespace

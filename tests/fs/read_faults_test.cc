@@ -181,7 +181,7 @@ class ReadFaultsWithReadaheadTest : public ReadFaultsTest {
 TEST_F(ReadFaultsWithReadaheadTest, FailedReadaheadDoesNotPoisonLaterReads) {
   backend_.FailNth(2, EIO);  // the read-ahead of block 1
   EXPECT_EQ(Read(0, kBlock), "");
-  ASSERT_TRUE(backend_.WaitCompleted(3));  // block 0, read-ahead of blocks 1 and 2
+  ASSERT_TRUE(backend_.WaitCompleted(at_open_ + 3));  // block 0, read-ahead of blocks 1 and 2
   EXPECT_EQ(cache_->Stats().failed_fetches, 1u);
   EXPECT_EQ(Read(kBlock, kBlock), "");
   EXPECT_EQ(Read(2 * kBlock, kBlock), "");

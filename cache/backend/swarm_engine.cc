@@ -20,7 +20,6 @@
 #include <libtorrent/disk_interface.hpp>
 #include <libtorrent/hasher.hpp>
 #include <libtorrent/ip_filter.hpp>
-#include <libtorrent/peer_info.hpp>
 #include <libtorrent/session.hpp>
 #include <libtorrent/session_params.hpp>
 #include <libtorrent/session_stats.hpp>
@@ -347,25 +346,22 @@ std::vector<bool> SwarmEngine::Have(TorrentId id) {
   return have;
 }
 
-std::vector<int> SwarmEngine::Sources(TorrentId id) {
+std::vector<int> SwarmEngine::Sources(TorrentId id, int pieces) {
   const lt::torrent_handle h = impl_->Handle(id);
-  std::vector<int> sources;
+  // Sized here: the engine's thread only writes the counts (plain stores in Debian's libtorrent,
+  // which ThreadSanitizer does not see; a peer's bitfield by get_peer_info came with strings
+  // copied through libstdc++, which it does, without the hand-off that orders them).
+  std::vector<int> sources(static_cast<size_t>(pieces), 0);
+  int seeds = 0;
+  bool asked = false;
   OnHandle([&] {
-    // From each connected peer's own bitfield (a seed: every piece): piece_availability counts
-    // no seed.
-    const std::shared_ptr<const lt::torrent_info> info = h.torrent_file();
-    if (!info) return;
-    sources.assign(static_cast<size_t>(info->num_pieces()), 0);
-    std::vector<lt::peer_info> peers;
-    h.get_peer_info(peers);
-    for (const lt::peer_info& peer : peers) {
-      const bool seed = static_cast<bool>(peer.flags & lt::peer_info::seed);
-      for (size_t p = 0; p < sources.size(); ++p) {
-        const lt::piece_index_t piece{static_cast<int>(p)};
-        if (seed || (piece < peer.pieces.end_index() && peer.pieces[piece])) ++sources[p];
-      }
-    }
+    h.piece_availability(sources);  // peers that are not seeds
+    seeds = h.status({}).num_seeds;
+    asked = true;
   });
+  if (!asked) return {};
+  if (sources.size() != static_cast<size_t>(pieces)) sources.assign(static_cast<size_t>(pieces), 0);
+  for (int& n : sources) n += seeds;
   return sources;
 }
 

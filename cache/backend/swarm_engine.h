@@ -72,9 +72,10 @@ class SwarmEngine {
   // The pieces the engine holds checked (one flag a piece; empty when it has no such torrent):
   // one call, which waits on the engine's thread, for every piece of the torrent.
   std::vector<bool> Have(TorrentId id);
-  // How many connected peers have each piece, by their bitfields (0 for every piece where none is
-  // connected; empty when it has no such torrent): one call, which waits on the engine's thread.
-  std::vector<int> Sources(TorrentId id);
+  // How many connected peers have each of the torrent's `pieces` pieces (the seeds among them have
+  // all; 0 for every piece where none is connected; empty when it has no such torrent): one call,
+  // which waits on the engine's thread.
+  std::vector<int> Sources(TorrentId id, int pieces);
   void Remove(TorrentId id);
 
   // Hands the engine's alerts to `events`; every 500 ms asks for the session's stats. Returns

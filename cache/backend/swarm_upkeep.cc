@@ -345,12 +345,14 @@ void SwarmReader::Impl::Hedge(const ChunkPtr& chp, Clock::time_point now, Clock:
 void SwarmReader::Impl::AskSources(std::vector<ChunkPtr> stalls, Later& later) {
   for (const ChunkPtr& chp : stalls) {
     TorrentId id = 0;
+    int pieces = 0;
     {
       MutexLock lock(mu);
       id = chp->id;
+      pieces = chp->data->count();
     }
     // Off the lock: the call waits on the engine's thread.
-    const std::vector<int> sources = id == 0 ? std::vector<int>{} : engine->Sources(id);
+    const std::vector<int> sources = id == 0 ? std::vector<int>{} : engine->Sources(id, pieces);
     MutexLock lock(mu);
     Chunk& ch = *chp;
     ch.sourcing = false;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <random>
 
 namespace accelfs {
@@ -160,21 +161,34 @@ std::optional<SwarmDir::Clock::duration> SwarmDir::Age(const std::string& path) 
   return age;
 }
 
-// Two nodes that found the claim stale at once may both rename: the second renames the first
-// one's new claim, sees that it is fresh, and puts it back.
-bool SwarmDir::RetireStaleClaim(const std::string& claim, bool force) const {
+// Two nodes that judged the claim at once may both rename it: the second renames the first one's
+// new claim, judges that one (fresh, or another taking's tag), and puts it back.
+bool SwarmDir::RetireClaimIf(const std::string& claim,
+                             const std::function<bool(int, const std::string&)>& retire) const {
   std::string name;
   const int parent = OpenParent(claim, &name);
   if (parent < 0) return false;
   const std::string dead = name + ".dead." + Unguessable();
-  bool stale = false;
+  bool retired = false;
   if (renameat(parent, name.c_str(), parent, dead.c_str()) == 0) {
-    stale = force || !Live(AgeAt(parent, dead));  // no regular file: no age, not live
-    if (!stale) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
+    retired = retire(parent, dead);
+    if (!retired) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
     unlinkat(parent, dead.c_str(), 0);
   }
   close(parent);
-  return stale;
+  return retired;
+}
+
+bool SwarmDir::RetireStaleClaim(const std::string& claim, bool force) const {
+  return RetireClaimIf(claim, [&](int parent, const std::string& dead) {
+    return force || !Live(AgeAt(parent, dead));  // no regular file: no age, not live
+  });
+}
+
+bool SwarmDir::RetireClaimTagged(const std::string& claim, const std::string& tag) const {
+  return !tag.empty() && RetireClaimIf(claim, [&](int parent, const std::string& dead) {
+    return TagAt(parent, dead) == tag;
+  });
 }
 
 std::string SwarmDir::ClaimTag(const std::string& claim) const {
@@ -184,24 +198,6 @@ std::string SwarmDir::ClaimTag(const std::string& claim) const {
   std::string tag = TagAt(parent, name);
   close(parent);
   return tag;
-}
-
-// As RetireStaleClaim: two nodes that both saw TAG may both rename; the second renames the first
-// one's new claim, which says another taking, and puts it back.
-bool SwarmDir::RetireClaimTagged(const std::string& claim, const std::string& tag) const {
-  if (tag.empty()) return false;
-  std::string name;
-  const int parent = OpenParent(claim, &name);
-  if (parent < 0) return false;
-  const std::string dead = name + ".dead." + Unguessable();
-  bool same = false;
-  if (renameat(parent, name.c_str(), parent, dead.c_str()) == 0) {
-    same = TagAt(parent, dead) == tag;
-    if (!same) linkat(parent, dead.c_str(), parent, name.c_str(), 0);  // unless another is there
-    unlinkat(parent, dead.c_str(), 0);
-  }
-  close(parent);
-  return same;
 }
 
 bool SwarmDir::TakeClaim(const std::string& claim) const {

@@ -97,6 +97,10 @@ class SwarmDir {
   int OpenParent(const std::string& path, std::string* name) const;
   // The age of NAME in the directory `parent` (OpenParent's); nothing where it is no regular file.
   std::optional<Clock::duration> AgeAt(int parent, const std::string& name) const;
+  // Renames the claim away and asks `retire` (the directory, the name it was renamed to) whether
+  // it goes; puts it back where not. False when it is gone or stays.
+  bool RetireClaimIf(const std::string& claim,
+                     const std::function<bool(int, const std::string&)>& retire) const;
   // The dir's clock now, as far as it was last read (kClockRefresh), in CLOCK_REALTIME terms;
   // this node's own where it cannot be read.
   std::chrono::nanoseconds DirNow() const;

@@ -195,6 +195,15 @@ class SwarmReaderTest : public ::testing::Test {
     ASSERT_EQ(WaitForPublished(*a, 5), 5);
   }
 
+  // Two nodes read the whole file at once: `first` in order, `second` in a random order (its seed
+  // printed by Shuffled). Use with ASSERT_NO_FATAL_FAILURE.
+  void ReadAllAtOnce(SwarmReader& first, SwarmReader& second) {
+    const uint64_t seed = std::random_device{}();
+    std::thread other([&] { ReadAll(second, Shuffled(seed)); });
+    ReadAll(first, InOrder());
+    other.join();
+  }
+
   static std::vector<uint64_t> InOrder() {
     std::vector<uint64_t> order((kSize + kPiece - 1) / kPiece);
     std::iota(order.begin(), order.end(), 0);

@@ -197,11 +197,7 @@ TEST_F(SwarmHedgeTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
   auto b = Node(o1);
   auto c = Node(o2);
   ASSERT_TRUE(b && c);
-  const uint64_t seed = std::random_device{}();
-  std::cout << "seed " << seed << "\n";
-  std::thread other([&] { ReadAll(*c, Shuffled(seed)); });
-  ReadAll(*b, InOrder());
-  other.join();
+  ASSERT_NO_FATAL_FAILURE(ReadAllAtOnce(*b, *c));
   EXPECT_EQ(b->Stats().store_bytes + c->Stats().store_bytes, kSize)
       << "b " << b->Stats().store_bytes << ", c " << c->Stats().store_bytes;
   EXPECT_EQ(b->Stats().hedges + c->Stats().hedges, 0u);

@@ -327,10 +327,7 @@ TEST_F(SwarmReaderTest, AChunkWhoseHolderDiedIsReadAgainByOneNodeNotByEach) {
   auto b = Node(1);
   auto c = Node(2);
   ASSERT_TRUE(b && c);
-  const uint64_t seed = std::random_device{}();
-  std::thread other([&] { ReadAll(*c, Shuffled(seed)); });
-  ReadAll(*b, InOrder());
-  other.join();
+  ASSERT_NO_FATAL_FAILURE(ReadAllAtOnce(*b, *c));
   EXPECT_EQ(b->Stats().store_bytes + c->Stats().store_bytes, kSize)
       << "b " << b->Stats().store_bytes << ", c " << c->Stats().store_bytes;
   EXPECT_EQ(b->Stats().fallbacks + c->Stats().fallbacks, 0u);

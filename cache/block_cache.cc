@@ -15,7 +15,7 @@ namespace accelfs {
 
 using Freed = std::vector<std::pair<BlockKey, BlockBuffer>>;
 
-BlockCache::BlockCache(BlockStore& store, BackendReader& reader, Options options)
+BlockCache::BlockCache(BlockStore& store, StoreReader& reader, Options options)
     : store_(store), reader_(reader), options_(options), slow_commits_(store.SlowCommits()) {
   stats_.budget_bytes = options.budget_bytes;
   if (slow_commits_) StartWorkers();

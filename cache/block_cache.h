@@ -57,7 +57,7 @@ class BlockCache {
 
   // REQUIRES: store and reader outlive the cache. On destruction, ready blocks are given back with
   // BlockStore::Retain (a persistent store keeps them), the rest with Release.
-  BlockCache(BlockStore& store, BackendReader& reader, Options options);
+  BlockCache(BlockStore& store, StoreReader& reader, Options options);
   ~BlockCache();
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
@@ -248,7 +248,7 @@ class BlockCache {
   void ReleaseAll(std::vector<std::pair<BlockKey, BlockBuffer>>& freed);
 
   BlockStore& store_;
-  BackendReader& reader_;
+  StoreReader& reader_;
   const Options options_;
 
   // Lock order: mu_ is taken before the store's lock, and only BlockStore::HeldElsewhere (two

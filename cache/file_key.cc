@@ -72,7 +72,7 @@ namespace {
 // Reads `reads` of `file` through `reader`, read i into one buffer of `capacity` bytes at at[i],
 // and waits for every answer (or for `cancelled`: ECANCELED). The bytes each read got; `buffer`
 // receives the buffer.
-Result<std::vector<size_t>> ReadIdentitySpans(BackendReader& reader,
+Result<std::vector<size_t>> ReadIdentitySpans(StoreReader& reader,
                                               const std::shared_ptr<BackingFile>& file,
                                               const std::vector<FingerprintSpan>& reads,
                                               const std::vector<uint64_t>& at, uint64_t capacity,
@@ -139,7 +139,7 @@ Result<std::vector<size_t>> ReadIdentitySpans(BackendReader& reader,
 
 }  // namespace
 
-Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
+Result<FileKey> IdentifyFile(StoreReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
                              const std::function<bool()>& cancelled, uint64_t whole_max,
                              std::vector<std::byte>* whole, std::vector<std::byte>* head) {

@@ -32,7 +32,7 @@
 
 namespace accelfs {
 
-class BackendReader;
+class StoreReader;
 class BackingFile;
 
 // The first 16 bytes of SHA-256 of a path relative to SOURCE's root (PlaceOfPath). A hash no one
@@ -100,7 +100,7 @@ inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint, cons
 // samples include that page (not tail_only), and left in *head: the file's head, the same
 // version as the key, in the same round trip (left empty where none was read or it came back
 // short).
-Result<FileKey> IdentifyFile(BackendReader& reader, const std::shared_ptr<BackingFile>& file,
+Result<FileKey> IdentifyFile(StoreReader& reader, const std::shared_ptr<BackingFile>& file,
                              const struct stat& st, const Place& place,
                              const std::function<bool()>& cancelled = {}, uint64_t whole_max = 0,
                              std::vector<std::byte>* whole = nullptr,

@@ -58,8 +58,8 @@ void ReadThroughFs::StartFill(std::unique_ptr<Handle> handle, OpenDone done) {
   // Fill on open. The next shard of a set streams in beside this file's fetches (the backend
   // serves demand reads first), so it is on its way while the loader reads this one: at once
   // where this file alone cannot take all its store gives, else once its last blocks are on their
-  // way (Fill::next, NextShardLead). The identity samples just read told which.
-  auto fill = std::make_shared<Fill>();
+  // way (OpenWait::next, NextShardLead). The identity samples just read told which.
+  auto fill = std::make_shared<OpenWait>();
   {
     // Named variables, not a structured binding, for the lambda to capture (clang-14 cannot
     // capture a binding: tools/check_thread_safety.sh).
@@ -80,7 +80,7 @@ void ReadThroughFs::StartFill(std::unique_ptr<Handle> handle, OpenDone done) {
   RunFill(fill);
 }
 
-void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
+void ReadThroughFs::RunFill(const std::shared_ptr<OpenWait>& fill) {
   const FileKey identity = fill->handle->identity;
   FileFill::Options fill_options;
   fill_options.rounds = kFillRounds;
@@ -95,7 +95,8 @@ void ReadThroughFs::RunFill(const std::shared_ptr<Fill>& fill) {
   FileFill::Start(cache_, identity, fill->handle->file, std::move(fill_options));
 }
 
-void ReadThroughFs::FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome) {
+void ReadThroughFs::FillDone(const std::shared_ptr<OpenWait>& fill,
+                             const FileFill::Outcome& outcome) {
   filling_opens_.fetch_sub(1, std::memory_order_relaxed);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - fill->started);
@@ -105,8 +106,7 @@ void ReadThroughFs::FillDone(const std::shared_ptr<Fill>& fill, const FileFill::
   if (options_.cold_loads != nullptr && outcome.fetched > 0) options_.cold_loads->Record(seconds);
   spdlog::debug("open of inode {} waited {} ms for {} bytes to be cached ({} round{}{})",
                 fill->handle->ino, waited.count(), fill->handle->identity.size, outcome.rounds,
-                outcome.rounds == 1 ? "" : "s",
-                outcome.failed > 0 ? ", a backend read failed" : "");
+                outcome.rounds == 1 ? "" : "s", outcome.failed > 0 ? ", a store read failed" : "");
   FinishOpen(std::move(fill->handle), /*next_started=*/true, fill->done, /*may_wait=*/false);
 }
 

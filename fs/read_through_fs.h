@@ -245,7 +245,8 @@ class ReadThroughFs {
  private:
   struct Handle;
   struct DirHandle;
-  struct Fill;
+  // An open waiting for its whole file (fill on open); FsOptions::Fill is the mode.
+  struct OpenWait;
 
   Result<std::shared_ptr<Inode>> Find(uint64_t ino) const;
   // LOOKUP without a permission check (READDIRPLUS: OpenDir checked the directory).
@@ -298,8 +299,8 @@ class ReadThroughFs {
   // Answers the open of `handle` once its whole file is cached (fill on open), starting the next
   // shard of its set beside it.
   void StartFill(std::unique_ptr<Handle> handle, OpenDone done);
-  void RunFill(const std::shared_ptr<Fill>& fill);
-  void FillDone(const std::shared_ptr<Fill>& fill, const FileFill::Outcome& outcome);
+  void RunFill(const std::shared_ptr<OpenWait>& fill);
+  void FillDone(const std::shared_ptr<OpenWait>& fill, const FileFill::Outcome& outcome);
   // Gives the handle its mode (Inode::kernel_mode: passthrough when the file is whole in the
   // cache and no handle of the inode is open in cached mode), starts its streams, registers the
   // handle and answers. `next_started`: the next shard of its set was already asked for (by a

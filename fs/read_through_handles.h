@@ -1,6 +1,7 @@
-// The handles of ReadThroughFs, shared by the files that implement it: read_through_fs.cc (the
-// inode and file operations), fill_on_open.cc (opens that wait for their whole file) and
-// read_through_dirs.cc (directory handles). Not for other users.
+// The handles of ReadThroughFs, shared by the files that implement it: read_through_fs.cc (reads,
+// forget, the pusher and the inode table's upkeep), read_through_open.cc (open and release),
+// read_through_attrs.cc (names and attributes), fill_on_open.cc (opens that wait for their whole
+// file) and read_through_dirs.cc (directory handles). Not for other users.
 #pragma once
 
 #include <atomic>
@@ -45,8 +46,8 @@ struct ReadThroughFs::Handle {
   }
 };
 
-// An open waiting for its whole file to be cached (FsOptions::fill_on_open).
-struct ReadThroughFs::Fill {
+// An open waiting for its whole file to be cached (FsOptions::fill, --fill-on-open).
+struct ReadThroughFs::OpenWait {
   std::unique_ptr<Handle> handle;
   OpenDone done;
   std::chrono::steady_clock::time_point started;

@@ -22,7 +22,7 @@ AdmissionOptions AdmissionOf(const BoundedReaderOptions& options) {
 
 }  // namespace
 
-BoundedReader::BoundedReader(std::unique_ptr<BackendReader> inner, BoundedReaderOptions options)
+BoundedReader::BoundedReader(std::unique_ptr<StoreReader> inner, BoundedReaderOptions options)
     : inner_(std::move(inner)),
       options_(options),
       admission_(AdmissionOf(options_)),
@@ -34,7 +34,7 @@ BoundedReader::~BoundedReader() {
   Stop();
   if (abandoned()) {
     // Its reads may still complete into buffers and callbacks: leave it be (the process exits).
-    [[maybe_unused]] BackendReader* leaked = inner_.release();
+    [[maybe_unused]] StoreReader* leaked = inner_.release();
   }
 }
 

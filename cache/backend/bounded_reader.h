@@ -61,7 +61,7 @@
 //   waited here that long is answered ETIMEDOUT without being sent. A slow store that moves never
 //   trips it: any completion of the file restarts its clock.
 // - Lost slots: a stalled request no longer counts against the inner reader's depth
-//   (BackendReader::NoteLost), so the backend goes on serving with the rest; they are counted.
+//   (StoreReader::NoteLost), so the backend goes on serving with the rest; they are counted.
 // - Stop: answers what waits here ECANCELED and gives what is in flight `stop_grace` to finish,
 //   then stalls the rest and returns without waiting for them (abandoned()): shutdown never waits
 //   for a hung store. The inner reader must then not be stopped (it would wait), nor anything the
@@ -112,9 +112,9 @@ struct BoundedReaderStats {
   uint64_t buffered_stores = 0;  // stores read through the page cache (IoChoice's choice)
 };
 
-class BoundedReader final : public BackendReader {
+class BoundedReader final : public StoreReader {
  public:
-  BoundedReader(std::unique_ptr<BackendReader> inner, BoundedReaderOptions options);
+  BoundedReader(std::unique_ptr<StoreReader> inner, BoundedReaderOptions options);
   // REQUIRES: Stop() was called, or nothing was submitted. When reads were abandoned, the inner
   // reader is leaked (stopping it would wait for them).
   ~BoundedReader() override;
@@ -160,7 +160,7 @@ class BoundedReader final : public BackendReader {
   bool TimesOut() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS { return watch_.times_out(); }
   Clock::time_point Deadline() const ACCELFS_NO_THREAD_SAFETY_ANALYSIS { return watch_.Deadline(); }
 
-  std::unique_ptr<BackendReader> inner_;  // released, not destroyed, when reads were abandoned
+  std::unique_ptr<StoreReader> inner_;  // released, not destroyed, when reads were abandoned
   const BoundedReaderOptions options_;
 
   mutable Mutex mu_;  // a leaf: no callback and no Submit below runs under it

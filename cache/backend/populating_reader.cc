@@ -29,7 +29,7 @@ bool KernelPopulates() {
 
 }  // namespace
 
-PopulatingReader::PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads,
+PopulatingReader::PopulatingReader(std::unique_ptr<StoreReader> inner, unsigned threads,
                                    PageChoice::Options pages)
     : inner_(std::move(inner)),
       populate_(KernelPopulates()),

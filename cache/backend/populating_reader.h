@@ -30,7 +30,7 @@
 
 namespace accelfs {
 
-class PopulatingReader final : public BackendReader {
+class PopulatingReader final : public StoreReader {
  public:
   // `threads` >= 1 fault buffers in, demand requests first, each kind in submission order; a
   // request goes on to `inner` once its buffer is populated (reads may reach `inner` up to
@@ -42,7 +42,7 @@ class PopulatingReader final : public BackendReader {
   // read faults it in itself. A read that succeeds for a request with a view is answered by one
   // of `threads` once it has read each page of the view that the read filled, and unmapped them
   // again (MADV_DONTNEED); those come before populating.
-  PopulatingReader(std::unique_ptr<BackendReader> inner, unsigned threads,
+  PopulatingReader(std::unique_ptr<StoreReader> inner, unsigned threads,
                    PageChoice::Options pages = {});
   // Buffers smaller than this keep their mapping's pages and are not measured: a populate of a
   // few pages is mostly the system call.
@@ -85,7 +85,7 @@ class PopulatingReader final : public BackendReader {
   void ReadView(const Filled& filled);
   bool MayPassOn() const ACCELFS_REQUIRES(served_.mu);
 
-  const std::unique_ptr<BackendReader> inner_;
+  const std::unique_ptr<StoreReader> inner_;
   const bool populate_;  // the kernel has MADV_POPULATE_WRITE
   const unsigned thread_count_;
   std::atomic<uint64_t> populated_bytes_{0};

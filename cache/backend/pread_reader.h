@@ -6,7 +6,7 @@
 
 namespace accelfs {
 
-class PreadReader final : public BackendReader {
+class PreadReader final : public StoreReader {
  public:
   explicit PreadReader(unsigned threads);
   ~PreadReader() override;

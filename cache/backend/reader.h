@@ -1,5 +1,6 @@
-// The backend: reads of backing files into cache buffers. A request is a plain value; its
-// completion is a callback run once, on the reader's own thread.
+// The store's readers (StoreReader): reads of SOURCE's files (BackingFile) into cache buffers. A
+// request is a plain value; its completion is a callback run once, on the reader's own thread.
+// (The folder keeps its first name, cache/backend/; options, metrics, logs and docs say "store".)
 #pragma once
 
 #include <sys/stat.h>
@@ -65,9 +66,9 @@ inline bool ContinuesDirect(const ReadRequest& r, size_t done) {
 
 // Thread safety: Submit may be called from any thread. Callbacks run on the reader's threads and
 // must not block on other reads.
-class BackendReader {
+class StoreReader {
  public:
-  virtual ~BackendReader() = default;
+  virtual ~StoreReader() = default;
   virtual void Submit(ReadRequest request) = 0;
   // Finishes every submitted request (callbacks run), then refuses new ones with ECANCELED.
   virtual void Stop() = 0;

@@ -363,7 +363,7 @@ void SwarmReader::Impl::Stop() {
   engine.reset();
 }
 
-Result<std::unique_ptr<SwarmReader>> SwarmReader::Create(std::unique_ptr<BackendReader> inner,
+Result<std::unique_ptr<SwarmReader>> SwarmReader::Create(std::unique_ptr<StoreReader> inner,
                                                          SwarmOptions options) {
   if (options.piece_bytes == 0 || options.piece_bytes % (16 * 1024) != 0) {
     return Error(EINVAL,

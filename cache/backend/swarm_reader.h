@@ -82,12 +82,12 @@ struct SwarmStats {
   uint64_t manifests_rejected = 0;  // torrents in the dir not signed by the fleet: not used
 };
 
-class SwarmReader final : public BackendReader {
+class SwarmReader final : public StoreReader {
  public:
   // Starts the engine (listening on options.listen) in front of `inner`, the store's reader.
   // An error says which option is wrong (an address that does not parse or cannot be bound, a
   // dir that is not a writable directory).
-  static Result<std::unique_ptr<SwarmReader>> Create(std::unique_ptr<BackendReader> inner,
+  static Result<std::unique_ptr<SwarmReader>> Create(std::unique_ptr<StoreReader> inner,
                                                      SwarmOptions options);
   ~SwarmReader() override;
   SwarmReader(const SwarmReader&) = delete;

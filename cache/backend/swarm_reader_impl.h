@@ -111,7 +111,7 @@ struct SwarmReader::Impl {
   };
 
   SwarmOptions o;
-  std::unique_ptr<BackendReader> inner;
+  std::unique_ptr<StoreReader> inner;
   std::unique_ptr<SwarmDir> dir;
   // Every call into `dir` is made on these (swarm_dir.h); a call that takes longer than
   // dir_timeout makes the dir "down" (dir_down) until it answers: the readers of chunks that
@@ -295,6 +295,9 @@ struct SwarmReader::Impl {
     TorrentId id;
     int piece;
   };
+  // A claim this node holds says it is alive: its mtime set again (on a dir thread) once
+  // RefreshDue says it is time.
+  void RefreshClaim(Chunk& ch, Clock::time_point now) ACCELFS_REQUIRES(mu);
   static constexpr std::chrono::milliseconds kProbeAfter{200};
   // Asks the engine which of `probes` it has (one call per chunk), and takes those in as pieces
   // that came.

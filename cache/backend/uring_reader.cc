@@ -32,7 +32,7 @@ struct Op {
   unsigned epoch = 0;  // the depth setting it was submitted under
 };
 
-class UringReader final : public BackendReader {
+class UringReader final : public StoreReader {
  public:
   UringReader(unsigned depth, bool adaptive, int event_fd,
               std::function<void(const std::string&)> debug_log)
@@ -351,13 +351,13 @@ class UringReader final : public BackendReader {
 
 }  // namespace
 
-Result<std::unique_ptr<BackendReader>> MakeUringReader(
+Result<std::unique_ptr<StoreReader>> MakeUringReader(
     unsigned depth, bool adaptive, std::function<void(const std::string&)> debug_log) {
   const int event_fd = eventfd(0, EFD_CLOEXEC);
   if (event_fd < 0) return Error(errno);
   auto reader = std::make_unique<UringReader>(depth, adaptive, event_fd, std::move(debug_log));
   if (Status s = reader->Start(); !s.ok()) return s.error();
-  return std::unique_ptr<BackendReader>(std::move(reader));
+  return std::unique_ptr<StoreReader>(std::move(reader));
 }
 
 Result<std::vector<std::chrono::microseconds>> TimeReadsAtOnce(int fd, uint64_t offset,

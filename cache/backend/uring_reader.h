@@ -18,7 +18,7 @@ namespace accelfs {
 // PreadReader).
 // `debug_log`, when set, gets one line per depth change (the interval that decided it), on the
 // ring's thread.
-Result<std::unique_ptr<BackendReader>> MakeUringReader(
+Result<std::unique_ptr<StoreReader>> MakeUringReader(
     unsigned depth, bool adaptive = false,
     std::function<void(const std::string&)> debug_log = nullptr);
 

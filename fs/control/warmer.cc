@@ -455,7 +455,7 @@ bool Warmer::Verify(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
     }
     if (timed_out) {
       Fail(job, DescribePath(job.files_[*timed_out].path) +
-                    ": the store did not answer a read within the backend timeout "
+                    ": the store did not answer a read within the store timeout "
                     "(--store-timeout); accelfs-stat shows the stuck reads");
       return false;
     }
@@ -470,7 +470,7 @@ bool Warmer::Verify(WarmJob& job, const std::shared_ptr<WarmJob>& owner) {
     Fail(job,
          DescribePath(missing.front()) +
              (missing.size() > 1 ? " and " + std::to_string(missing.size() - 1) + " more" : "") +
-             " could not be brought fully into the cache (backend errors, or evicted meanwhile; "
+             " could not be brought fully into the cache (store errors, or evicted meanwhile; "
              "see the daemon's log)");
     return false;
   }

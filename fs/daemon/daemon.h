@@ -80,7 +80,7 @@ class Daemon {
   Status Mount();              // the mount, then the starter that tunes it and reports ready
   int ShutDown(const Status& loop);  // after the session loop ends: stop, drain, unmount
   Status OpenStore();
-  Status MakeBackend();
+  Status MakeStoreReaders();
   DaemonStats Snapshot() const;
   std::string PassthroughWhy() const;  // why passthrough is on or off: stats and the start line
   void ReportStarted(const std::string& readahead) const;
@@ -96,7 +96,7 @@ class Daemon {
   std::string store_name_ = "private tmpfs";
   bool store_in_files_ = true;  // files, which can be passed through
   int ready_fd_ = -1;           // the pipe to the parent waiting for the mount (detached only)
-  std::unique_ptr<BackendReader> reader_;
+  std::unique_ptr<StoreReader> reader_;
   BoundedReader* bounded_ = nullptr;  // reader_'s layer over the store's
   SwarmReader* swarm_ = nullptr;      // the outermost, with --swarm-listen
   std::string store_reader_kind_ = "io_uring";

@@ -92,7 +92,7 @@ Status Daemon::OpenStore() {
 }
 
 // io_uring, or a pool of pread threads where the kernel refuses it; then the layers in front.
-Status Daemon::MakeBackend() {
+Status Daemon::MakeStoreReaders() {
   if (auto uring = MakeUringReader(config_.store_depth, /*adaptive=*/true,
                                    [](const std::string& line) { spdlog::debug("{}", line); });
       uring.ok()) {
@@ -154,7 +154,7 @@ Status Daemon::BuildCache() {
     if (ready_fd_ < 0) return Failure(std::string("cannot detach: ") + std::strerror(errno));
   }
   if (cache_dir_store_ != nullptr) cache_dir_store_->NoteOwner();  // the daemon's pid
-  if (Status s = MakeBackend(); !s.ok()) return s;
+  if (Status s = MakeStoreReaders(); !s.ok()) return s;
   cache_ = std::make_unique<BlockCache>(
       *store_, *reader_, BlockCache::Options{config_.cache_size, config_.block_size});
   if (const BlockCache::Adopted kept = cache_->AdoptStored(); kept.blocks + kept.discarded_blocks) {

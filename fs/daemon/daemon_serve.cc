@@ -283,7 +283,7 @@ int Daemon::ShutDown(const Status& loop) {
     // Reads that never returned still own their buffers and callbacks: nothing they may write
     // into can be freed, so the process ends here, without destructors. The kernel ends the
     // reads with it (their waits are killable); a --cache-dir keeps what was committed.
-    spdlog::warn("{} backend reads did not return; exiting without waiting for them", left);
+    spdlog::warn("{} store reads did not return; exiting without waiting for them", left);
     spdlog::default_logger()->flush();
     std::fflush(nullptr);
     _exit(loop.ok() ? 0 : 1);

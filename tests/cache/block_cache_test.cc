@@ -71,7 +71,7 @@ class BlockCacheTest : public ::testing::Test {
   }
 
   // REQUIRES: `reader` outlives every Ref of this cache.
-  void MakeCache(uint64_t budget_blocks, BackendReader* reader = nullptr) {
+  void MakeCache(uint64_t budget_blocks, StoreReader* reader = nullptr) {
     cache_ = std::make_unique<BlockCache>(store_, reader != nullptr ? *reader : backend_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
   }

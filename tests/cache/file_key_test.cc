@@ -82,7 +82,7 @@ class FileKeyFileTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // The key of `path`, its place its path relative to dir_ (as SOURCE).
-  Result<FileKey> Identify(BackendReader& reader, const std::string& path) {
+  Result<FileKey> Identify(StoreReader& reader, const std::string& path) {
     struct stat st {};
     Result<std::shared_ptr<BackingFile>> backing = OpenBacking(AT_FDCWD, path.c_str(), 0, &st);
     if (!backing.ok()) return backing.error();
@@ -264,7 +264,7 @@ TEST(PlaceTest, APathsPlaceIsSha256OfItsNormalFormAndTellsPathsApart) {
 }
 
 // Holds every read until the process is done: a hung store.
-class HungReader final : public BackendReader {
+class HungReader final : public StoreReader {
  public:
   void Submit(ReadRequest request) override { held_.push_back(std::move(request)); }
   void Stop() override {}
@@ -277,7 +277,7 @@ TEST_F(FileKeyFileTest, ASampleTheStoreNeverAnswersTimesOutAndItsPageOutlivesThe
   BoundedReaderOptions options;
   options.timeout = 100ms;
   options.stop_grace = 10ms;
-  BoundedReader reader(std::unique_ptr<BackendReader>(hung), options);
+  BoundedReader reader(std::unique_ptr<StoreReader>(hung), options);
   const std::string path = dir_ / "f";
   testing::WriteTestFile(path, 100'000, 7);
   const Result<FileKey> key = Identify(reader, path);

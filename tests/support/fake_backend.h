@@ -1,4 +1,4 @@
-// A BackendReader for tests: serves reads with PreadBlock on one thread (so completions are
+// A StoreReader for tests: serves reads with PreadBlock on one thread (so completions are
 // ordered), and can hold requests until released, fail the Nth read with an errno, or return the
 // Nth read short. Counts what it was asked.
 #pragma once
@@ -13,7 +13,7 @@
 
 namespace accelfs::testing {
 
-class FakeBackend final : public BackendReader {
+class FakeBackend final : public StoreReader {
  public:
   FakeBackend();
   ~FakeBackend() override;

@@ -28,7 +28,7 @@ using testing::Awaited;
 using Done = Awaited<Result<size_t>>;
 
 // Keeps what it is sent until Answer; counts what BoundedReader tells it.
-class HeldReader final : public BackendReader {
+class HeldReader final : public StoreReader {
  public:
   explicit HeldReader(unsigned depth) : depth_(depth) {}
   void Submit(ReadRequest request) override {
@@ -134,7 +134,7 @@ bool Eventually(const std::function<bool()>& condition) {
 
 TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
   auto* inner = new HeldReader(8);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(0ms, 100ms));
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), Wide(0ms, 100ms));
   const auto hung = File();
   const auto other = File();
   std::vector<Done> hung_done(10);
@@ -167,7 +167,7 @@ TEST(BoundedReaderTest, AFileHasHalfTheDepthAndAnotherFilesReadGoesAtOnce) {
 
 TEST(BoundedReaderTest, AHungReadStallsAndItsSlotIsLostUntilItComesBack) {
   auto* inner = new HeldReader(4);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(100ms, 100ms));
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), Wide(100ms, 100ms));
   const auto hung = File();
   std::atomic<int> stalls{0};
   Done first, second, waiting;
@@ -199,7 +199,7 @@ TEST(BoundedReaderTest, AFileThatKeepsCompletingNeverStalls) {
   // Each read waits far longer than the timeout (64 in flight, one answered every 20 ms: 1.3 s),
   // but the file completes something every 20 ms.
   auto* inner = new HeldReader(128);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(1000ms, 100ms));
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), Wide(1000ms, 100ms));
   const auto slow = File();
   std::atomic<int> stalls{0};
   std::vector<Done> done(200);
@@ -217,7 +217,7 @@ TEST(BoundedReaderTest, AFileThatKeepsCompletingNeverStalls) {
 TEST(BoundedReaderTest, StopDoesNotWaitForAHungReadAndAnswersItsReaders) {
   auto* inner = new HeldReader(4);
   auto reader =
-      std::make_unique<BoundedReader>(std::unique_ptr<BackendReader>(inner), Wide(0ms, 100ms));
+      std::make_unique<BoundedReader>(std::unique_ptr<StoreReader>(inner), Wide(0ms, 100ms));
   const auto hung = File();
   std::atomic<int> stalls{0};
   Done in_flight, waiting1, waiting2;
@@ -249,7 +249,7 @@ TEST(BoundedReaderTest, StopDoesNotWaitForAHungReadAndAnswersItsReaders) {
 
 TEST(BoundedReaderTest, AnAnswerThatArrivesWhileTheStallCallbackRunsIsDeliveredAfterIt) {
   auto* inner = new HeldReader(2);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(50ms, 100ms));
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), Wide(50ms, 100ms));
   const auto file = File();
   std::atomic<bool> stalled_returned{false};
   std::atomic<bool> done_after_stall{false};
@@ -278,7 +278,7 @@ TEST(BoundedReaderTest, AnAnswerThatArrivesWhileTheStallCallbackRunsIsDeliveredA
 // block is cached when the read finally returns.
 TEST(BoundedReaderTest, TheCacheAnswersAStalledBlocksReadersAndKeepsItWhenItArrives) {
   auto* inner = new HeldReader(4);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), Wide(50ms, 100ms));
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), Wide(50ms, 100ms));
   RamBlockStore store;
   BlockCache cache(store, reader, {64 << 20, 1 << 20});
   const auto file = File();
@@ -313,7 +313,7 @@ TEST(BoundedReaderTest, AFilesWindowStartsAtFourReadsAndWidensAsItsReadsComeBack
   auto* inner = new HeldReader(32);  // a share of 16
   BoundedReaderOptions options;
   options.probe_after = 60s;
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
   const auto file = File();
   std::vector<Done> done(40);
   for (auto& d : done) reader.Submit(Request(file, false, d));
@@ -333,7 +333,7 @@ TEST(BoundedReaderTest, AFileWhoseReadsStopComingBackFallsBackToOneProbeAtATime)
   BoundedReaderOptions options;
   options.probe_after = 50ms;
   options.initial_window = 1;
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
   // Hung from its first read: however long it waits, its initial window (one here) is what it
   // has at the store.
   const auto hung = File();
@@ -374,7 +374,7 @@ TEST(BoundedReaderTest, AStoresQueueBoundsPiecesPerFileAndInAll) {
     ++asked;
     return StoreLimits{8192, 3, 2};
   };
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
   const auto a = File();
   const auto b = File();
   alignas(4096) static std::byte buffer[32768];
@@ -443,7 +443,7 @@ BoundedReaderOptions StoreBoundsAlone() {
 // reads return), and the first widens again when it is alone once more.
 TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideIt) {
   auto* inner = new HeldReader(64);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), StoreBoundsAlone());
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), StoreBoundsAlone());
   const auto a = File();
   const auto b = File();
   std::vector<Done> a_done(20), b_done(4);
@@ -474,7 +474,7 @@ TEST(BoundedReaderTest, ALoneFileTakesMostOfTheStoreAndGivesItBackToAFileBesideI
 // both fall back to their file bound.
 TEST(BoundedReaderTest, AFileWithDemandKeepsItsLoneBoundBesideAPrefetchedOne) {
   auto* inner = new HeldReader(64);
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), StoreBoundsAlone());
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), StoreBoundsAlone());
   const auto a = File();
   const auto b = File();
   const auto c = File();
@@ -524,7 +524,7 @@ TEST(BoundedReaderTest, AFileHeldByItsShareAloneAsksForMoreDepth) {
     options.limits = [lone = c.lone](const BackingFile&) {
       return StoreLimits{1 << 20, 8, 2, lone};
     };
-    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
     const auto file = File();
     std::vector<Done> done(10);
     for (auto& d : done) reader.Submit(Request(file, true, d));
@@ -553,7 +553,7 @@ TEST(BoundedReaderTest, AStoresFirstReadTellsTheInnerReaderItsLoneBound) {
     auto* inner = new HeldReader(32);
     BoundedReaderOptions options;
     options.limits = [limits = c.limits](const BackingFile&) { return limits; };
-    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
     const auto a = File();
     const auto b = File();
     std::vector<Done> done(4);
@@ -590,7 +590,7 @@ TEST(BoundedReaderTest, AFileTellsWhetherAloneItTakesAllItsStoreGives) {
     options.limits = [lone = c.lone](const BackingFile&) {
       return lone == 0 ? StoreLimits{} : StoreLimits{1 << 20, lone + 1, 3, lone};
     };
-    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
     const auto file = File();
     file->SetTailSamples(c.reads_ahead);
     EXPECT_FALSE(file->alone_fills_store()) << "nothing known before its first read";
@@ -616,7 +616,7 @@ TEST(BoundedReaderTest, AStoresFirstReadsTryBothWaysAndTheRestGoTheFasterOne) {
     options.initial_window = 1u << 20;
     options.io = io;
     options.io_choice.slice_bytes = 4096;  // one read per slice
-    BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+    BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
     const auto file = DirectFile();
     std::vector<Done> done(IoChoice::kSlices + 1);
     std::vector<bool> modes;
@@ -667,7 +667,7 @@ TEST(BoundedReaderTest, ASequentialStoreIsReadWithODirectOnly) {
     limits.sequential = true;
     return limits;
   };
-  BoundedReader reader(std::unique_ptr<BackendReader>(inner), options);
+  BoundedReader reader(std::unique_ptr<StoreReader>(inner), options);
   const auto file = DirectFile();
   std::vector<Done> done(2 * IoChoice::kSlices);
   for (auto& d : done) {

@@ -60,7 +60,7 @@ size_t MappedPages(const std::byte* p, size_t bytes) {
   return mapped;
 }
 
-class Probe final : public BackendReader {
+class Probe final : public StoreReader {
  public:
   struct Seen {
     std::byte* buffer;
@@ -142,7 +142,7 @@ class Region {
   std::byte* data_;
 };
 
-Done Submit(BackendReader& reader, std::byte* buffer, size_t capacity, size_t expected,
+Done Submit(StoreReader& reader, std::byte* buffer, size_t capacity, size_t expected,
             bool demand = true) {
   Done done;
   ReadRequest request;
@@ -159,7 +159,7 @@ Done Submit(BackendReader& reader, std::byte* buffer, size_t capacity, size_t ex
 // 2 * 7 + 2 = 16 reads.
 class PopulatingReaderTest : public ::testing::Test {
  protected:
-  PopulatingReaderTest() : probe_(new Probe), reader_(std::unique_ptr<BackendReader>(probe_), 2) {}
+  PopulatingReaderTest() : probe_(new Probe), reader_(std::unique_ptr<StoreReader>(probe_), 2) {}
 
   // `n` reads of `expected` bytes into the `stride`-byte buffers from `base` on; read i is demand
   // when demand(i).
@@ -359,7 +359,7 @@ class ViewedFile {
 
 // Submits a read of `expected` bytes into `file` whose answer records, as it comes, how many
 // pages of the view are mapped in this process.
-Done SubmitViewed(BackendReader& reader, const ViewedFile& file, size_t expected,
+Done SubmitViewed(StoreReader& reader, const ViewedFile& file, size_t expected,
                   std::atomic<size_t>* mapped_when_answered) {
   Done done;
   ReadRequest request;
@@ -467,7 +467,7 @@ TEST(PopulatingReaderPagesTest, EachBufferIsFaultedInWithTheKindOfPagesPicked) {
     const bool small = pinned == PageChoice::Pages::kSmall;
     SCOPED_TRACE(small ? "4 KiB pages" : "huge pages");
     auto* probe = new Probe;
-    PopulatingReader reader(std::unique_ptr<BackendReader>(probe), 2,
+    PopulatingReader reader(std::unique_ptr<StoreReader>(probe), 2,
                             PageChoice::Options{.pinned = pinned});
     if (!reader.populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
     // A cache block's memory as the anonymous store maps it: 2 MiB-aligned, MADV_HUGEPAGE.

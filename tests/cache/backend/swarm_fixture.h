@@ -86,8 +86,7 @@ class SwarmReaderTest : public ::testing::Test {
     return o;
   }
 
-  std::unique_ptr<SwarmReader> Node(SwarmOptions o,
-                                    std::unique_ptr<BackendReader> store = nullptr) {
+  std::unique_ptr<SwarmReader> Node(SwarmOptions o, std::unique_ptr<StoreReader> store = nullptr) {
     if (!store) store = std::make_unique<PreadReader>(2);
     Result<std::unique_ptr<SwarmReader>> r = SwarmReader::Create(std::move(store), std::move(o));
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().Message());

@@ -26,7 +26,7 @@ namespace accelfs::testing {
 namespace {
 
 // A store that answers each read `delay` after it was asked (a pread of the file then).
-class SlowStore final : public BackendReader {
+class SlowStore final : public StoreReader {
  public:
   explicit SlowStore(std::chrono::milliseconds delay)
       : delay_(delay), thread_([this] { Loop(); }) {}

@@ -73,7 +73,7 @@ bool DirectRefusesMisalignedBuffer(const std::string& path, std::string* why) {
   return true;
 }
 
-Done Submit(BackendReader& reader, const std::shared_ptr<BackingFile>& file, uint64_t offset,
+Done Submit(StoreReader& reader, const std::shared_ptr<BackingFile>& file, uint64_t offset,
             size_t expected, std::byte* buffer, size_t capacity) {
   Done done;
   ReadRequest request;
@@ -111,7 +111,7 @@ class ReaderTest : public ::testing::TestWithParam<Kind> {
   }
 
   // nullptr (and skip_reason_) when this kernel has no io_uring.
-  std::unique_ptr<BackendReader> Make(unsigned depth) {
+  std::unique_ptr<StoreReader> Make(unsigned depth) {
     if (GetParam() == Kind::kPread) return std::make_unique<PreadReader>(depth);
     auto uring = MakeUringReader(depth, GetParam() != Kind::kUring);
     if (!uring.ok()) {
@@ -144,7 +144,7 @@ class ReaderTest : public ::testing::TestWithParam<Kind> {
 
   testing::TempDir dir_{"accelfs-reader-test"};
   std::string skip_reason_;
-  std::unique_ptr<BackendReader> reader_;
+  std::unique_ptr<StoreReader> reader_;
 };
 
 TEST_P(ReaderTest, ReadsAFullBlock) {
@@ -254,7 +254,7 @@ TEST_P(ReaderTest, ManyMoreRequestsThanDepthAllComplete) {
   const std::string path = MakeFile("many", size, 27);
   for (unsigned depth : {1u, 4u}) {
     SCOPED_TRACE("depth " + std::to_string(depth));
-    std::unique_ptr<BackendReader> reader = Make(depth);
+    std::unique_ptr<StoreReader> reader = Make(depth);
     ASSERT_NE(reader, nullptr);
     auto file = testing::OpenBackingFile(path, /*direct=*/depth == 4);
     std::vector<Buffer> buffers;
@@ -283,7 +283,7 @@ TEST_P(ReaderTest, ManyMoreRequestsThanDepthAllComplete) {
 // from the first read; 40 asks for 80, held to the maximum of 64; a smaller bound changes
 // nothing. A reader of a fixed depth keeps it.
 TEST_P(ReaderTest, AStoresLoneBoundRaisesAnAdaptiveStartDepth) {
-  std::unique_ptr<BackendReader> reader = Make(64);
+  std::unique_ptr<StoreReader> reader = Make(64);
   ASSERT_NE(reader, nullptr);
   const bool adaptive = GetParam() == Kind::kUringAdaptive || GetParam() == Kind::kPopulatingUring;
   const unsigned start = reader->CurrentDepth();
@@ -306,7 +306,7 @@ TEST_P(ReaderTest, StopFinishesEverythingSubmittedThenRefuses) {
   constexpr int kRequests = 40;
   const uint64_t size = kRequests * uint64_t{kBlock};
   const std::string path = MakeFile("stop", size, 28);
-  std::unique_ptr<BackendReader> reader = Make(2);
+  std::unique_ptr<StoreReader> reader = Make(2);
   ASSERT_NE(reader, nullptr);
   auto file = testing::OpenBackingFile(path);
   std::vector<Buffer> buffers;

@@ -168,7 +168,7 @@ class WarmerCacheTest : public WarmerTest {
   // default a copy of the root's descriptor.
   void MakeWarmer(uint64_t budget_blocks,
                   std::function<void(const FileKey&, uint64_t, uint64_t)> resident = nullptr,
-                  Warmer::RootOpener open_root = nullptr, BackendReader* reader = nullptr) {
+                  Warmer::RootOpener open_root = nullptr, StoreReader* reader = nullptr) {
     cache_ = std::make_unique<BlockCache>(store_, reader != nullptr ? *reader : reader_,
                                           BlockCache::Options{budget_blocks * kBlock, kBlock});
     WarmerOptions options;

@@ -90,8 +90,8 @@ run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
   ctest --test-dir "$dir" --output-on-failure --no-tests=error -j"$jobs" "$@"
 }
 
-check_format() {  # every C++ file laid out as .clang-format says, by Debian's clang-format-14
-  local files
+check_format() {  # every C++ file laid out as .clang-format says, by Debian's clang-format-14;
+  local files     # the size rules of fs/, cache/ and tools/ (tools/check_sizes.py) where git is
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     mapfile -t files < <(git ls-files '*.cc' '*.h')
   else
@@ -99,6 +99,10 @@ check_format() {  # every C++ file laid out as .clang-format says, by Debian's c
   fi
   if ! clang-format-14 --dry-run --Werror "${files[@]}"; then
     echo "setup.sh: files above are not clang-format-14 clean: run clang-format-14 -i on them" >&2
+    return 1
+  fi
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && ! python3 tools/check_sizes.py; then
+    echo "setup.sh: the files or functions above are over the size rules (docs/CONTRIBUTING.md)" >&2
     return 1
   fi
 }

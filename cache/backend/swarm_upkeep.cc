@@ -24,13 +24,6 @@ void SwarmReader::Impl::Tick() {
     WatchDir(now, later);
     const Clock::duration after = HedgeAfter();
     uint64_t held = 0;
-    const auto refresh = [&](Chunk& ch) ACCELFS_REQUIRES(mu) {
-      if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
-      dir_threads->Post([this, claim = ch.claim] {
-        const SwarmDirThreads::Call call;
-        dir->Touch(claim);
-      });
-    };
     for (auto& [name, ch] : chunks) {
       switch (ch->state) {
         case State::kFetching:
@@ -38,7 +31,7 @@ void SwarmReader::Impl::Tick() {
           // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
           // and another node read the chunk again (the store sent 2.26x the model). A store
           // that hangs ends the claim through the backend timeout (Fetched).
-          refresh(*ch);
+          RefreshClaim(*ch, now);
           break;
         case State::kWaiting:
           // Looked at again: joined once published, read by this node once its claimer is gone
@@ -58,7 +51,7 @@ void SwarmReader::Impl::Tick() {
           // A node that holds the whole chunk says so, as its claimer did while reading it:
           // the chunk is published and live (Decide).
           if (ch->Whole()) {
-            refresh(*ch);
+            RefreshClaim(*ch, now);
           } else {
             followed = now;
             // Peers are metered while they send: a chunk that stalled (its holder gone, a window
@@ -87,6 +80,14 @@ void SwarmReader::Impl::Tick() {
   AskHave(std::move(probes), later);
   AskSources(std::move(stalls), later);
   Run(later);
+}
+
+void SwarmReader::Impl::RefreshClaim(Chunk& ch, Clock::time_point now) {
+  if (dir_down || !dir->RefreshDue(now, ch.refreshed)) return;
+  dir_threads->Post([this, claim = ch.claim] {
+    const SwarmDirThreads::Call call;
+    dir->Touch(claim);
+  });
 }
 
 void SwarmReader::Impl::AskHave(std::vector<Probe> probes, Later& later) {

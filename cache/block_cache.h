@@ -6,7 +6,7 @@
 //   absent --Get, room--> kFetching --read ok--> kReady --evicted (unpinned)--> absent
 //      |                     |                     '--DropFile while pinned--> zombie --> freed
 //      |                     |--read fails/short--> absent (waiters get the error; nothing cached)
-//      |                     '--stalls (backend timeout)--> kFetching, stalled: waiters and later
+//      |                     '--stalls (store timeout)--> kFetching, stalled: waiters and later
 //      |                          Gets get ETIMEDOUT at once; the read's end then goes on as above
 //      '--Get, no room--> kQueued --room frees--> kFetching
 //
@@ -72,7 +72,7 @@ class BlockCache {
   // blocks that were read at least once: prefetched data nobody has asked for yet is never thrown
   // away to make room for more prefetch (backpressure instead). The backend serves it after every
   // demand read. When it starts a fetch it calls `done` (if any) once the fetch has finished, with
-  // its outcome, on the backend's thread; a stalled fetch (its read outlived the backend timeout)
+  // its outcome, on the backend's thread; a stalled fetch (its read outlived the store timeout)
   // counts as finished with ETIMEDOUT. Never waits, never queues.
   enum class PrefetchResult {
     kStarted,  // a fetch was started; `done` will run
@@ -97,7 +97,7 @@ class BlockCache {
   // will make it ready): nothing of it needs asking for.
   bool HoldsOrFetches(const FileKey& file) const;
   // The content identity of `file`, found at `place` in SOURCE (IdentifyFile, cache/file_key.h),
-  // its sample read through this cache's backend reader. Blocks the caller: never on a reader's
+  // its sample read through this cache's store reader. Blocks the caller: never on a reader's
   // thread. ECANCELED once InterruptIdentify was called.
   // The file remembers it (BackingFile::SetIdentity).
   // A file of at most kWholeSample bytes (and one block) is read whole, in the one request its
@@ -187,7 +187,7 @@ class BlockCache {
     int pins = 0;          // Refs alive
     bool zombie = false;   // dropped from the map while pinned
     bool unread = false;   // prefetched and not asked for yet
-    bool stalled = false;  // its read outlived the backend timeout (still kFetching)
+    bool stalled = false;  // its read outlived the store timeout (still kFetching)
     bool stored = false;   // its bytes are the store's, to be checked, not fetched
     std::function<void(Status)> prefetched;  // Prefetch's `done`, run when the fetch finishes
     std::shared_ptr<BackingFile> file;       // while queued or fetching

@@ -19,12 +19,12 @@ struct CacheStats {
   uint64_t misses = 0;          // Get calls that started or joined a fetch
   uint64_t hit_bytes = 0;       // bytes of the blocks those hits returned
   uint64_t miss_bytes = 0;      // bytes of the blocks those misses waited for
-  uint64_t fetching_bytes = 0;  // bytes of backend reads in flight
+  uint64_t fetching_bytes = 0;  // bytes of store reads in flight
   uint64_t fetched_bytes = 0;   // bytes read from the backend into the cache
   uint64_t evicted_blocks = 0;
   uint64_t failed_fetches = 0;
   uint64_t prefetches = 0;       // fetches started by Prefetch
-  uint64_t stalled_fetches = 0;  // fetches whose read outlived the backend timeout
+  uint64_t stalled_fetches = 0;  // fetches whose read outlived the store timeout
   uint64_t verified_bytes = 0;   // bytes of stored blocks that passed their check and were served
   uint64_t verify_failed_blocks = 0;  // stored blocks that failed their check: fetched anew
   uint64_t fallback_blocks = 0;  // blocks a full or failing cache dir could not take: in memory

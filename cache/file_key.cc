@@ -78,7 +78,7 @@ Result<std::vector<size_t>> ReadIdentitySpans(StoreReader& reader,
                                               const std::vector<uint64_t>& at, uint64_t capacity,
                                               const std::function<bool()>& cancelled,
                                               std::shared_ptr<const std::byte>* buffer) {
-  // Filled in parallel. The state is the requests' own: a read stalled past the backend timeout
+  // Filled in parallel. The state is the requests' own: a read stalled past the store timeout
   // answers here at once, yet may still write into its buffer later (BoundedReader), so the
   // buffer lives until its `done`.
   struct Free {

@@ -87,7 +87,7 @@ inline FileKey FileKeyFromStat(const struct stat& st, uint64_t fingerprint, cons
 }
 
 // The identity of `file`, whose attributes are `st`, found at `place` in SOURCE: its sampled pages
-// are read through `reader` (so a hung store answers ETIMEDOUT after the backend timeout instead of
+// are read through `reader` (so a hung store answers ETIMEDOUT after the store timeout instead of
 // holding the caller for ever, and the sample counts against the file's share of the backend), in
 // parallel. Blocks the calling thread until they arrive; never call it on a reader's thread. A
 // short read (the file shrank since `st`) still gives a key: the next open sees the new size.

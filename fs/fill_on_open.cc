@@ -86,7 +86,7 @@ void ReadThroughFs::RunFill(const std::shared_ptr<OpenWait>& fill) {
   fill_options.rounds = kFillRounds;
   fill_options.remaining = NextShardLead(BlockCount(identity.size, options_.block_size));
   fill_options.on_remaining = [fill] { fill->StartNext(); };
-  // One round's Gets at a time: the backend reader serves demand first come, first served, so
+  // One round's Gets at a time: the store reader serves demand first come, first served, so
   // the file opened first is cached first, and a loader thread can read it while the files of
   // the others are still coming (several threads opening shards at once). With the rounds'
   // Gets interleaved every such open would be answered only at the end.

@@ -62,7 +62,7 @@ void ReadThroughFs::Open(uint64_t ino, int flags, const Caller& caller, OpenDone
   auto handle = std::make_unique<Handle>();
   handle->safetensors = PlaceOf(**inode).second.ends_with(".safetensors");
   // The first and last page are read from the store (through the backend: a hung file answers
-  // ETIMEDOUT after the backend timeout): identity by content, not by inode (cache/file_key.h).
+  // ETIMEDOUT after the store timeout): identity by content, not by inode (cache/file_key.h).
   // A larger file's head comes in the same round trip, for its first READs; not where the open
   // may wait for the whole file anyway (fill on open).
   Status identified =

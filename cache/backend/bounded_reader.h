@@ -12,7 +12,7 @@
 //   finds a slot at once. Half, even for a file read alone: with seven eighths for a lone file, a
 //   shard that hung after its window had opened held 28 of 32 slots, the adaptive depth then
 //   stepped down under it (its reads waited), and another file through accelfs got no slot until
-//   the backend timeout (StoreQueueTest, max_background 128). A hung read holds its slot until it
+//   the store timeout (StoreQueueTest, max_background 128). A hung read holds its slot until it
 //   stalls, so what a file may hold is what the others may lose.
 // - Slow start: within its share a file has a window that starts at `initial_window` reads (4, as
 //   a TCP sender's initial window: a file's two identity samples and its first reads go out

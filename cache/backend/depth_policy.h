@@ -1,4 +1,4 @@
-// How many backend reads to keep in flight, pure and table-tested; cache/backend/uring_reader.cc
+// How many store reads to keep in flight, pure and table-tested; cache/backend/uring_reader.cc
 // feeds it one sample per interval in which requests waited for a slot.
 //
 // A network store gives more with every request added until its bandwidth cap, at the same

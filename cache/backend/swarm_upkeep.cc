@@ -30,7 +30,7 @@ void SwarmReader::Impl::Tick() {
           // Alive while it holds the claim. Not only while its pieces come: with four nodes
           // on one store a 64 MiB chunk's next piece took more than 3 s, the claim went stale
           // and another node read the chunk again (the store sent 2.26x the model). A store
-          // that hangs ends the claim through the backend timeout (Fetched).
+          // that hangs ends the claim through the store timeout (Fetched).
           RefreshClaim(*ch, now);
           break;
         case State::kWaiting:

@@ -1,5 +1,5 @@
-// The io_uring backend reader. This header does not include liburing.h: uring_reader.cc is the only
-// file that does.
+// The io_uring reader of the store. This header does not include liburing.h: uring_reader.cc is the
+// only file that does.
 #pragma once
 
 #include <chrono>

@@ -87,7 +87,7 @@ class WarmJob {
   mutable Mutex mu_;
   mutable std::condition_variable changed_;
   WarmProgress progress_ ACCELFS_GUARDED_BY(mu_);
-  // The first file one of whose reads the store did not answer within the backend timeout: the
+  // The first file one of whose reads the store did not answer within the store timeout: the
   // job fails rather than ask the hung store again for ever.
   std::optional<size_t> timed_out_ ACCELFS_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point started_ ACCELFS_GUARDED_BY(mu_);

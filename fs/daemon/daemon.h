@@ -73,11 +73,11 @@ class Daemon {
   }
 
  private:
-  Status Check();              // SOURCE, MOUNTPOINT, the control group, /dev/fuse
-  Status BuildCache();         // the store, detaching, the backend readers, the cache, prefetch
-  Status BuildFilesystem();    // the FUSE-free core, the FUSE session, the page pusher
-  Status StartControlPlane();  // stats, --metrics, the warmer and the control socket
-  Status Mount();              // the mount, then the starter that tunes it and reports ready
+  Status Check();                    // SOURCE, MOUNTPOINT, the control group, /dev/fuse
+  Status BuildCache();               // the store, detaching, the store readers, the cache, prefetch
+  Status BuildFilesystem();          // the FUSE-free core, the FUSE session, the page pusher
+  Status StartControlPlane();        // stats, --metrics, the warmer and the control socket
+  Status Mount();                    // the mount, then the starter that tunes it and reports ready
   int ShutDown(const Status& loop);  // after the session loop ends: stop, drain, unmount
   Status OpenStore();
   Status MakeStoreReaders();

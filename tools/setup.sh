@@ -91,17 +91,19 @@ run_tests() {  # run_tests DIR [ctest args]: a run that finds no test fails
 }
 
 check_format() {  # every C++ file laid out as .clang-format says, by Debian's clang-format-14;
-  local files     # the size rules of fs/, cache/ and tools/ (tools/check_sizes.py) where git is
+  local files sized  # fs/, cache/ and tools/ within the size rules (tools/check_sizes.py)
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     mapfile -t files < <(git ls-files '*.cc' '*.h')
+    mapfile -t sized < <(git ls-files fs cache tools)
   else
     mapfile -t files < <(find fs cache tools tests -name '*.cc' -o -name '*.h')
+    mapfile -t sized < <(find fs cache tools -type f)
   fi
   if ! clang-format-14 --dry-run --Werror "${files[@]}"; then
     echo "setup.sh: files above are not clang-format-14 clean: run clang-format-14 -i on them" >&2
     return 1
   fi
-  if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && ! python3 tools/check_sizes.py; then
+  if ! python3 tools/check_sizes.py "${sized[@]}"; then
     echo "setup.sh: the files or functions above are over the size rules (docs/CONTRIBUTING.md)" >&2
     return 1
   fi

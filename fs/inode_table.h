@@ -62,6 +62,13 @@ std::string SourcePath(const std::shared_ptr<Inode>& inode);
 // caller).
 bool IsAncestorOrSelf(const std::shared_ptr<Inode>& maybe, std::shared_ptr<Inode> of);
 
+// Whether the mount shows a SOURCE entry of this type: regular files, directories and symbolic
+// links. A FIFO, socket or device node is not shown (a lookup answers ENOENT, a listing leaves it
+// out): the kernel opens such an inode of a FUSE mount itself, without asking the daemon, so a
+// FIFO would make every opener wait for a writer through the mount, and be a rendezvous between
+// users that no permission check of the daemon's sees.
+inline bool ShownType(mode_t mode) { return S_ISREG(mode) || S_ISDIR(mode) || S_ISLNK(mode); }
+
 class InodeTable {
  public:
   static constexpr uint64_t kRootId = 1;  // FUSE_ROOT_ID

@@ -44,6 +44,10 @@ Result<EntryOut> ReadThroughFs::LookupEntry(uint64_t parent, std::string_view na
     close(fd);
     return StoreError(**dir, Error(err));
   }
+  if (!ShownType(out.attr.st_mode)) {
+    close(fd);
+    return Error(ENOENT);
+  }
   auto [ino, node] = inodes_.Lookup(fd, out.attr, (*dir)->generation);
   out.ino = ino;
   NoteTold(*node, out.attr);

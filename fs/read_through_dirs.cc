@@ -35,6 +35,8 @@ Result<uint64_t> ReadThroughFs::OpenDir(uint64_t ino, const Caller& caller) {
   handle->ino = ino;
   errno = 0;
   while (dirent* d = readdir(dir)) {
+    // A type the mount does not show is left out; an unknown one is listed, its lookup decides.
+    if (d->d_type != DT_UNKNOWN && !ShownType(DTTOIF(d->d_type))) continue;
     DirEntry e;
     e.name = d->d_name;
     e.ino = d->d_ino;

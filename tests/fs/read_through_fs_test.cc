@@ -5,8 +5,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -282,6 +285,45 @@ TEST_F(ReadThroughFsTest, LookupErrors) {
   ASSERT_FALSE(attr.ok());
   EXPECT_EQ(attr.error().code(), ESTALE);
   EXPECT_EQ(fs_->inode_count(), 2u) << "a failed lookup adds no inode";
+}
+
+// The mount shows regular files, directories and links, nothing the kernel would open by itself:
+// a FIFO, a socket and a device node answer ENOENT and are not listed, plain or plus.
+TEST_F(ReadThroughFsTest, FifosSocketsAndDevicesAreNotShown) {
+  ASSERT_EQ(mkdir((dir_ / "special").c_str(), 0755), 0);
+  testing::WriteTestFile(dir_ / "special/file", 100, 7);
+  ASSERT_EQ(mkfifo((dir_ / "special/fifo").c_str(), 0666), 0) << std::strerror(errno);
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = dir_ / "special/sock";
+  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
+  std::strncpy(addr.sun_path, sock_path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+      << std::strerror(errno);
+  close(sock);
+  std::set<std::string> hidden = {"fifo", "sock"};
+  // A device node needs CAP_MKNOD and a filesystem that allows one: tested where it can be made.
+  if (mknod((dir_ / "special/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
+    hidden.insert("null");
+  }
+  const uint64_t special = LookupOk("special");
+  const size_t inodes = fs_->inode_count();
+  for (const std::string& name : hidden) {
+    Result<EntryOut> e = fs_->Lookup(special, name);
+    ASSERT_FALSE(e.ok()) << name;
+    EXPECT_EQ(e.error().code(), ENOENT) << name << ": " << e.error().Message();
+  }
+  EXPECT_EQ(fs_->inode_count(), inodes) << "a name not shown adds no inode";
+  for (const bool plus : {false, true}) {
+    Result<uint64_t> dh = fs_->OpenDir(special);
+    ASSERT_TRUE(dh.ok());
+    std::set<std::string> names;
+    for (const auto& [e, out] : ReadAll(*dh, plus, 1000)) names.insert(e.name);
+    EXPECT_EQ(names, (std::set<std::string>{".", "..", "file"})) << (plus ? "plus" : "plain");
+    fs_->ReleaseDir(*dh);
+  }
 }
 
 TEST_F(ReadThroughFsTest, HardLinksShareOneInode) {

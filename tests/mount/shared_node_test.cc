@@ -4,11 +4,15 @@
 //   - a FIFO renamed over a file the kernel holds the lookup of: every opener of it held one of
 //     the daemon's 1024 threads until a writer came, and with 1100 of them a read of another file
 //     timed out; a warm job blocked the warmer the same way;
+//   - a FIFO made in SOURCE was shown through the mount, and the kernel, not the daemon, opened
+//     it: every opener waited for a writer through the mount (found when the kernel dropped the
+//     name of the file a FIFO was renamed over and looked it up again);
 //   - permissions taken away in SOURCE (chmod 600, chown, chmod 700 of a directory): the next open
 //     through the mount still succeeded, for up to attr_timeout (an hour);
 //   - a sparse 8 TiB *.safetensors file with a valid header: the daemon's memory grew by 1 GiB
 //     (8 bytes per 64 KiB block) when its header was read.
 // Every step has a timeout, so that a regression fails instead of hanging.
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -139,23 +143,33 @@ constexpr int kOpeners = 1100;
 
 TEST_F(SharedNodeTest, AFifoRenamedOverALookedUpFileHangsNoOne) {
   WriteTestFile(Src("w/A"), 1 * kMiB, 1);
-  ASSERT_EQ(chown(Src("w/A").c_str(), kOtherUid, kOtherUid), 0);
+  WriteTestFile(Src("w/C"), 1 * kMiB, 3);
+  for (const char* name : {"w/A", "w/C"}) {
+    ASSERT_EQ(chown(Src(name).c_str(), kOtherUid, kOtherUid), 0);
+  }
   WriteTestFile(Src("B"), 8 * kMiB + 123, 2);
   ASSERT_NO_FATAL_FAILURE(StartMount({"-o", "allow_other"}));
 
-  // The other user looks A up through the mount (the kernel keeps the name for entry_timeout),
-  // renames a FIFO over it in SOURCE, and opens it through the mount from kOpeners threads.
+  // The other user looks A up through the mount (the kernel keeps the name for entry_timeout, or
+  // until it drops the entry under memory pressure), renames FIFOs over A and over C, a name the
+  // kernel has not looked up, in SOURCE, and opens both through the mount from kOpeners threads:
+  // A reaches the daemon's open (a regular file to the kernel), C the daemon's lookup (the mount
+  // shows no FIFO: were it shown, the kernel would open it itself and wait for a writer).
   // Exit status: how many opens did not fail (0 is right), 200 when a step failed.
   const std::string a = Mnt("w/A");
+  const std::string c = Mnt("w/C");
   const std::string fifo = Src("w/fifo");
   const std::string a_src = Src("w/A");
+  const std::string c_src = Src("w/C");
   CommandResult read_b;
   const int opened = AsOtherUser(
       [&](int signal) {
         struct stat st {};
         if (stat(a.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 200;
-        if (mkfifo(fifo.c_str(), 0644) != 0 || rename(fifo.c_str(), a_src.c_str()) != 0) {
-          return 200;
+        for (const std::string* over : {&a_src, &c_src}) {
+          if (mkfifo(fifo.c_str(), 0644) != 0 || rename(fifo.c_str(), over->c_str()) != 0) {
+            return 200;
+          }
         }
         std::atomic<int> ok{0};
         std::vector<pthread_t> threads;
@@ -165,7 +179,8 @@ TEST_F(SharedNodeTest, AFifoRenamedOverALookedUpFileHangsNoOne) {
         struct Arg {
           const std::string* path;
           std::atomic<int>* ok;
-        } arg{&a, &ok};
+        };
+        Arg args[] = {{&a, &ok}, {&c, &ok}};
         for (int i = 0; i < kOpeners; ++i) {
           pthread_t t;
           if (pthread_create(
@@ -176,12 +191,13 @@ TEST_F(SharedNodeTest, AFifoRenamedOverALookedUpFileHangsNoOne) {
                     if (fd >= 0) {
                       ++*arg->ok;
                       close(fd);
-                    } else if (errno != ENXIO) {
-                      std::fprintf(stderr, "an opener of the FIFO got %s\n", std::strerror(errno));
+                    } else if (errno != ENXIO && errno != ENOENT) {
+                      std::fprintf(stderr, "an opener of %s got %s\n", arg->path->c_str(),
+                                   std::strerror(errno));
                     }
                     return nullptr;
                   },
-                  &arg) != 0) {
+                  &args[i % 2]) != 0) {
             return 200;
           }
           threads.push_back(t);
@@ -197,14 +213,16 @@ TEST_F(SharedNodeTest, AFifoRenamedOverALookedUpFileHangsNoOne) {
         read_b = RunCommand({"cmp", Src("B"), Mnt("B")}, 10s);
       },
       [&] {
-        // A writer wakes every reader held in the FIFO's open: the daemon's threads, before.
-        const int writer = open(a_src.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-        std::this_thread::sleep_for(1s);
-        if (writer >= 0) close(writer);
+        // A writer wakes every reader held in a FIFO's open: the daemon's threads, before.
+        for (const std::string* path : {&a_src, &c_src}) {
+          const int writer = open(path->c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+          std::this_thread::sleep_for(500ms);
+          if (writer >= 0) close(writer);
+        }
       });
   EXPECT_FALSE(read_b.timed_out) << "a read of another file waited behind the FIFO's openers";
   EXPECT_EQ(read_b.exit_code, 0) << read_b.out << read_b.err;
-  EXPECT_EQ(opened, 0) << "-1: the openers of the FIFO hung; else how many opened it";
+  EXPECT_EQ(opened, 0) << "-1: the openers of the FIFOs hung; else how many opened one";
 
   // accelfs-warm of A answers (an error), and a warm after it is served.
   const CommandResult warm_a = RunCommand({TestBinary(ACCELFS_WARM), a}, 20s);
@@ -214,6 +232,40 @@ TEST_F(SharedNodeTest, AFifoRenamedOverALookedUpFileHangsNoOne) {
   EXPECT_FALSE(warm_b.timed_out);
   EXPECT_EQ(warm_b.exit_code, 0) << warm_b.out << warm_b.err;
   ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("B"), 2, 8 * kMiB + 123));
+}
+
+// A FIFO the other user makes in SOURCE is not shown through the mount: the kernel would open
+// it itself, make its openers (a server scanning the model's directory) wait for a writer, and
+// give users a pipe between them that no permission check of the daemon's sees.
+TEST_F(SharedNodeTest, AFifoInSourceIsNotShownThroughTheMount) {
+  WriteTestFile(Src("w/model.safetensors"), 300 * 1024, 6);
+  ASSERT_NO_FATAL_FAILURE(StartMount({"-o", "allow_other"}));
+  const std::string dir = Mnt("w");
+  const std::string pipe_path = Mnt("w/pipe");
+  const std::string pipe_src = Src("w/pipe");
+  // Exit status: 0 when the pipe is neither listed, nor found by stat, nor opened; else the step.
+  const int result = AsOtherUser(
+      [&](int) {
+        if (mkfifo(pipe_src.c_str(), 0666) != 0) return 200;
+        DIR* d = opendir(dir.c_str());
+        if (d == nullptr) return 201;
+        int listed = 0;
+        while (dirent* e = readdir(d)) listed += std::strcmp(e->d_name, "pipe") == 0;
+        closedir(d);
+        if (listed != 0) return 1;
+        struct stat st {};
+        if (stat(pipe_path.c_str(), &st) == 0 || errno != ENOENT) return 2;
+        const int fd = open(pipe_path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 || errno != ENOENT) return 3;
+        return 0;
+      },
+      20s, nullptr,
+      [&] {  // a writer through the mount wakes an opener the kernel held in the pipe's open
+        const int writer = open(pipe_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (writer >= 0) close(writer);
+      });
+  EXPECT_EQ(result, 0) << "1: listed, 2: stat found it, 3: open did not answer ENOENT, -1: hung";
+  ASSERT_NO_FATAL_FAILURE(ExpectSeedContent(Mnt("w/model.safetensors"), 6, 300 * 1024));
 }
 
 // --- Item 6: permissions taken away are not seen --------------------------------------------

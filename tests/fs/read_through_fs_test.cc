@@ -5,11 +5,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -293,16 +291,7 @@ TEST_F(ReadThroughFsTest, FifosSocketsAndDevicesAreNotShown) {
   ASSERT_EQ(mkdir((dir_ / "special").c_str(), 0755), 0);
   testing::WriteTestFile(dir_ / "special/file", 100, 7);
   ASSERT_EQ(mkfifo((dir_ / "special/fifo").c_str(), 0666), 0) << std::strerror(errno);
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(sock, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string sock_path = dir_ / "special/sock";
-  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
-  std::strncpy(addr.sun_path, sock_path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
-      << std::strerror(errno);
-  close(sock);
+  testing::MakeSocketFile(dir_ / "special/sock");
   std::set<std::string> hidden = {"fifo", "sock"};
   // A device node needs CAP_MKNOD and a filesystem that allows one: tested where it can be made.
   if (mknod((dir_ / "special/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {

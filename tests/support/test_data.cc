@@ -1,6 +1,8 @@
 #include "tests/support/test_data.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -42,6 +44,19 @@ void WriteTestFile(const std::string& path, uint64_t size, uint64_t seed) {
     off += n;
   }
   close(fd);
+}
+
+void MakeSocketFile(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path))
+    throw std::runtime_error("socket path too long: " + path);
+  path.copy(addr.sun_path, path.size());
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) throw std::runtime_error("cannot make a socket for " + path);
+  const int rc = bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  close(sock);
+  if (rc != 0) throw std::runtime_error("cannot bind " + path);
 }
 
 TempDir::TempDir(const std::string& prefix)

@@ -16,6 +16,10 @@ std::vector<uint8_t> Bytes(uint64_t seed, uint64_t offset, size_t length);
 // Writes `size` bytes of ByteAt(seed, ...) to path. Aborts the test binary on I/O errors.
 void WriteTestFile(const std::string& path, uint64_t size, uint64_t seed);
 
+// Makes a socket file at path (a bound AF_UNIX socket, closed: the file stays). Throws on errors,
+// a path too long for sockaddr_un included.
+void MakeSocketFile(const std::string& path);
+
 // mkdtemp under $TMPDIR (default /tmp); removed recursively on destruction.
 class TempDir {
  public:

@@ -4,14 +4,11 @@
 // warmer's thread) until a writer comes, and the descriptors handed out read without O_NONBLOCK.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <future>
 #include <string>
 #include <thread>
@@ -92,21 +89,13 @@ TEST_F(OpenBackingTest, AFifoIsRefusedWithoutBlocking) {
 TEST_F(OpenBackingTest, EveryOtherTypeIsRefused) {
   ASSERT_EQ(mkdir((dir_ / "dir").c_str(), 0755), 0);
   ASSERT_EQ(symlink("dir", (dir_ / "link").c_str()), 0);
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(sock, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string sock_path = dir_ / "sock";
-  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
-  std::strcpy(addr.sun_path, sock_path.c_str());
-  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  testing::MakeSocketFile(dir_ / "sock");
   EXPECT_EQ(OpenError("dir", O_NOFOLLOW), EISDIR);
   EXPECT_EQ(OpenError("link", O_NOFOLLOW), ELOOP);
   EXPECT_EQ(OpenError("sock", O_NOFOLLOW), ENXIO);
   // A device's open is never run: /dev/null opens anywhere, but is not a file of a store.
   EXPECT_EQ(OpenError("/dev/null", 0), ENXIO);
   EXPECT_EQ(OpenError("missing", O_NOFOLLOW), ENOENT);
-  close(sock);
 }
 
 }  // namespace

@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -470,13 +468,7 @@ TEST_F(ToolsTest, StaleSocketsOfKilledDaemonsAreSweptAtStart) {
   // A socket nobody listens on, as a daemon killed with SIGKILL leaves behind.
   ASSERT_EQ(mkdir("/run/accelfs", 0755) == 0 || errno == EEXIST, true);
   const std::string stale = "/run/accelfs/accelfs-tools-test-" + std::to_string(getpid()) + ".sock";
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, stale.c_str(), stale.size() + 1);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
-  close(fd);
+  MakeSocketFile(stale);
   struct stat st {};
   ASSERT_EQ(stat(stale.c_str(), &st), 0);
   ASSERT_NO_FATAL_FAILURE(StartMount());  // the daemon sweeps before it mounts
